@@ -1,0 +1,50 @@
+"""gpuscale: one PyTorch training script, unchanged from 1 CPU to all GPUs of many nodes.
+
+The library in ten lines (see README.md for the whole story):
+
+    import gpuscale
+
+    with gpuscale.init() as rt:                                  # ranks, device, cores, process group
+        plan = gpuscale.plan_batch(32, rt.world_size, scaling="strong")   # exact global batch
+        train = gpuscale.make_loader(train_set, plan)            # sharded; epochs reshuffle by themselves
+        model = gpuscale.wrap(Net(), strategy="ddp")             # after choosing what trains
+        meter = gpuscale.Meter(plan)
+        for epoch in range(10):
+            for x, y in meter.iter(train): ...                   # data wait, samples, steps
+        meter.write_summary("out", final_loss=loss)              # summary.json on rank 0
+"""
+
+from gpuscale.checkpoint import Checkpointer, ResumeState
+from gpuscale.data import BatchPlan, ShardedLoader, make_loader, plan_batch
+from gpuscale.env import DistEnv, detect_env
+from gpuscale.log import get_logger, print0, progress
+from gpuscale.metrics import Average, Meter, all_reduce_max, all_reduce_sum
+from gpuscale.runtime import Runtime, current, init
+from gpuscale.strategy import no_sync, unwrap, wrap
+
+from gpuscale._version import __version__
+
+__all__ = [
+    "Average",
+    "BatchPlan",
+    "Checkpointer",
+    "DistEnv",
+    "Meter",
+    "ResumeState",
+    "Runtime",
+    "ShardedLoader",
+    "all_reduce_max",
+    "all_reduce_sum",
+    "current",
+    "detect_env",
+    "get_logger",
+    "init",
+    "make_loader",
+    "no_sync",
+    "plan_batch",
+    "print0",
+    "progress",
+    "unwrap",
+    "wrap",
+    "__version__",
+]

@@ -1,0 +1,7 @@
+"""`python -m gpuscale ...` is `gpuscale ...` (and lets launchers start `-m gpuscale env`)."""
+
+import sys
+
+from gpuscale.cli import main
+
+sys.exit(main())

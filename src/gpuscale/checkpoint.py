@@ -1,0 +1,199 @@
+"""Checkpoints that survive a kill and resume exactly where the run stopped.
+
+    ckpt = gpuscale.Checkpointer(out / "checkpoints", keep=3)
+    state = ckpt.resume(model=model, optimizer=opt, scheduler=sched, loader=train)   # None if fresh
+    step = state.step if state else 0
+    ...
+    ckpt.save(step=step, model=model, optimizer=opt, scheduler=sched, loader=train)  # collective
+
+What a checkpoint holds: the model's own state dict (no ``module.`` prefix), the optimizer's and
+scheduler's, the loader's epoch and position inside it, every rank's RNG states (torch, CUDA,
+Python, NumPy), the step, and whatever the caller adds under ``extra``. With a replicated
+strategy (DDP) rank 0 writes it; every rank reads it back.
+
+Writes are atomic (temporary file, fsync, rename; `gpuscale.files`), so a kill at any moment
+leaves the previous checkpoint intact; the last `keep` are kept. Files are read with
+``torch.load(weights_only=True)``: a checkpoint cannot run code (FACTS §8).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from gpuscale.files import atomic_write
+from gpuscale.log import get_logger
+from gpuscale.strategy import strategy_of
+
+__all__ = ["Checkpointer", "ResumeState", "capture_rng", "restore_rng"]
+
+FORMAT = "gpuscale-checkpoint-1"
+_NAME = re.compile(r"^step-(\d{9})\.pt$")
+log = get_logger("checkpoint")
+
+
+@dataclass(frozen=True)
+class ResumeState:
+    """What `Checkpointer.resume` restored."""
+
+    path: Path
+    step: int
+    epoch: int | None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def capture_rng(device: torch.device) -> dict[str, Any]:
+    """This process's random-number states, in types `weights_only` loading accepts."""
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    try:
+        import numpy as np
+
+        kind, keys, pos, has_gauss, cached = np.random.get_state()
+        state["numpy"] = (kind, torch.from_numpy(keys.astype("int64")), int(pos), int(has_gauss), float(cached))
+    except ImportError:
+        pass
+    return state
+
+
+def restore_rng(state: dict[str, Any], device: torch.device) -> None:
+    """Put back states captured by `capture_rng`."""
+    torch.set_rng_state(state["torch"])
+    random.setstate(_as_tuple(state["python"]))
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+    if "numpy" in state:
+        import numpy as np
+
+        kind, keys, pos, has_gauss, cached = state["numpy"]
+        np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, cached))
+
+
+def _as_tuple(value: Any) -> Any:
+    return tuple(_as_tuple(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+class Checkpointer:
+    """Atomic, rotating checkpoints in one directory. `save` is collective; `resume` is not."""
+
+    def __init__(self, directory: str | Path, keep: int = 3, rt: Any = None) -> None:
+        from gpuscale.runtime import current
+
+        if keep < 1:
+            raise ValueError(f"keep={keep} must be at least 1: the newest checkpoint is always kept")
+        self.directory = Path(directory)
+        self.keep = keep
+        self.rt = rt or current()
+
+    def checkpoints(self) -> list[Path]:
+        """Checkpoint files in this directory, oldest first."""
+        if not self.directory.is_dir():
+            return []
+        return sorted(p for p in self.directory.iterdir() if _NAME.match(p.name))
+
+    def latest(self) -> Path | None:
+        """The newest checkpoint, or None."""
+        found = self.checkpoints()
+        return found[-1] if found else None
+
+    def peek(self, path: str | Path | None = None) -> ResumeState | None:
+        """What the newest checkpoint (or `path`) holds: step, epoch, extra; None if there is none.
+
+        Use it to rebuild what the checkpoint needs before `resume` (a later training phase with
+        other trainable parameters and another optimizer, say).
+        """
+        source = Path(path) if path is not None else self.latest()
+        if source is None:
+            return None
+        payload = self._load(source)
+        return ResumeState(path=source, step=int(payload["step"]), epoch=payload["epoch"], extra=payload["extra"])
+
+    @staticmethod
+    def _load(source: Path) -> dict[str, Any]:
+        payload = torch.load(source, map_location="cpu", weights_only=True)
+        if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+            raise ValueError(f"{source} is not a gpuscale checkpoint; pass the path of a step-*.pt file or start fresh")
+        return payload
+
+    def save(
+        self,
+        *,
+        step: int,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        scheduler: Any = None,
+        loader: Any = None,
+        epoch: int | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> Path:
+        """Write ``step-NNNNNNNNN.pt`` (collective: every rank calls it). Returns its path."""
+        if step < 0:
+            raise ValueError(f"step={step} must not be negative")
+        rt = self.rt
+        rng = capture_rng(rt.device)
+        rngs: list[Any] = [rng]
+        if rt.is_distributed:
+            rngs = [None] * rt.world_size
+            dist.all_gather_object(rngs, rng)
+        strategy = strategy_of(model)
+        path = self.directory / f"step-{step:09d}.pt"
+        if strategy.writes_checkpoint(rt):
+            payload = {
+                "format": FORMAT,
+                "step": step,
+                "epoch": epoch,
+                "world_size": rt.world_size,
+                "strategy": strategy.name,
+                "model": strategy.state_dict(model),
+                "optimizer": optimizer.state_dict() if optimizer is not None else None,
+                "scheduler": scheduler.state_dict() if scheduler is not None else None,
+                "loader": loader.state_dict() if loader is not None else None,
+                "rng": rngs,
+                "extra": extra or {},
+            }
+            atomic_write(path, lambda f: torch.save(payload, f))
+            for old in self.checkpoints()[: -self.keep]:
+                old.unlink(missing_ok=True)
+        rt.barrier()  # nobody reads or moves on before the file is complete
+        return path
+
+    def resume(
+        self,
+        *,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        scheduler: Any = None,
+        loader: Any = None,
+        path: str | Path | None = None,
+    ) -> ResumeState | None:
+        """Restore the newest checkpoint (or `path`) into the given objects; None if there is none."""
+        source = Path(path) if path is not None else self.latest()
+        if source is None:
+            return None
+        payload = self._load(source)
+        strategy_of(model).load_state_dict(model, payload["model"])
+        for name, target in (("optimizer", optimizer), ("scheduler", scheduler), ("loader", loader)):
+            if target is not None:
+                if payload[name] is None:
+                    raise ValueError(f"{source} holds no {name} state; resume without passing {name}")
+                target.load_state_dict(payload[name])
+        rt = self.rt
+        if payload["world_size"] == rt.world_size:
+            restore_rng(payload["rng"][rt.rank], rt.device)
+        elif rt.is_main:
+            log.warning(
+                "checkpoint %s was written by %d ranks, this job has %d: model and optimizer are restored, "
+                "but random states and the data order of the interrupted epoch are not reproduced",
+                source.name, payload["world_size"], rt.world_size,
+            )
+        if rt.is_main:
+            log.info("resumed from %s (step %d)", source, payload["step"])
+        return ResumeState(path=source, step=int(payload["step"]), epoch=payload["epoch"], extra=payload["extra"])

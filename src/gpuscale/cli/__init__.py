@@ -1,0 +1,62 @@
+"""The `gpuscale` command. One module per verb, each with `add_parser(subparsers)` and `run(args) -> int`.
+
+Mistakes in what the user typed end in one line on stderr and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from gpuscale._version import __version__
+from gpuscale.cli import env as env_cmd
+from gpuscale.cli import run as run_cmd
+
+VERBS = (run_cmd, env_cmd)
+
+EPILOG = """examples:
+  gpuscale run --nproc-per-node 2 examples/dogs_vs_cats.py --out runs/dvc
+  gpuscale run --nproc-per-node 2 -m gpuscale env
+  gpuscale env --json
+"""
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line that names the fix."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="gpuscale",
+        description="Run one PyTorch training script unchanged from 1 CPU to all GPUs of many nodes, "
+        "placed correctly, and measure how much faster it got.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"gpuscale {__version__}")
+    subparsers = parser.add_subparsers(dest="verb", metavar="VERB")
+    for verb in VERBS:
+        verb.add_parser(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.verb is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except ValueError as exc:
+        print(f"gpuscale {args.verb}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

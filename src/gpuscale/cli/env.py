@@ -1,0 +1,78 @@
+"""`gpuscale env`: where does each rank run? Detected launcher, ranks, devices and cores.
+
+Run on its own it describes this process; under a launcher every rank takes part and rank 0
+prints one line per rank, so you see at a glance that rank 3 is on GPU 3 next to its cores:
+
+    gpuscale env
+    gpuscale run --nproc-per-node 2 -m gpuscale env
+    srun --ntasks-per-node=8 gpuscale env
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+import torch
+
+from gpuscale.runtime import format_placements, init
+
+EPILOG = """examples:
+  gpuscale env
+  gpuscale env --json
+  gpuscale run --nproc-per-node 2 -m gpuscale env
+"""
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "env",
+        help="show the detected environment and where every rank runs",
+        description=__doc__,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    parser.add_argument("--bind", choices=("auto", "none"), default=None, help="CPU binding to apply (default: auto, or GPUSCALE_BIND)")
+    parser.set_defaults(func=run)
+
+
+def describe(rt: Any) -> dict[str, Any]:
+    env = rt.env
+    return {
+        "launcher": env.launcher,
+        "world_size": env.world_size,
+        "num_nodes": env.num_nodes,
+        "local_world_size": env.local_world_size,
+        "master_addr": env.master_addr,
+        "master_port": env.master_port,
+        "backend": rt.backend,
+        "job_id": env.job_id,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "hip": torch.version.hip,
+        "gpus_visible": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        "placements": rt.placements,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    with init(bind=args.bind, show_placement=False) as rt:
+        if rt.is_main:
+            info = describe(rt)
+            if args.json:
+                print(json.dumps(info, indent=2))
+            else:
+                gpus = info["gpus_visible"]
+                print(
+                    f"launcher {info['launcher']}: {info['world_size']} rank(s) on {info['num_nodes']} node(s), "
+                    f"rendezvous {info['master_addr']}:{info['master_port']}, backend {info['backend'] or 'none (one process)'}"
+                )
+                runtime = f"CUDA {info['cuda']}" if info["cuda"] else f"ROCm {info['hip']}" if info["hip"] else "CPU build"
+                print(f"torch {info['torch']} ({runtime}), {gpus} GPU(s) visible to rank 0, {os.cpu_count()} CPUs on this host")
+                print(format_placements(rt.placements))
+            sys.stdout.flush()
+    return 0

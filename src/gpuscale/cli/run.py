@@ -1,0 +1,141 @@
+"""`gpuscale run`: start a training script on every GPU (or core) of this node, or of many nodes.
+
+It is torchrun underneath (torch.distributed.run's elastic agent: rendezvous, worker
+monitoring, restarts), with gpuscale's choices on top:
+
+- ``--nproc-per-node auto`` (the default) is one process per GPU, or on a CPU-only machine one
+  per core this process may use; ``gpu`` and ``cpu`` force either; a number is taken as is;
+- every worker binds itself to its cores in `gpuscale.init()` (``--bind none`` to skip), and sizes
+  its thread pool to them instead of torchrun's blanket OMP_NUM_THREADS=1;
+- on one node a free rendezvous port is found; across nodes give ``--nnodes``, ``--node-rank``,
+  ``--master-addr`` (and ``--master-port``, else derived from the SLURM job id or 29500);
+- when a worker fails, the others are stopped and the exit code is the failing worker's.
+
+A script that calls `gpuscale.init()` prints, on rank 0, where every rank runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+from gpuscale.env import check_one_launcher_per_node, port_from_job_id
+from gpuscale.runtime import LAUNCH_TIME, OMP_FROM_LAUNCHER
+from gpuscale.topology import allowed_cores
+
+EPILOG = """examples:
+  gpuscale run examples/dogs_vs_cats.py                       # one process per GPU, or per core
+  gpuscale run --nproc-per-node 2 examples/dogs_vs_cats.py --out runs/dvc
+  gpuscale run --nproc-per-node 2 -m gpuscale env             # where does each rank run?
+  # two nodes, run on each (node-rank 0 and 1):
+  gpuscale run --nnodes 2 --node-rank 0 --master-addr node0 --master-port 12345 train.py
+"""
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "run",
+        help="launch a script on all GPUs/cores of this node (or of many nodes)",
+        description=__doc__,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--nproc-per-node", default="auto", metavar="N|gpu|cpu|auto",
+                        help="processes on this node (default auto: one per GPU, else one per usable core)")
+    parser.add_argument("--nnodes", type=int, default=1, help="number of nodes (default 1)")
+    parser.add_argument("--node-rank", type=int, default=0, help="index of this node, 0..nnodes-1 (default 0)")
+    parser.add_argument("--master-addr", default=None, help="host of node 0 (needed with --nnodes > 1)")
+    parser.add_argument("--master-port", type=int, default=None,
+                        help="rendezvous port on node 0 (default: free port on one node; else from the SLURM job id, or 29500)")
+    parser.add_argument("--bind", choices=("auto", "none"), default="auto",
+                        help="bind each worker to the cores next to its GPU, or disjoint cores on CPU (default auto)")
+    parser.add_argument("--max-restarts", type=int, default=0, help="restart all workers up to K times after a failure (default 0)")
+    parser.add_argument("-m", "--module", action="store_true", help="run SCRIPT as a Python module (python -m)")
+    parser.add_argument("script", metavar="SCRIPT", help="training script (or module with -m)")
+    parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="arguments for the script")
+    parser.set_defaults(func=run)
+
+
+def resolve_nproc(value: str, num_gpus: int, num_cores: int) -> int:
+    """Processes per node for 'auto', 'gpu', 'cpu' or a number. Pure."""
+    if value == "auto":
+        return num_gpus if num_gpus > 0 else num_cores
+    if value == "gpu":
+        if num_gpus == 0:
+            raise ValueError("--nproc-per-node gpu, but torch sees no GPU here; use a number, 'cpu' or 'auto'")
+        return num_gpus
+    if value == "cpu":
+        return num_cores
+    try:
+        count = int(value)
+    except ValueError:
+        raise ValueError(f"--nproc-per-node {value!r} is not a number, 'gpu', 'cpu' or 'auto'") from None
+    if count < 1:
+        raise ValueError(f"--nproc-per-node {count} must be at least 1")
+    return count
+
+
+def torchrun_argv(args: argparse.Namespace, nproc: int, environ: dict[str, str]) -> list[str]:
+    """The torch.distributed.run command line for these options. Pure."""
+    if args.nnodes < 1:
+        raise ValueError(f"--nnodes {args.nnodes} must be at least 1")
+    if not 0 <= args.node_rank < args.nnodes:
+        raise ValueError(f"--node-rank {args.node_rank} must be in 0..{args.nnodes - 1} for --nnodes {args.nnodes}")
+    if args.max_restarts < 0:
+        raise ValueError(f"--max-restarts {args.max_restarts} must not be negative")
+    if args.master_port is not None and not 1 <= args.master_port <= 65535:
+        raise ValueError(f"--master-port {args.master_port} is not a TCP port; choose one in 1024-65535")
+    argv = ["--nproc-per-node", str(nproc), "--nnodes", str(args.nnodes), "--max-restarts", str(args.max_restarts)]
+    if args.nnodes == 1 and args.master_addr is None and args.master_port is None:
+        argv.append("--standalone")  # a c10d store on a free port: no collision with other jobs
+    else:
+        if args.nnodes > 1 and not args.master_addr:
+            raise ValueError(f"--nnodes {args.nnodes} needs --master-addr: the host of node 0, reachable from every node")
+        port = args.master_port or (port_from_job_id(environ["SLURM_JOB_ID"]) if environ.get("SLURM_JOB_ID") else 29500)
+        argv += ["--node-rank", str(args.node_rank), "--master-addr", args.master_addr or "127.0.0.1", "--master-port", str(port)]
+    if args.module:
+        argv.append("--module")
+    return [*argv, args.script, *args.script_args]
+
+
+def _gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def run(args: argparse.Namespace) -> int:
+    check_one_launcher_per_node(os.environ)
+    nproc = resolve_nproc(args.nproc_per_node, _gpu_count(), len(allowed_cores()))
+    argv = torchrun_argv(args, nproc, dict(os.environ))
+    if not args.module and not os.path.isfile(args.script):
+        raise ValueError(f"script {args.script!r} does not exist; give the path of a Python file (or -m for a module)")
+
+    # What every worker inherits: when it was launched (for the startup time), the binding choice,
+    # and whether OMP_NUM_THREADS is ours to size (torchrun would force 1 thread per worker).
+    os.environ[LAUNCH_TIME] = repr(time.time())
+    os.environ["GPUSCALE_BIND"] = args.bind
+    if "OMP_NUM_THREADS" not in os.environ:
+        os.environ["OMP_NUM_THREADS"] = "1"
+        os.environ[OMP_FROM_LAUNCHER] = "1"
+
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    try:
+        torchrun.run(torchrun.parse_args(argv))
+    except ChildFailedError as exc:
+        rank, failure = exc.get_first_failure()
+        code = failure.exitcode
+        where = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+        print(
+            f"gpuscale run: rank {rank} on {failure.hostname} failed first ({where}); the other ranks were stopped.\n"
+            f"{exc.format_msg()}",
+            file=sys.stderr,
+        )
+        return 128 - code if code < 0 else (code or 1)
+    return 0

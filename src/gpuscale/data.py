@@ -1,0 +1,245 @@
+"""Data: exact batch sizing for weak and strong scaling, and sharded loaders that resume.
+
+Weak scaling keeps the per-device batch: N GPUs see N times the samples per step. Strong scaling
+keeps the global batch: each of N GPUs sees 1/N of it, so the optimisation is the same as on one
+GPU and only the speed changes. The global batch is exact: 25 samples on 2 ranks is refused with
+the nearest valid choices instead of silently training with 2 x 12 = 24 (FACTS §5, bug 7).
+
+    plan = gpuscale.plan_batch(32, world_size=rt.world_size, scaling="strong")
+    train = gpuscale.make_loader(train_set, plan, shuffle=True)
+    for epoch in range(epochs):
+        for x, y in train:          # the sampler's epoch is set for you
+            ...
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sized
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+
+__all__ = ["BatchPlan", "plan_batch", "make_loader", "ShardedLoader", "ResumableDistributedSampler", "EvalShardSampler"]
+
+SCALINGS = ("weak", "strong")
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchPlan:
+    """How one optimizer step's samples are divided. global = per_device x accumulation x world."""
+
+    scaling: str
+    """'weak' (per-device batch fixed) or 'strong' (global batch fixed)."""
+    world_size: int
+    """Number of ranks sharing each step."""
+    per_device_batch: int
+    """Samples each rank loads per forward/backward pass (the loader's batch size)."""
+    grad_accum_steps: int = 1
+    """Forward/backward passes per optimizer step on each rank."""
+
+    def __post_init__(self) -> None:
+        assert self.scaling in SCALINGS, self.scaling
+        assert self.world_size >= 1 and self.per_device_batch >= 1 and self.grad_accum_steps >= 1, self
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per optimizer step over all ranks."""
+        return self.per_device_batch * self.grad_accum_steps * self.world_size
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "scaling": self.scaling,
+            "world_size": self.world_size,
+            "global_batch": self.global_batch,
+            "per_device_batch": self.per_device_batch,
+            "grad_accum_steps": self.grad_accum_steps,
+        }
+
+
+def _smallest_accumulation(samples_per_rank: int, max_per_device: int | None) -> int:
+    if max_per_device is None or samples_per_rank <= max_per_device:
+        return 1
+    for accum in range(2, samples_per_rank + 1):
+        if samples_per_rank % accum == 0 and samples_per_rank // accum <= max_per_device:
+            return accum
+    raise AssertionError("unreachable: accum = samples_per_rank always fits")
+
+
+def plan_batch(batch_size: int, world_size: int, scaling: str = "weak", max_per_device: int | None = None) -> BatchPlan:
+    """Plan the batch of each rank from the batch of the one-GPU job.
+
+    batch_size: for 'weak', the batch each device processes; for 'strong', the global batch.
+    max_per_device: the most samples one device can hold per pass; above it the per-rank share is
+    split into equal gradient-accumulation steps (never rounded).
+    """
+    if scaling not in SCALINGS:
+        raise ValueError(f"scaling={scaling!r} is not one of {', '.join(SCALINGS)}")
+    for name, value in (("batch size", batch_size), ("world size", world_size)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} {value!r} must be a positive integer")
+    if max_per_device is not None and (not isinstance(max_per_device, int) or isinstance(max_per_device, bool) or max_per_device < 1):
+        raise ValueError(f"max per-device batch {max_per_device!r} must be a positive integer")
+
+    if scaling == "weak":
+        per_rank = batch_size
+    else:
+        if batch_size % world_size:
+            lower = batch_size // world_size * world_size
+            choices = " or ".join(str(c) for c in (lower, lower + world_size) if c > 0)
+            dividers = [n for n in range(1, min(batch_size, 4 * world_size) + 1) if batch_size % n == 0]
+            raise ValueError(
+                f"global batch {batch_size} does not divide among {world_size} ranks "
+                f"({batch_size} // {world_size} = {batch_size // world_size} would silently train with "
+                f"{lower}); use a global batch of {choices}, or run on {', '.join(map(str, dividers))} ranks"
+            )
+        per_rank = batch_size // world_size
+    accum = _smallest_accumulation(per_rank, max_per_device)
+    return BatchPlan(scaling=scaling, world_size=world_size, per_device_batch=per_rank // accum, grad_accum_steps=accum)
+
+
+class ResumableDistributedSampler(DistributedSampler):
+    """A DistributedSampler that can start an epoch part-way, at `start_index` of this rank's share.
+
+    Resuming a checkpoint taken mid-epoch then continues with exactly the samples that were next,
+    without loading the ones already seen.
+    """
+
+    def __init__(self, dataset: Sized, num_replicas: int, rank: int, shuffle: bool, seed: int, drop_last: bool) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last)  # type: ignore[arg-type]
+        self.start_index = 0
+
+    def __iter__(self) -> Iterator[int]:
+        indices = list(super().__iter__())
+        return iter(indices[self.start_index :])
+
+    def __len__(self) -> int:
+        return self.num_samples - self.start_index
+
+
+class EvalShardSampler(Sampler[int]):
+    """Every index exactly once over all ranks: rank r takes r, r+N, r+2N, ... (no padding).
+
+    DistributedSampler pads the last ranks with repeated samples, which biases an accuracy summed
+    over ranks; evaluation wants each sample counted once.
+    """
+
+    def __init__(self, dataset: Sized, num_replicas: int, rank: int) -> None:
+        self.size, self.num_replicas, self.rank = len(dataset), num_replicas, rank
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.rank, self.size, self.num_replicas))
+
+    def __len__(self) -> int:
+        return len(range(self.rank, self.size, self.num_replicas))
+
+
+class ShardedLoader:
+    """A DataLoader over this rank's shard that sets the sampler's epoch itself and can resume.
+
+    Each complete pass (``for batch in loader``) is one epoch: the sampler is reshuffled with the
+    epoch number before the pass, so every epoch has a new order (FACTS §5, bug 2), the same on
+    all ranks. `state_dict()` records the epoch and the batches already taken in it; after
+    `load_state_dict()` the next pass resumes with the next batch.
+    """
+
+    def __init__(self, loader: DataLoader, sampler: Sampler[int], plan: BatchPlan, train: bool) -> None:
+        self.loader, self.sampler, self.plan, self.train = loader, sampler, plan, train
+        self.epoch = 0
+        self.batches_done = 0
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start the next pass at the beginning of `epoch` (rarely needed: passes count themselves)."""
+        self.epoch, self.batches_done = epoch, 0
+
+    def __iter__(self) -> Iterator[Any]:
+        if isinstance(self.sampler, ResumableDistributedSampler):
+            self.sampler.set_epoch(self.epoch)
+            self.sampler.start_index = self.batches_done * self.plan.per_device_batch
+        for batch in self.loader:
+            self.batches_done += 1
+            yield batch
+        if isinstance(self.sampler, ResumableDistributedSampler):
+            self.sampler.start_index = 0
+        self.epoch += 1
+        self.batches_done = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "batches_done": self.batches_done}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.batches_done = int(state["epoch"]), int(state["batches_done"])
+
+
+def default_num_workers(num_cores: int, device: torch.device) -> int:
+    """Loader workers for a rank bound to `num_cores` cores.
+
+    On a GPU the main process only feeds the device, so the other bound cores load data (the
+    course's SLURM_CPUS_PER_TASK / GPUs per task, minus the main process), at most 8. On a CPU the
+    bound cores are busy computing, so loading happens in the main process.
+    """
+    if device.type == "cpu":
+        return 0
+    return max(0, min(num_cores - 1, 8))
+
+
+def make_loader(
+    dataset: Dataset,
+    plan: BatchPlan,
+    *,
+    train: bool = True,
+    shuffle: bool | None = None,
+    drop_last: bool | None = None,
+    seed: int = 0,
+    num_workers: int | None = None,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
+    rt: Any = None,
+) -> ShardedLoader:
+    """A loader of this rank's shard with the plan's per-device batch.
+
+    train=True: shuffled (unless shuffle=False), padded to equal shares and dropping the last
+    incomplete batch (unless drop_last=False) so every step has exactly the global batch.
+    train=False: every sample exactly once over all ranks, in order; reduce metrics with
+    `gpuscale.metrics` to get the whole-dataset value.
+    num_workers: default from the cores this rank is bound to (`default_num_workers`).
+    """
+    from gpuscale.runtime import current
+
+    rt = rt or current()
+    if not isinstance(dataset, Sized):
+        raise ValueError("make_loader needs a dataset with a length (a map-style Dataset)")
+    if len(dataset) == 0:
+        raise ValueError("the dataset is empty; check the data path")
+    world, rank = rt.world_size, rt.rank
+    if plan.world_size != world:
+        raise ValueError(f"the batch plan is for {plan.world_size} ranks but this job has {world}; plan with world_size={world}")
+    sampler: Sampler[int]
+    if train:
+        drop_last = True if drop_last is None else drop_last
+        sampler = ResumableDistributedSampler(dataset, world, rank, shuffle=True if shuffle is None else shuffle, seed=seed, drop_last=False)
+    else:
+        drop_last = bool(drop_last)
+        sampler = EvalShardSampler(dataset, world, rank)
+    workers = default_num_workers(len(rt.cores), rt.device) if num_workers is None else num_workers
+    loader = DataLoader(
+        dataset,
+        batch_size=plan.per_device_batch,
+        sampler=sampler,
+        drop_last=drop_last,
+        num_workers=workers,
+        collate_fn=collate_fn,
+        pin_memory=rt.device.type == "cuda",
+        persistent_workers=workers > 0,
+        generator=torch.Generator().manual_seed(seed + rank),
+    )
+    if train and len(loader) == 0:
+        raise ValueError(
+            f"each rank gets {math.ceil(len(dataset) / world)} samples, fewer than one batch of "
+            f"{plan.per_device_batch}; use a smaller batch or more data"
+        )
+    return ShardedLoader(loader, sampler, plan, train)

@@ -1,0 +1,230 @@
+"""Measure: metrics over all ranks, throughput, the split of time, and `summary.json`.
+
+A loss or accuracy computed on rank 0's shard describes 1/N of the data (FACTS §5, bug 3).
+`Average` sums value and count on every rank and all-reduces both, so `compute()` is the value
+over the whole dataset, identical on every rank:
+
+    acc = gpuscale.Average()
+    for x, y in val_loader:                 # make_loader(..., train=False): each sample once
+        acc.update((model(x).argmax(1) == y).sum(), len(y))
+    accuracy = acc.compute()                # collective: every rank calls it
+
+`Meter` times a run: startup (launch to the first batch), waiting for data, computing, evaluation
+and checkpoints, counts samples and steps, and writes the summary that `gpuscale study` and
+`report` read. Its methods that end in a reduction are collective: call them on every rank.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from gpuscale._version import __version__
+from gpuscale.data import BatchPlan
+from gpuscale.files import atomic_write_json
+
+__all__ = ["Average", "Meter", "all_reduce_sum", "all_reduce_max", "SUMMARY_KEYS", "PHASES"]
+
+PHASES = ("startup", "data_wait", "compute", "eval", "checkpoint")
+SUMMARY_KEYS = (
+    "world_size", "num_nodes", "launcher", "backend", "device", "strategy", "scaling", "global_batch",
+    "per_device_batch", "steps", "epochs", "train_time_s", "samples_per_s", "final_loss",
+    "peak_memory_bytes", "time_split_s",
+)
+
+
+def _runtime(rt: Any) -> Any:
+    from gpuscale.runtime import current
+
+    return rt or current()
+
+
+def _reduce(values: list[float], op: dist.ReduceOp.RedOpType, rt: Any = None) -> list[float]:
+    rt = _runtime(rt)
+    if not rt.is_distributed:
+        return list(values)
+    tensor = torch.tensor(values, dtype=torch.float64, device=rt.device)
+    dist.all_reduce(tensor, op=op)
+    return tensor.tolist()
+
+
+def all_reduce_sum(values: list[float], rt: Any = None) -> list[float]:
+    """Element-wise sum over all ranks (collective)."""
+    return _reduce(values, dist.ReduceOp.SUM, rt)
+
+
+def all_reduce_max(values: list[float], rt: Any = None) -> list[float]:
+    """Element-wise maximum over all ranks (collective)."""
+    return _reduce(values, dist.ReduceOp.MAX, rt)
+
+
+def _number(value: Any) -> float:
+    return float(value.detach().sum().item()) if isinstance(value, torch.Tensor) else float(value)
+
+
+class Average:
+    """A mean over all ranks' samples: update with (sum of values, count), compute collectively."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self.count = 0.0
+
+    def update(self, value_sum: Any, count: Any = 1) -> None:
+        """Add `value_sum` (a number or tensor, summed) over `count` samples of this rank."""
+        self.total += _number(value_sum)
+        self.count += _number(count)
+
+    def compute(self, rt: Any = None) -> float:
+        """The mean over every rank's samples; collective. NaN if no rank saw a sample."""
+        total, count = all_reduce_sum([self.total, self.count], rt)
+        return total / count if count else float("nan")
+
+    def reset(self) -> None:
+        self.total = self.count = 0.0
+
+
+def _batch_len(batch: Any) -> int:
+    if isinstance(batch, torch.Tensor):
+        return len(batch)
+    if isinstance(batch, Mapping):
+        return _batch_len(next(iter(batch.values())))
+    if isinstance(batch, (list, tuple)) and batch:
+        return _batch_len(batch[0])
+    raise ValueError(f"cannot tell how many samples a batch of type {type(batch).__name__} holds")
+
+
+def _peak_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+
+
+class Meter:
+    """Times and counts a training run; writes summary.json on rank 0.
+
+        meter = gpuscale.Meter(plan)
+        for epoch in range(epochs):
+            for x, y in meter.iter(train_loader):    # data wait, samples and steps
+                ...
+            with meter.phase("eval"):
+                ...
+        meter.write_summary(out_dir, final_loss=loss, accuracy=acc)   # collective
+
+    Compute time is the training wall time minus the time spent waiting for data, evaluating
+    and checkpointing. On a GPU the meter synchronises the device at phase boundaries, so
+    queued kernels are charged to the phase that issued them.
+    """
+
+    def __init__(self, plan: BatchPlan, rt: Any = None) -> None:
+        self.rt = _runtime(rt)
+        self.plan = plan
+        self.seconds = {"data_wait": 0.0, "eval": 0.0, "checkpoint": 0.0}
+        self.batches = 0
+        self.samples = 0
+        self.epochs = 0
+        self.train_started: float | None = None  # wall clock of the first batch request
+
+    def _sync(self) -> None:
+        if self.rt.device.type == "cuda":
+            torch.cuda.synchronize(self.rt.device)
+
+    def iter(self, loader: Iterable[Any]) -> Iterator[Any]:
+        """Iterate `loader`, charging the time blocked on the next batch to data wait."""
+        if self.train_started is None:
+            self.train_started = time.time()
+        iterator = iter(loader)
+        while True:
+            start = time.perf_counter()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                break
+            self.seconds["data_wait"] += time.perf_counter() - start
+            self.batches += 1
+            self.samples += _batch_len(batch)
+            yield batch
+        self._sync()
+        self.epochs += 1
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Charge the time inside the block to 'eval' or 'checkpoint'."""
+        if name not in self.seconds or name == "data_wait":
+            raise ValueError(f"phase {name!r} is not one of 'eval', 'checkpoint'")
+        self._sync()
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._sync()
+            self.seconds[name] += time.perf_counter() - start
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps so far (batches / gradient-accumulation steps)."""
+        return self.batches // self.plan.grad_accum_steps
+
+    def summary(self, **metrics: Any) -> dict[str, Any]:
+        """The run's summary (collective). `metrics` (final_loss, accuracy, ...) are added as given."""
+        self._sync()
+        now = time.time()
+        started = self.train_started if self.train_started is not None else now
+        wall = now - started
+        startup = started - self.rt.started_at
+        samples, data_wait, eval_s, ckpt_s = all_reduce_sum(
+            [float(self.samples), self.seconds["data_wait"], self.seconds["eval"], self.seconds["checkpoint"]], self.rt
+        )
+        world = self.rt.world_size
+        data_wait, eval_s, ckpt_s = data_wait / world, eval_s / world, ckpt_s / world
+        wall, startup, peak = all_reduce_max([wall, startup, float(_peak_memory_bytes(self.rt.device))], self.rt)
+        train_only = max(wall - eval_s - ckpt_s, 1e-9)
+        env = self.rt.env
+        summary: dict[str, Any] = {
+            "world_size": world,
+            "num_nodes": env.num_nodes,
+            "hosts": sorted({p["host"] for p in self.rt.placements}),
+            "launcher": env.launcher,
+            "backend": self.rt.backend,
+            "device": self.rt.device.type,
+            "device_name": self.rt.placements[0]["device_name"] if self.rt.placements else None,
+            "strategy": getattr(self.rt, "strategy", None),
+            "scaling": self.plan.scaling,
+            "global_batch": self.plan.global_batch,
+            "per_device_batch": self.plan.per_device_batch,
+            "grad_accum_steps": self.plan.grad_accum_steps,
+            "steps": self.steps,
+            "epochs": self.epochs,
+            "samples": int(samples),
+            "train_time_s": wall,
+            "samples_per_s": samples / train_only,
+            "final_loss": None,
+            "peak_memory_bytes": int(peak),
+            "time_split_s": {
+                "startup": startup,
+                "data_wait": data_wait,
+                "compute": max(train_only - data_wait, 0.0),
+                "eval": eval_s,
+                "checkpoint": ckpt_s,
+            },
+            "placements": self.rt.placements,
+            "torch_version": torch.__version__,
+            "gpuscale_version": __version__,
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        }
+        summary.update(metrics)
+        return summary
+
+    def write_summary(self, out_dir: str | Path, **metrics: Any) -> dict[str, Any]:
+        """Compute the summary (collective) and write ``out_dir/summary.json`` on rank 0."""
+        summary = self.summary(**metrics)
+        if self.rt.is_main:
+            atomic_write_json(Path(out_dir) / "summary.json", summary)
+        return summary

@@ -1,0 +1,364 @@
+"""Set up: `gpuscale.init()`, the one place that changes process state, and always undoes it.
+
+    with gpuscale.init() as rt:
+        model = Net().to(rt.device)
+        ...
+
+On entry, in this order:
+
+1. find out where this process is (`gpuscale.env.detect_env`): torchrun, an srun step, ranks set
+   by hand, or a single process;
+2. pick the device: the GPU of this local rank (honouring CUDA_VISIBLE_DEVICES or
+   ROCR_VISIBLE_DEVICES set per task), or the CPU when torch sees no GPU. On SLURM's fake GPUs or
+   a CPU build of torch it says so once and goes on with gloo, keeping SLURM's ranks and cores;
+3. bind the process to CPU cores (`gpuscale.topology`): the cores next to its GPU, disjoint shares
+   on a CPU-only node, or the cores srun already chose. ``bind="none"`` (or GPUSCALE_BIND=none)
+   leaves the affinity alone;
+4. size the thread pools: OMP_NUM_THREADS = cores of this rank and TOKENIZERS_PARALLELISM=false,
+   unless the user set them;
+5. export RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT so libraries that
+   read them (HF Trainer, DeepSpeed) agree with gpuscale, then start the process group (nccl on
+   GPUs, CUDA and ROCm alike; gloo on CPU) with a timeout (``timeout=`` seconds, or
+   GPUSCALE_TIMEOUT; default 600 s);
+6. gather every rank's placement and print it once, on rank 0.
+
+On exit, always, even after an exception: the process group is destroyed in an order that avoids
+gloo's abort at interpreter exit, and environment variables, affinity and thread count are put
+back. If the block raised, the failing rank logs its rank, host and traceback (and hands them to
+torchrun's error file, so torchrun's summary names the root cause) before the exception goes on.
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import os
+import socket
+import sys
+import time
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from gpuscale.env import DistEnv, detect_env, device_index, visible_devices
+from gpuscale.log import configure_logging, get_logger
+from gpuscale.topology import (
+    BindingPlan,
+    allowed_cores,
+    format_cpulist,
+    gpu_local_cores,
+    plan_binding,
+    set_affinity,
+)
+
+__all__ = ["Runtime", "init", "current", "DEFAULT_TIMEOUT_S"]
+
+DEFAULT_TIMEOUT_S = 600.0
+# Set by `gpuscale run` when it, not the user, put OMP_NUM_THREADS=1 there to quiet torchrun.
+OMP_FROM_LAUNCHER = "GPUSCALE_OMP_FROM_LAUNCHER"
+LAUNCH_TIME = "GPUSCALE_LAUNCH_TIME"
+
+log = get_logger("runtime")
+_current: Runtime | None = None
+
+
+@dataclass
+class Runtime:
+    """What `init()` set up: this process's place, device, cores and process group."""
+
+    env: DistEnv
+    """Where this process sits in the job (rank, world size, launcher, ...)."""
+    device: torch.device
+    """The device this rank computes on."""
+    backend: str | None
+    """Process-group backend ('nccl' or 'gloo'), or None for a single process."""
+    binding: BindingPlan
+    """The core plan of this node; `cores` is this rank's row."""
+    cores: tuple[int, ...]
+    """CPU cores this rank is bound to."""
+    host: str
+    """This node's host name."""
+    started_at: float
+    """Wall-clock time the job was launched (the launcher's clock, else this process's start)."""
+    ready_at: float
+    """Wall-clock time init() finished."""
+    placements: list[dict[str, Any]] = field(default_factory=list)
+    """One entry per rank (host, rank, local_rank, device, cores), the same on every rank."""
+    strategy: str | None = None
+    """Name of the strategy the model was wrapped with (set by `gpuscale.wrap`)."""
+
+    # Short names for what training loops ask most often.
+    @property
+    def rank(self) -> int:
+        return self.env.rank
+
+    @property
+    def local_rank(self) -> int:
+        return self.env.local_rank
+
+    @property
+    def world_size(self) -> int:
+        return self.env.world_size
+
+    @property
+    def is_main(self) -> bool:
+        """True on rank 0."""
+        return self.env.rank == 0
+
+    @property
+    def is_distributed(self) -> bool:
+        return dist.is_available() and dist.is_initialized()
+
+    def barrier(self) -> None:
+        """Wait for every rank (no-op for a single process)."""
+        if self.is_distributed:
+            if self.device.type == "cuda":
+                dist.barrier(device_ids=[self.device.index])
+            else:
+                dist.barrier()
+
+    def placement(self) -> dict[str, Any]:
+        """This rank's placement as a plain dict (the row `gpuscale env` prints)."""
+        name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
+        return {
+            "host": self.host,
+            "rank": self.env.rank,
+            "local_rank": self.env.local_rank,
+            "node_rank": self.env.node_rank,
+            "device": str(self.device),
+            "device_name": name,
+            "visible_devices": ",".join(visible_devices(os.environ) or []) or None,
+            "cores": format_cpulist(self.cores),
+            "num_cores": len(self.cores),
+            "binding": self.binding.source,
+            "threads": torch.get_num_threads(),
+            "pid": os.getpid(),
+        }
+
+
+def current() -> Runtime:
+    """The Runtime of the enclosing `init()` block; raises if there is none."""
+    if _current is None:
+        raise RuntimeError("gpuscale.init() is not active; wrap your training in `with gpuscale.init() as rt:`")
+    return _current
+
+
+def _process_start_time() -> float:
+    """When this process started (Linux /proc), else now."""
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        start_ticks = int(fields[19])  # field 22 of stat, counted after the command name
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime"))
+        return boot + start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, StopIteration, ValueError, IndexError):
+        return time.time()
+
+
+def _choose_device(env: DistEnv, device: str) -> torch.device:
+    if device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"device={device!r} is not one of 'auto', 'cpu', 'cuda'")
+    has_gpu = torch.cuda.is_available() and torch.cuda.device_count() > 0
+    if device == "cuda" and not has_gpu:
+        raise ValueError("device='cuda' was asked for but torch sees no GPU; use device='auto' or 'cpu'")
+    if device == "cpu" or not has_gpu:
+        granted = os.environ.get("SLURM_JOB_GPUS") or os.environ.get("SLURM_STEP_GPUS") or os.environ.get("SLURM_GPUS_ON_NODE")
+        if device == "auto" and granted and env.rank == 0:
+            build = "a CPU-only build of torch" if torch.version.cuda is None and torch.version.hip is None else "no usable GPU"
+            log.warning(
+                "SLURM gave this job GPUs (%s) but torch sees none (%s); running on CPU with gloo, "
+                "keeping SLURM's ranks and cores", granted, build,
+            )
+        return torch.device("cpu")
+    index = device_index(env, torch.cuda.device_count())
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def _gpu_cores_for_local_ranks(env: DistEnv) -> list[list[int] | None] | None:
+    """The cores next to each local rank's GPU, from sysfs; None if not knowable from here."""
+    count = torch.cuda.device_count()
+    if count < env.local_world_size:  # each task sees only its own GPU: cannot plan for the others
+        return None
+    cores = []
+    for local_rank in range(env.local_world_size):
+        props = torch.cuda.get_device_properties(local_rank)
+        domain, bus, dev = (getattr(props, n, None) for n in ("pci_domain_id", "pci_bus_id", "pci_device_id"))
+        cores.append(gpu_local_cores(f"{domain:04x}:{bus:02x}:{dev:02x}.0") if bus is not None else None)
+    return cores
+
+
+def _plan(env: DistEnv, device: torch.device, bind: str) -> BindingPlan:
+    here = tuple(allowed_cores())
+    if bind == "none":
+        return BindingPlan((here,) * env.local_world_size, "none")
+    if env.launcher == "slurm":
+        # srun placed every task already (--cpu-bind, masks, cgroups): keep what it chose.
+        return BindingPlan((here,) * env.local_world_size, "launcher")
+    if len(here) < env.local_world_size and env.local_world_size > 1:
+        # Fewer cores than siblings: whoever started us bound us already (taskset per process).
+        return BindingPlan((here,) * env.local_world_size, "launcher", "fewer allowed cores than local ranks")
+    gpu_cores = _gpu_cores_for_local_ranks(env) if device.type == "cuda" else None
+    return plan_binding(here, env.local_world_size, gpu_cores)
+
+
+class _Restorer:
+    """Remembers what init() changed so that teardown puts it back."""
+
+    def __init__(self) -> None:
+        self.environ: dict[str, str | None] = {}
+        self.affinity = allowed_cores()
+        self.threads = torch.get_num_threads()
+
+    def setenv(self, name: str, value: str) -> None:
+        self.environ.setdefault(name, os.environ.get(name))
+        os.environ[name] = value
+
+    def restore(self) -> None:
+        for name, old in self.environ.items():
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
+        set_affinity(self.affinity)
+        torch.set_num_threads(self.threads)
+
+
+@contextmanager
+def init(
+    *,
+    device: str = "auto",
+    backend: str | None = None,
+    bind: str | None = None,
+    timeout: float | None = None,
+    show_placement: bool = True,
+) -> Iterator[Runtime]:
+    """Set this process up for (distributed) training; undo it on exit. See the module docstring.
+
+    device: 'auto' (the local rank's GPU if torch sees one, else CPU), 'cuda' or 'cpu'.
+    backend: process-group backend; default nccl on GPUs, gloo on CPU.
+    bind: 'auto' (default; or GPUSCALE_BIND) binds to cores as planned, 'none' leaves affinity alone.
+    timeout: seconds a collective may wait before failing (default GPUSCALE_TIMEOUT or 600).
+    show_placement: log the table of where every rank runs, on rank 0.
+    """
+    global _current
+    if _current is not None:
+        raise RuntimeError("gpuscale.init() is already active in this process; call it once, around your training")
+    bind = bind or os.environ.get("GPUSCALE_BIND", "auto")
+    if bind not in ("auto", "none"):
+        raise ValueError(f"bind={bind!r} is not one of 'auto', 'none' (from the argument or GPUSCALE_BIND)")
+    timeout_s = float(timeout if timeout is not None else os.environ.get("GPUSCALE_TIMEOUT", DEFAULT_TIMEOUT_S))
+    if timeout_s <= 0:
+        raise ValueError(f"timeout={timeout_s} must be a positive number of seconds")
+
+    env = detect_env(os.environ)
+    configure_logging(env.rank, env.world_size)
+    restorer = _Restorer()
+    launch = os.environ.get(LAUNCH_TIME)
+    started_at = float(launch) if launch else _process_start_time()
+    rt: Runtime | None = None
+    failed = False
+    try:
+        dev = _choose_device(env, device)
+        plan = _plan(env, dev, bind)
+        cores = plan.for_rank(env.local_rank)
+        if plan.source in ("gpu-local", "even-split"):
+            set_affinity(cores)
+        if plan.note and env.local_rank == 0:
+            log.warning("CPU binding: %s", plan.note)
+        if "OMP_NUM_THREADS" not in os.environ or os.environ.get(OMP_FROM_LAUNCHER):
+            restorer.setenv("OMP_NUM_THREADS", str(len(cores)))
+            torch.set_num_threads(len(cores))
+        if "TOKENIZERS_PARALLELISM" not in os.environ:
+            restorer.setenv("TOKENIZERS_PARALLELISM", "false")
+
+        chosen_backend = None
+        if env.world_size > 1:
+            chosen_backend = backend or ("nccl" if dev.type == "cuda" else "gloo")
+            for name, value in (
+                ("RANK", env.rank), ("LOCAL_RANK", env.local_rank), ("WORLD_SIZE", env.world_size),
+                ("LOCAL_WORLD_SIZE", env.local_world_size), ("MASTER_ADDR", env.master_addr),
+                ("MASTER_PORT", env.master_port),
+            ):
+                restorer.setenv(name, str(value))
+            dist.init_process_group(
+                backend=chosen_backend, init_method="env://", rank=env.rank, world_size=env.world_size,
+                timeout=datetime.timedelta(seconds=timeout_s),
+                device_id=dev if dev.type == "cuda" else None,
+            )
+        rt = Runtime(
+            env=env, device=dev, backend=chosen_backend, binding=plan, cores=tuple(cores),
+            host=socket.gethostname(), started_at=started_at, ready_at=time.time(),
+        )
+        rt.placements = _gather_placements(rt)
+        if show_placement and env.world_size > 1 and rt.is_main:
+            log.info("placement of %d ranks on %d node(s):\n%s", env.world_size, env.num_nodes, format_placements(rt.placements))
+        _current = rt
+        yield rt
+    except BaseException as exc:
+        failed = True
+        if not (isinstance(exc, SystemExit) and exc.code in (0, None)):
+            _report_failure(env, exc)
+        raise
+    finally:
+        _current = None
+        _teardown(rt, failed)
+        restorer.restore()
+
+
+def _gather_placements(rt: Runtime) -> list[dict[str, Any]]:
+    mine = rt.placement()
+    if not rt.is_distributed:
+        return [mine]
+    everyone: list[Any] = [None] * rt.world_size
+    dist.all_gather_object(everyone, mine)
+    return sorted(everyone, key=lambda p: p["rank"])
+
+
+def format_placements(placements: list[dict[str, Any]]) -> str:
+    """A fixed-width table: host, rank, local rank, device, cores, one line per rank."""
+    header = ("host", "rank", "local", "device", "name", "cores", "binding", "threads")
+    rows = [
+        (p["host"], str(p["rank"]), str(p["local_rank"]), p["device"], p["device_name"], p["cores"], p["binding"], str(p["threads"]))
+        for p in placements
+    ]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [header, *rows])
+
+
+def _report_failure(env: DistEnv, exc: BaseException) -> None:
+    """Name the failing rank, its host and traceback first, and tell torchrun's summary about it."""
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    sys.stderr.write(f"[gpuscale] rank {env.rank}/{env.world_size} on {socket.gethostname()} failed:\n{tb}")
+    sys.stderr.flush()
+    if os.environ.get("TORCHELASTIC_ERROR_FILE"):
+        try:
+            from torch.distributed.elastic.multiprocessing.errors import get_error_handler
+
+            get_error_handler().record_exception(exc)
+        except Exception:  # the report above already went out; the error file is a courtesy
+            pass
+
+
+def _teardown(rt: Runtime | None, failed: bool) -> None:
+    """Destroy the process group so that gloo does not abort at interpreter exit (FACTS §9)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    gc.collect()
+    if not failed:
+        try:
+            # Nobody leaves before everybody is done: a rank that exits early closes its sockets
+            # under the others' last collective.
+            if rt is not None:
+                rt.barrier()
+            else:
+                dist.barrier()
+        except Exception as exc:  # a peer died at the very end: still destroy, then report
+            log.warning("final barrier failed (%s); a peer probably exited early", exc)
+    dist.destroy_process_group()

@@ -1,0 +1,100 @@
+"""Strategies: how a model is spread over ranks, behind one switch.
+
+A strategy is a small object with five methods (the `Strategy` protocol) and a name in
+`STRATEGIES`. Training scripts never touch it directly:
+
+    model = gpuscale.wrap(model, strategy="ddp")   # after deciding what is trainable
+    ...
+    for p in model_to_finetune.parameters(): p.requires_grad = True
+    model = gpuscale.wrap(model)                    # re-wrap: the new parameters now sync
+
+`wrap` on an already wrapped model re-wraps it around the current trainable parameters. A model
+whose trainable parameters change after wrapping refuses its next forward pass with the fix,
+because DDP would silently never synchronise the newly unfrozen gradients (FACTS §5, bug 1).
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, Protocol
+
+from torch import nn
+
+from gpuscale.strategy.ddp import DDPStrategy
+
+__all__ = ["Strategy", "STRATEGIES", "get_strategy", "wrap", "unwrap", "no_sync"]
+
+
+class Strategy(Protocol):
+    name: str
+
+    def wrap(self, module: nn.Module, rt: Any) -> nn.Module:
+        """Return the model to train with, built around `module` (already unwrapped)."""
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        """The user's module inside whatever `wrap` returned."""
+
+    def state_dict(self, model: nn.Module) -> dict[str, Any]:
+        """A full state dict with the user's own keys (no ``module.`` prefix)."""
+
+    def load_state_dict(self, model: nn.Module, state: dict[str, Any]) -> None:
+        """Load a state dict written by `state_dict` (or a plain one) into the model."""
+
+    def writes_checkpoint(self, rt: Any) -> bool:
+        """Whether this rank writes the checkpoint (rank 0 for replicated strategies)."""
+
+
+STRATEGIES: dict[str, type] = {"ddp": DDPStrategy}
+
+
+def get_strategy(name: str) -> Strategy:
+    """The strategy called `name`; ValueError listing the valid names otherwise."""
+    try:
+        return STRATEGIES[name]()
+    except KeyError:
+        raise ValueError(f"unknown strategy {name!r}; choose one of: {', '.join(STRATEGIES)}") from None
+
+
+def _strategy_of(model: nn.Module) -> Strategy | None:
+    return getattr(model, "_gpuscale_strategy", None)
+
+
+def wrap(model: nn.Module, strategy: str | None = None, rt: Any = None) -> nn.Module:
+    """Wrap `model` for data-parallel training (re-wrap it if it was wrapped before).
+
+    Call it after choosing which parameters train; the returned model is what you call, build
+    the optimizer on, and hand to `Checkpointer`. With one process the model is returned as is
+    (moved to the device), so the same script runs everywhere.
+    """
+    from gpuscale.runtime import current
+
+    rt = rt or current()
+    previous = _strategy_of(model)
+    chosen = get_strategy(strategy) if strategy else (previous or get_strategy("ddp"))
+    module = previous.unwrap(model) if previous else model
+    wrapped = chosen.wrap(module, rt)
+    wrapped._gpuscale_strategy = chosen  # type: ignore[assignment]
+    rt.strategy = chosen.name
+    return wrapped
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The user's own module inside a wrapped model (the model itself if it is not wrapped)."""
+    strategy = _strategy_of(model)
+    return strategy.unwrap(model) if strategy else model
+
+
+def strategy_of(model: nn.Module) -> Strategy:
+    """The strategy a model was wrapped with (DDP semantics for a model never wrapped)."""
+    return _strategy_of(model) or get_strategy("ddp")
+
+
+def no_sync(model: nn.Module, skip: bool = True) -> AbstractContextManager[Any]:
+    """Within this block, backward passes accumulate gradients without synchronising them.
+
+    Use it for every micro-batch of a gradient-accumulation step except the last:
+    ``with gpuscale.no_sync(model, skip=not last_micro_batch): loss.backward()``.
+    """
+    if skip and hasattr(model, "no_sync"):
+        return model.no_sync()
+    return nullcontext()

@@ -1,0 +1,375 @@
+"""Unit tests for gpuscale.data: exact batch plans, resumable and evaluation samplers, ShardedLoader."""
+
+from __future__ import annotations
+
+import itertools
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch.utils.data import Dataset
+
+from gpuscale.data import (
+    BatchPlan,
+    EvalShardSampler,
+    ResumableDistributedSampler,
+    ShardedLoader,
+    default_num_workers,
+    make_loader,
+    plan_batch,
+)
+
+# --------------------------------------------------------------------------------------------------
+# plan_batch
+
+
+def test_weak_scaling_keeps_per_device_batch():
+    for world in (1, 2, 8):
+        plan = plan_batch(32, world, scaling="weak")
+        assert plan.per_device_batch == 32
+        assert plan.grad_accum_steps == 1
+        assert plan.global_batch == 32 * world
+        assert plan.world_size == world and plan.scaling == "weak"
+
+
+def test_weak_is_the_default():
+    assert plan_batch(25, 2).scaling == "weak"
+    assert plan_batch(25, 2).global_batch == 50
+
+
+def test_strong_scaling_keeps_global_batch():
+    for world in (1, 2, 4, 8, 16, 32):
+        plan = plan_batch(32, world, scaling="strong")
+        assert plan.global_batch == 32
+        assert plan.per_device_batch == 32 // world
+        assert plan.grad_accum_steps == 1
+
+
+def test_strong_scaling_25_over_2_ranks_is_refused_with_nearest_choices():
+    with pytest.raises(ValueError) as info:
+        plan_batch(25, 2, scaling="strong")
+    msg = str(info.value)
+    assert "25" in msg and "2 ranks" in msg  # what was asked
+    assert "24" in msg and "26" in msg  # the nearest valid global batches
+    assert "silently" in msg
+
+
+@pytest.mark.parametrize("batch,world", [(25, 2), (32, 3), (10, 4), (7, 8), (100, 64)])
+def test_strong_scaling_never_integer_divides(batch, world):
+    with pytest.raises(ValueError) as info:
+        plan_batch(batch, world, scaling="strong")
+    lower = batch // world * world
+    msg = str(info.value)
+    assert str(lower + world) in msg
+    if lower:
+        assert str(lower) in msg
+
+
+def test_strong_scaling_batch_smaller_than_world_offers_world():
+    with pytest.raises(ValueError) as info:
+        plan_batch(2, 4, scaling="strong")
+    msg = str(info.value)
+    assert "global batch of 4" in msg
+    assert "of 0 " not in msg  # a global batch of 0 is no choice
+
+
+def test_strong_scaling_error_suggests_world_sizes_that_divide():
+    with pytest.raises(ValueError) as info:
+        plan_batch(25, 2, scaling="strong")
+    assert "1, 5" in str(info.value)
+
+
+@pytest.mark.parametrize("scaling,batch,world,max_dev,per_dev,accum", [
+    ("weak", 32, 2, 10, 8, 4),       # 32 -> 4 x 8
+    ("weak", 32, 1, 32, 32, 1),      # fits
+    ("weak", 32, 1, 16, 16, 2),
+    ("weak", 13, 1, 4, 1, 13),       # prime: 13 x 1, never rounded
+    ("strong", 256, 4, 48, 32, 2),   # 64 per rank -> 2 x 32
+    ("strong", 96, 2, 20, 16, 3),    # 48 per rank -> 3 x 16
+    ("strong", 32, 8, 100, 4, 1),
+])
+def test_gradient_accumulation_gives_exact_equal_micro_batches(scaling, batch, world, max_dev, per_dev, accum):
+    plan = plan_batch(batch, world, scaling=scaling, max_per_device=max_dev)
+    assert (plan.per_device_batch, plan.grad_accum_steps) == (per_dev, accum)
+    assert plan.per_device_batch <= max_dev
+    per_rank = batch if scaling == "weak" else batch // world
+    assert plan.per_device_batch * plan.grad_accum_steps == per_rank  # exact, nothing dropped
+    assert plan.global_batch == per_rank * world
+
+
+def test_gradient_accumulation_uses_the_fewest_steps():
+    # 60 per rank, at most 25 per pass: 3 x 20 (not 4 x 15, 5 x 12, ...)
+    plan = plan_batch(60, 1, max_per_device=25)
+    assert (plan.per_device_batch, plan.grad_accum_steps) == (20, 3)
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(batch_size=0, world_size=1),
+    dict(batch_size=-4, world_size=1),
+    dict(batch_size=32, world_size=0),
+    dict(batch_size=32.0, world_size=2),
+    dict(batch_size="32", world_size=2),
+    dict(batch_size=True, world_size=1),
+    dict(batch_size=32, world_size=1.5),
+    dict(batch_size=32, world_size=2, scaling="medium"),
+    dict(batch_size=32, world_size=2, scaling="Strong"),
+    dict(batch_size=32, world_size=2, max_per_device=0),
+    dict(batch_size=32, world_size=2, max_per_device=-1),
+    dict(batch_size=32, world_size=2, max_per_device=8.0),
+])
+def test_plan_batch_invalid_inputs(kwargs):
+    with pytest.raises(ValueError):
+        plan_batch(**kwargs)
+
+
+def test_plan_batch_invalid_scaling_names_choices():
+    with pytest.raises(ValueError) as info:
+        plan_batch(32, 2, scaling="medium")
+    assert "'medium'" in str(info.value) and "weak" in str(info.value) and "strong" in str(info.value)
+
+
+def test_plan_batch_rejects_bool_max_per_device():
+    with pytest.raises(ValueError):
+        plan_batch(32, 2, max_per_device=True)
+
+
+def test_batch_plan_as_dict():
+    plan = plan_batch(64, 2, scaling="strong", max_per_device=16)
+    assert plan.as_dict() == {"scaling": "strong", "world_size": 2, "global_batch": 64,
+                              "per_device_batch": 16, "grad_accum_steps": 2}
+
+
+# --------------------------------------------------------------------------------------------------
+# samplers
+
+
+@pytest.mark.parametrize("size,world", [(20, 2), (21, 2), (10, 3), (7, 4)])
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_resumable_sampler_shards_are_disjoint_and_cover(size, world, shuffle):
+    shards = [list(ResumableDistributedSampler(range(size), world, r, shuffle=shuffle, seed=3, drop_last=False))
+              for r in range(world)]
+    lengths = {len(s) for s in shards}
+    assert len(lengths) == 1  # equal shares (padded)
+    everything = [i for s in shards for i in s]
+    assert set(everything) == set(range(size))  # covers
+    if size % world == 0:
+        assert sorted(everything) == list(range(size))  # disjoint
+    else:
+        assert len(everything) - len(set(everything)) == (-size) % world  # only the padding repeats
+
+
+@pytest.mark.parametrize("start", [0, 1, 4, 9, 10])
+def test_resumable_sampler_start_index_skips_exactly_the_seen(start):
+    for rank in range(2):
+        full = ResumableDistributedSampler(range(20), 2, rank, shuffle=True, seed=7, drop_last=False)
+        full.set_epoch(3)
+        expected = list(full)
+        resumed = ResumableDistributedSampler(range(20), 2, rank, shuffle=True, seed=7, drop_last=False)
+        resumed.set_epoch(3)
+        resumed.start_index = start
+        got = list(resumed)
+        assert got == expected[start:]
+        assert len(resumed) == len(got) == 10 - start
+
+
+def test_resumable_sampler_epochs_differ_and_seed_repeats():
+    def order(epoch, seed=0):
+        s = ResumableDistributedSampler(range(50), 2, 0, shuffle=True, seed=seed, drop_last=False)
+        s.set_epoch(epoch)
+        return list(s)
+
+    assert order(0) != order(1)
+    assert order(1) == order(1)
+    assert order(0, seed=1) != order(0, seed=0)
+
+
+@pytest.mark.parametrize("size,world", [(10, 1), (10, 2), (10, 3), (7, 4), (3, 8), (100, 7)])
+def test_eval_shard_sampler_every_index_once(size, world):
+    shards = [list(EvalShardSampler(range(size), world, r)) for r in range(world)]
+    everything = [i for s in shards for i in s]
+    assert sorted(everything) == list(range(size))  # every index exactly once, no padding
+    for r, shard in enumerate(shards):
+        assert len(EvalShardSampler(range(size), world, r)) == len(shard)
+    sizes = [len(s) for s in shards]
+    assert max(sizes) - min(sizes) <= 1  # uneven sizes are fine, but balanced
+
+
+def test_eval_shard_sampler_uneven_sizes():
+    assert [len(EvalShardSampler(range(10), 3, r)) for r in range(3)] == [4, 3, 3]
+
+
+# --------------------------------------------------------------------------------------------------
+# make_loader / ShardedLoader
+
+
+class Indices(Dataset):
+    """Item i is the integer i, so batches show which samples were loaded."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+def rt(rank=0, world=1, cores=(0,)):
+    return SimpleNamespace(world_size=world, rank=rank, cores=tuple(cores), device=torch.device("cpu"))
+
+
+def passes(loader, n):
+    return [[b.tolist() for b in loader] for _ in range(n)]
+
+
+def test_loader_batches_have_the_plan_batch_size():
+    plan = plan_batch(4, 1)
+    loader = make_loader(Indices(18), plan, rt=rt())
+    batches = [b.tolist() for b in loader]
+    assert isinstance(loader, ShardedLoader)
+    assert len(batches) == len(loader) == 4  # last incomplete batch dropped in training
+    assert all(len(b) == 4 for b in batches)
+
+
+def test_loader_consecutive_passes_reshuffle():
+    loader = make_loader(Indices(40), plan_batch(4, 1), rt=rt(), seed=5)
+    epochs = passes(loader, 3)
+    assert epochs[0] != epochs[1] and epochs[1] != epochs[2]
+    for epoch in epochs:
+        assert sorted(i for b in epoch for i in b) == list(range(40))
+
+
+def test_loader_same_seed_same_order_on_recreation():
+    a = passes(make_loader(Indices(40), plan_batch(4, 1), rt=rt(), seed=5), 2)
+    b = passes(make_loader(Indices(40), plan_batch(4, 1), rt=rt(), seed=5), 2)
+    c = passes(make_loader(Indices(40), plan_batch(4, 1), rt=rt(), seed=6), 2)
+    assert a == b
+    assert a != c
+
+
+def test_loader_shuffle_false_keeps_order():
+    loader = make_loader(Indices(8), plan_batch(4, 1), rt=rt(), shuffle=False)
+    assert passes(loader, 2) == [[[0, 1, 2, 3], [4, 5, 6, 7]]] * 2
+
+
+def test_loader_two_ranks_disjoint_every_epoch():
+    plan = plan_batch(8, 2, scaling="strong")
+    loaders = [make_loader(Indices(40), plan, rt=rt(r, 2), seed=1) for r in range(2)]
+    for _ in range(3):
+        seen = [[i for b in loader for i in b.tolist()] for loader in loaders]
+        assert not set(seen[0]) & set(seen[1])
+        assert sorted(seen[0] + seen[1]) == list(range(40))
+
+
+def test_loader_state_dict_after_k_batches_resumes_with_the_next_batches():
+    plan = plan_batch(4, 2, scaling="weak")
+    for rank in range(2):
+        reference = passes(make_loader(Indices(50), plan, rt=rt(rank, 2), seed=11), 3)
+        for epoch, k in [(0, 0), (0, 1), (0, 3), (1, 2), (2, 5)]:
+            first = make_loader(Indices(50), plan, rt=rt(rank, 2), seed=11)
+            for _ in range(epoch):
+                list(first)
+            taken = [b.tolist() for b in itertools.islice(first, k)]
+            assert taken == reference[epoch][:k]
+            state = first.state_dict()
+            assert state == {"epoch": epoch, "batches_done": k}
+
+            resumed = make_loader(Indices(50), plan, rt=rt(rank, 2), seed=11)
+            resumed.load_state_dict(state)
+            rest = passes(resumed, 3 - epoch)
+            assert rest[0] == reference[epoch][k:]  # exactly the next batches
+            assert rest[1:] == reference[epoch + 1:]  # and the following epochs are whole again
+
+
+def test_loader_state_dict_after_the_last_batch_resumes_with_the_next_epoch():
+    plan = plan_batch(4, 1)
+    reference = passes(make_loader(Indices(16), plan, rt=rt(), seed=2), 2)
+    first = make_loader(Indices(16), plan, rt=rt(), seed=2)
+    for _ in itertools.islice(first, 4):  # a checkpoint written inside the loop body, on the last batch
+        pass
+    resumed = make_loader(Indices(16), plan, rt=rt(), seed=2)
+    resumed.load_state_dict(first.state_dict())
+    assert [b.tolist() for b in resumed] == []
+    assert [b.tolist() for b in resumed] == reference[1]
+
+
+def test_loader_full_pass_state_points_at_next_epoch():
+    loader = make_loader(Indices(16), plan_batch(4, 1), rt=rt())
+    list(loader)
+    assert loader.state_dict() == {"epoch": 1, "batches_done": 0}
+
+
+def test_loader_set_epoch():
+    plan = plan_batch(4, 1)
+    reference = passes(make_loader(Indices(40), plan, rt=rt(), seed=3), 3)
+    loader = make_loader(Indices(40), plan, rt=rt(), seed=3)
+    loader.set_epoch(2)
+    assert [b.tolist() for b in loader] == reference[2]
+
+
+def test_eval_loader_every_sample_once_over_ranks_in_order():
+    plan = plan_batch(4, 3)
+    got = []
+    for rank in range(3):
+        loader = make_loader(Indices(10), plan, train=False, rt=rt(rank, 3))
+        batches = [b.tolist() for b in loader]
+        flat = [i for b in batches for i in b]
+        assert flat == sorted(flat)
+        got += flat
+    assert sorted(got) == list(range(10))  # no padding, no drop, uneven shards OK
+
+
+def test_eval_loader_same_every_pass():
+    loader = make_loader(Indices(10), plan_batch(3, 1), train=False, rt=rt())
+    assert passes(loader, 2) == [[[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]] * 2
+
+
+def test_loader_drop_last_false_keeps_partial_batch():
+    loader = make_loader(Indices(10), plan_batch(4, 1), rt=rt(), drop_last=False, shuffle=False)
+    assert [b.tolist() for b in loader] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+
+
+def test_loader_plan_for_other_world_size_fails():
+    with pytest.raises(ValueError) as info:
+        make_loader(Indices(10), plan_batch(4, 2), rt=rt(0, 4))
+    msg = str(info.value)
+    assert "2 ranks" in msg and "4" in msg and "world_size=4" in msg
+
+
+def test_loader_empty_dataset_fails():
+    with pytest.raises(ValueError, match="empty"):
+        make_loader(Indices(0), plan_batch(4, 1), rt=rt())
+
+
+def test_loader_dataset_without_length_fails():
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(range(3))
+
+    with pytest.raises(ValueError, match="length"):
+        make_loader(Stream(), plan_batch(4, 1), rt=rt())
+
+
+def test_loader_fewer_samples_than_one_batch_fails():
+    with pytest.raises(ValueError) as info:
+        make_loader(Indices(6), plan_batch(4, 2), rt=rt(0, 2))
+    msg = str(info.value)
+    assert "3 samples" in msg and "batch of 4" in msg
+
+
+def test_loader_on_cpu_loads_in_main_process():
+    loader = make_loader(Indices(8), plan_batch(4, 1), rt=rt(cores=(0, 1, 2, 3)))
+    assert loader.loader.num_workers == 0
+    assert loader.loader.pin_memory is False
+
+
+def test_default_num_workers():
+    assert default_num_workers(16, torch.device("cpu")) == 0
+    assert default_num_workers(7, torch.device("cuda", 0)) == 6
+    assert default_num_workers(1, torch.device("cuda", 0)) == 0
+    assert default_num_workers(64, torch.device("cuda", 0)) == 8
+
+
+def test_batch_plan_global_batch():
+    assert BatchPlan(scaling="weak", world_size=4, per_device_batch=8, grad_accum_steps=2).global_batch == 64
