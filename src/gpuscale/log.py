@@ -26,6 +26,7 @@ __all__ = ["get_logger", "print0", "progress", "current_rank", "configure_loggin
 
 T = TypeVar("T")
 ROOT = "gpuscale"
+LOG_INTERVAL_S = 30.0  # progress lines in a non-terminal stream (SLURM log files)
 _placement: tuple[int, int] | None = None  # (rank, world_size) once init() knows them
 
 
@@ -107,8 +108,8 @@ def print0(*args: Any, **kwargs: Any) -> None:
 class progress(Iterator[T]):  # noqa: N801 - used like a function, as tqdm is
     """Iterate and show progress on rank 0; other ranks iterate silently.
 
-    On a terminal it redraws one line; in a log file (SLURM output) it writes a line every 10%
-    so the file stays short. ``bar.postfix["loss"] = 0.31`` adds a value to the line.
+    On a terminal it redraws one line; in a log file (SLURM output) it writes a line at most
+    every 30 seconds and one at the end, so the file stays short but shows the run is alive. ``bar.postfix["loss"] = 0.31`` adds a value to the line.
     """
 
     def __init__(self, iterable: Iterable[T], desc: str = "", total: int | None = None, stream: Any = None) -> None:
@@ -121,8 +122,7 @@ class progress(Iterator[T]):  # noqa: N801 - used like a function, as tqdm is
         self._enabled = current_rank()[0] == 0
         self._tty = self._enabled and getattr(self._stream, "isatty", lambda: False)()
         self._start = time.perf_counter()
-        self._last_draw = 0.0
-        self._last_decile = -1
+        self._last_draw = self._start
 
     def __iter__(self) -> progress[T]:
         return self
@@ -137,8 +137,8 @@ class progress(Iterator[T]):  # noqa: N801 - used like a function, as tqdm is
         self._draw(final=False)
         return item
 
-    def _line(self) -> str:
-        elapsed = time.perf_counter() - self._start
+    def _line(self, now: float) -> str:
+        elapsed = now - self._start
         rate = self.count / elapsed if elapsed > 0 else 0.0
         done = f"{self.count}/{self.total}" if self.total else str(self.count)
         extra = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in self.postfix.items())
@@ -153,14 +153,12 @@ class progress(Iterator[T]):  # noqa: N801 - used like a function, as tqdm is
             return
         now = time.perf_counter()
         if self._tty:
-            if final or now - self._last_draw > 0.1:
-                self._stream.write("\r" + self._line() + ("\n" if final else ""))
+            if final or now - self._last_draw > 0.1 or self.count == 1:
+                self._stream.write("\r" + self._line(now) + ("\n" if final else ""))
                 self._stream.flush()
                 self._last_draw = now
             return
-        decile = int(10 * self.count / self.total) if self.total else -1
-        if final or (self.total and decile > self._last_decile and decile < 10):
-            if not final or self._last_decile < 10:
-                self._stream.write(self._line() + "\n")
-                self._stream.flush()
-            self._last_decile = 10 if final else decile
+        if final or now - self._last_draw >= LOG_INTERVAL_S:
+            self._stream.write(self._line(now) + "\n")
+            self._stream.flush()
+            self._last_draw = now

@@ -69,15 +69,24 @@ def test_current_rank_from_configure_logging_wins_over_environment(clean):
 # progress
 
 
-def test_progress_rank0_writes_lines_to_a_log_file():
+def test_progress_rank0_writes_lines_to_a_log_file(monkeypatch):
+    clock = iter(range(0, 10_000, 10))  # each reading of the clock is 10 s later
+    monkeypatch.setattr("gpuscale.log.time.perf_counter", lambda: next(clock))
     stream = io.StringIO()
     items = list(progress(range(100), desc="epoch 1", stream=stream))
     assert items == list(range(100))
     lines = stream.getvalue().splitlines()
-    assert 2 <= len(lines) <= 12  # about one line every 10%, not one per item
+    # 100 items, 10 s apart: a line every 30 s (about every third item), not one per item
+    assert 25 <= len(lines) <= 40
     assert all(line.startswith("epoch 1") for line in lines)
     assert "100/100" in lines[-1]
     assert "\r" not in stream.getvalue()  # not a terminal: no redraws
+
+
+def test_progress_in_a_log_file_writes_one_line_for_a_quick_pass():
+    stream = io.StringIO()
+    list(progress(range(100), desc="epoch 1", stream=stream))
+    assert stream.getvalue().count("\n") == 1
 
 
 def test_progress_rank1_is_silent_but_iterates(clean):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import sys
 import time
 from typing import Any
@@ -133,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
         code = failure.exitcode
         where = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
         print(
-            f"gpuscale run: rank {rank} on {failure.hostname} failed first ({where}); the other ranks were stopped.\n"
+            f"gpuscale run: rank {rank} on {socket.gethostname()} failed first ({where}); the other ranks were stopped.\n"
             f"{exc.format_msg()}",
             file=sys.stderr,
         )

@@ -1,0 +1,55 @@
+"""Train 12 steps with checkpoints every step; optionally die right after the checkpoint of step K.
+
+argv: OUT [--crash-at K]. Rank 0 writes OUT/final.pt (weights) and OUT/losses.json (step -> loss).
+The model has dropout (random numbers), the loader shuffles and the run crosses epoch boundaries
+and stops mid-epoch, so resuming exactly needs the model, optimizer, scheduler, loader position
+and every rank's RNG state.
+"""
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import gpuscale
+
+parser = argparse.ArgumentParser()
+parser.add_argument("out")
+parser.add_argument("--crash-at", type=int, default=None)
+parser.add_argument("--steps", type=int, default=12)
+args = parser.parse_args()
+out = Path(args.out)
+
+with gpuscale.init() as rt:
+    torch.manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(40, 6), torch.randn(40, 1))
+    plan = gpuscale.plan_batch(8, rt.world_size, scaling="strong")
+    loader = gpuscale.make_loader(data, plan, seed=3)
+    model = gpuscale.wrap(torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Dropout(0.3), torch.nn.Linear(16, 1)))
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=4, gamma=0.5)
+    ckpt = gpuscale.Checkpointer(out / "ckpt", keep=2)
+    state = ckpt.resume(model=model, optimizer=opt, scheduler=sched, loader=loader)
+    step = state.step if state else 0
+    losses = state.extra["losses"] if state else {}
+    while step < args.steps:
+        for x, y in loader:
+            loss = F.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+            step += 1
+            losses[str(step)] = gpuscale.all_reduce_sum([loss.item()])[0] / rt.world_size
+            ckpt.save(step=step, model=model, optimizer=opt, scheduler=sched, loader=loader, extra={"losses": losses})
+            if step == args.crash_at:
+                os._exit(17)  # as abrupt as a kill: no teardown, no flush
+            if step == args.steps:
+                break
+    if rt.is_main:
+        torch.save(gpuscale.unwrap(model).state_dict(), out / "final.pt")
+        (out / "losses.json").write_text(json.dumps(losses))
+        (out / "checkpoints.json").write_text(json.dumps(sorted(p.name for p in ckpt.checkpoints())))

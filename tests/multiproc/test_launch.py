@@ -1,0 +1,98 @@
+"""One script, every launch mode: each rank really ran, sits on its own cores, and gradients synced."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from conftest import SCRIPTS, assert_ok, gpuscale_cmd, read_ranks, run, run_by_hand, torchrun_cmd
+
+pytestmark = pytest.mark.multiproc
+PROBE = str(SCRIPTS / "probe.py")
+
+
+def _assert_synced(ranks: list[dict]) -> None:
+    world = len(ranks)
+    assert [r["rank"] for r in ranks] == list(range(world))
+    assert all(r["world_size"] == world for r in ranks)
+    mean_grad = 4 * sum(r + 1 for r in range(world)) / world  # what all-reduce must produce
+    for r in ranks:
+        assert r["grad"] == pytest.approx([mean_grad] * 8), "gradients were not averaged over ranks"
+        assert r["initial_weight"] == ranks[0]["initial_weight"], "DDP did not broadcast rank 0's weights"
+        assert r["weight"] == ranks[0]["weight"], "weights differ between ranks after a step"
+    assert all(r["tokenizers_parallelism"] == "false" for r in ranks)
+
+
+def _assert_disjoint_cores(ranks: list[dict]) -> None:
+    seen: set[int] = set()
+    for r in ranks:
+        assert r["cores"], f"rank {r['rank']} has no cores"
+        assert not seen & set(r["cores"]), f"ranks share cores: {[x['cores'] for x in ranks]}"
+        seen |= set(r["cores"])
+        assert r["torch_threads"] == len(r["cores"]) == int(r["omp_num_threads"])
+
+
+def test_single_process_runs_without_a_process_group(tmp_path):
+    assert_ok(run([sys.executable, PROBE, str(tmp_path)]))
+    (only,) = read_ranks(tmp_path, 1)
+    assert only["launcher"] == "single" and only["backend"] is None
+    assert only["grad"] == pytest.approx([4.0] * 8)  # its own gradient, nothing to average with
+
+
+def test_gpuscale_run_two_ranks_disjoint_cores_synced_gradients(tmp_path):
+    result = run(gpuscale_cmd("run", "--nproc-per-node", "2", PROBE, str(tmp_path)), timeout=120)
+    assert_ok(result)
+    ranks = read_ranks(tmp_path, 2)
+    assert {r["launcher"] for r in ranks} == {"torchrun"} and {r["backend"] for r in ranks} == {"gloo"}
+    _assert_synced(ranks)
+    _assert_disjoint_cores(ranks)
+    # rank 0 printed where every rank runs, once
+    assert result.stderr.count("placement of 2 ranks") == 1
+    assert "even-split" in result.stderr
+
+
+def test_plain_torchrun(tmp_path):
+    assert_ok(run(torchrun_cmd(2, PROBE, str(tmp_path)), timeout=120))
+    ranks = read_ranks(tmp_path, 2)
+    assert {r["launcher"] for r in ranks} == {"torchrun"}
+    _assert_synced(ranks)
+    # torchrun forces OMP_NUM_THREADS=1 itself; gpuscale honours a value it did not set
+    assert all(r["omp_num_threads"] == "1" for r in ranks)
+    assert set(ranks[0]["cores"]).isdisjoint(ranks[1]["cores"])
+
+
+def test_ranks_set_by_hand_like_the_course_srun_recipe(tmp_path):
+    results = run_by_hand([PROBE, str(tmp_path)], world_size=2, timeout=120)
+    for result in results:
+        assert_ok(result)
+    ranks = read_ranks(tmp_path, 2)
+    assert {r["launcher"] for r in ranks} == {"manual"}
+    _assert_synced(ranks)
+    _assert_disjoint_cores(ranks)
+
+
+def test_bind_none_leaves_affinity_alone(tmp_path):
+    assert_ok(run(gpuscale_cmd("run", "--nproc-per-node", "2", "--bind", "none", PROBE, str(tmp_path)), timeout=120))
+    ranks = read_ranks(tmp_path, 2)
+    assert ranks[0]["cores"] == ranks[1]["cores"]  # both keep the whole machine
+    assert all(p["binding"] == "none" for p in ranks[0]["placements"])
+
+
+def test_gpuscale_env_prints_one_line_per_rank():
+    result = run(gpuscale_cmd("run", "--nproc-per-node", "2", "-m", "gpuscale", "env"), timeout=120)
+    assert_ok(result)
+    lines = [line.split() for line in result.stdout.splitlines()]
+    table = [cells for cells in lines if len(cells) >= 4 and cells[1].isdigit()]
+    assert [cells[1] for cells in table] == ["0", "1"], result.stdout
+    assert "launcher torchrun: 2 rank(s) on 1 node(s)" in result.stdout
+
+
+def test_gpuscale_env_single_process_json():
+    import json
+
+    result = run(gpuscale_cmd("env", "--json"), timeout=60)
+    assert_ok(result)
+    info = json.loads(result.stdout)
+    assert info["launcher"] == "single" and info["world_size"] == 1
+    assert info["placements"][0]["rank"] == 0
