@@ -1,0 +1,147 @@
+"""init() in this process (a single process: no launcher variables): what it sets, and that it undoes it."""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+import pytest
+import torch
+
+import gpuscale
+from gpuscale import runtime
+from gpuscale.metrics import SUMMARY_KEYS
+from gpuscale.strategy import strategy_of
+
+LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                 "TORCHELASTIC_RUN_ID", "GROUP_RANK", "OMP_NUM_THREADS", "TOKENIZERS_PARALLELISM",
+                 "GPUSCALE_BIND", "GPUSCALE_TIMEOUT", "GPUSCALE_OMP_FROM_LAUNCHER", "GPUSCALE_LAUNCH_TIME")
+
+
+@pytest.fixture(autouse=True)
+def single_process(monkeypatch):
+    for name in list(os.environ):
+        if name in LAUNCHER_VARS or name.startswith("SLURM_"):
+            monkeypatch.delenv(name)
+    affinity, threads = os.sched_getaffinity(0), torch.get_num_threads()
+    yield
+    os.sched_setaffinity(0, affinity)
+    torch.set_num_threads(threads)
+    gpuscale.log._placement = None
+
+
+def test_single_process_setup_and_full_restore():
+    before_env, before_aff = dict(os.environ), os.sched_getaffinity(0)
+    with gpuscale.init() as rt:
+        assert rt.env.launcher == "single" and rt.world_size == 1 and rt.is_main
+        assert rt.backend is None and not rt.is_distributed
+        assert rt.device == torch.device("cpu")
+        assert set(rt.cores) == before_aff  # one rank keeps every allowed core
+        assert os.environ["OMP_NUM_THREADS"] == str(len(rt.cores)) == str(torch.get_num_threads())
+        assert os.environ["TOKENIZERS_PARALLELISM"] == "false"
+        assert gpuscale.current() is rt
+        assert rt.placements == [rt.placement()] and rt.placements[0]["rank"] == 0
+    assert dict(os.environ) == before_env
+    assert os.sched_getaffinity(0) == before_aff
+    with pytest.raises(RuntimeError, match="not active"):
+        gpuscale.current()
+
+
+def test_user_settings_are_kept(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")
+    with gpuscale.init():
+        assert os.environ["OMP_NUM_THREADS"] == "1"
+        assert os.environ["TOKENIZERS_PARALLELISM"] == "true"
+
+
+def test_exception_inside_propagates_and_state_is_reset(capsys):
+    with pytest.raises(KeyError):
+        with gpuscale.init():
+            raise KeyError("boom")
+    assert runtime._current is None
+    assert "rank 0/1 on" in capsys.readouterr().err  # the failing rank names itself
+
+
+def test_nested_init_is_refused():
+    with gpuscale.init():
+        with pytest.raises(RuntimeError, match="already active"):
+            with gpuscale.init():
+                pass
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"bind": "sideways"}, "bind='sideways'"),
+    ({"timeout": 0}, "timeout"),
+    ({"device": "tpu"}, "device='tpu'"),
+])
+def test_bad_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        with gpuscale.init(**kwargs):
+            pass
+
+
+def test_contradictory_environment_fails_before_anything_changes(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")  # no MASTER_ADDR
+    with pytest.raises(ValueError, match="MASTER_ADDR"):
+        with gpuscale.init():
+            pass
+    assert "OMP_NUM_THREADS" not in os.environ
+
+
+def test_meter_summary_has_the_agreed_keys(tmp_path):
+    with gpuscale.init():
+        plan = gpuscale.plan_batch(4, 1)
+        loader = gpuscale.make_loader(torch.utils.data.TensorDataset(torch.randn(10, 2)), plan)
+        meter = gpuscale.Meter(plan)
+        for _ in range(2):
+            for (_x,) in meter.iter(loader):
+                pass
+        with meter.phase("eval"):
+            pass
+        with pytest.raises(ValueError, match="phase"):
+            with meter.phase("lunch"):
+                pass
+        summary = meter.write_summary(tmp_path, final_loss=0.5, accuracy=0.75)
+    on_disk = __import__("json").loads((tmp_path / "summary.json").read_text())
+    assert on_disk["accuracy"] == 0.75 and on_disk["final_loss"] == 0.5
+    assert all(key in on_disk for key in SUMMARY_KEYS)
+    assert summary["steps"] == 4 and summary["epochs"] == 2 and summary["samples"] == 16  # drop_last: 2 batches of 4
+    assert summary["world_size"] == 1 and summary["launcher"] == "single" and summary["strategy"] is None
+    assert oct(os.stat(tmp_path / "summary.json").st_mode & 0o777) == "0o644"
+
+
+def test_checkpointer_rotates_atomically_and_loads_only_weights(tmp_path):
+    with gpuscale.init():
+        model = gpuscale.wrap(torch.nn.Linear(3, 1))
+        ckpt = gpuscale.Checkpointer(tmp_path, keep=2)
+        assert ckpt.resume(model=model) is None and ckpt.peek() is None
+        for step in (1, 2, 3):
+            ckpt.save(step=step, model=model, epoch=0, extra={"note": step})
+        # the last two kept, no temporary file left behind
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000000002.pt", "step-000000003.pt"]
+        saved = torch.load(tmp_path / "step-000000003.pt", weights_only=True)
+        assert sorted(saved["model"]) == ["bias", "weight"]  # no "module." prefix
+        assert ckpt.peek().extra == {"note": 3}
+
+        # a checkpoint that would run code when unpickled is refused, and the code does not run
+        marker = tmp_path / "pwned"
+
+        class Evil:
+            def __reduce__(self):
+                return (os.system, (f"touch {marker}",))
+
+        evil = tmp_path / "step-000000009.pt"
+        evil.write_bytes(pickle.dumps({"format": "gpuscale-checkpoint-1", "model": Evil()}, protocol=2))
+        with pytest.raises(pickle.UnpicklingError):
+            ckpt.resume(model=model)
+        assert not marker.exists()
+
+
+def test_module_prefix_is_stripped_on_load():
+    with gpuscale.init():
+        model = gpuscale.wrap(torch.nn.Linear(2, 1))
+        state = {f"module.{k}": torch.zeros_like(v) for k, v in gpuscale.unwrap(model).state_dict().items()}
+        strategy_of(model).load_state_dict(model, state)
+        assert torch.count_nonzero(gpuscale.unwrap(model).weight) == 0
