@@ -347,8 +347,14 @@ def _report_failure(env: DistEnv, exc: BaseException) -> None:
 
 
 def _teardown(rt: Runtime | None, failed: bool) -> None:
-    """Destroy the process group so that gloo does not abort at interpreter exit (FACTS §9)."""
+    """Destroy the process group so that gloo does not abort at interpreter exit (FACTS §9).
+
+    After a failure with NCCL the group is left alone: destroying a communicator whose peers
+    are gone can block, and the process is about to exit with the error anyway.
+    """
     if not (dist.is_available() and dist.is_initialized()):
+        return
+    if failed and dist.get_backend() == "nccl":
         return
     gc.collect()
     if not failed:

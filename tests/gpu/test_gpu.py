@@ -1,0 +1,35 @@
+"""On a machine with GPUs: one rank per GPU, NCCL, each rank on its own device. Skipped without a GPU."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU; none is visible here"),
+]
+ROOT = Path(__file__).resolve().parents[2]
+PROBE = ROOT / "tests" / "multiproc" / "scripts" / "probe.py"
+
+
+def test_one_rank_per_gpu_with_nccl(tmp_path):
+    num_gpus = torch.cuda.device_count()
+    result = subprocess.run(
+        [sys.executable, "-m", "gpuscale", "run", "--nproc-per-node", "gpu", str(PROBE), str(tmp_path)],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    ranks = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank*.json"))]
+    assert len(ranks) == num_gpus
+    placements = ranks[0]["placements"]
+    assert [p["device"] for p in placements] == [f"cuda:{i}" for i in range(num_gpus)]
+    if num_gpus > 1:
+        assert {r["backend"] for r in ranks} == {"nccl"}
+        mean = 4 * sum(r + 1 for r in range(num_gpus)) / num_gpus
+        assert all(r["grad"] == pytest.approx([mean] * 8) for r in ranks)
