@@ -17,10 +17,10 @@ out = Path(sys.argv[1])
 with gpuscale.init() as rt:
     torch.manual_seed(rt.rank)  # different initial weights per rank: DDP must broadcast rank 0's
     model = gpuscale.wrap(torch.nn.Linear(8, 1))
-    initial = gpuscale.unwrap(model).weight.detach().clone()
-    x = torch.full((4, 8), float(rt.rank + 1))
+    initial = gpuscale.unwrap(model).weight.detach().cpu().clone()
+    x = torch.full((4, 8), float(rt.rank + 1), device=rt.device)
     model(x).sum().backward()
-    grad = gpuscale.unwrap(model).weight.grad.detach().clone()
+    grad = gpuscale.unwrap(model).weight.grad.detach().cpu().clone()
     torch.optim.SGD(model.parameters(), lr=0.1).step()
     record = {
         "rank": rt.rank,
@@ -34,7 +34,7 @@ with gpuscale.init() as rt:
         "tokenizers_parallelism": os.environ.get("TOKENIZERS_PARALLELISM"),
         "initial_weight": initial.flatten().tolist(),
         "grad": grad.flatten().tolist(),
-        "weight": gpuscale.unwrap(model).weight.detach().flatten().tolist(),
+        "weight": gpuscale.unwrap(model).weight.detach().cpu().flatten().tolist(),
         "placements": rt.placements,
     }
     out.mkdir(parents=True, exist_ok=True)
