@@ -1,0 +1,298 @@
+"""Batch scripts: `render_sbatch(profile, job) -> str`, pure and deterministic.
+
+The same inputs always give the same text (no clock, no environment, no file system), so golden
+files and shellcheck can test it. Every value that comes from the user is shell-quoted where it
+reaches the shell, and restricted to a safe alphabet where it reaches an ``#SBATCH`` line (which
+sbatch reads itself, without a shell). Profile text in ``env_shell`` and ``setup`` is trusted
+shell by design. Each block carries a comment that tells a learner why it is there.
+
+Launch modes (FACTS §3):
+
+- ``srun``: one task per GPU; each task sets RANK, LOCAL_RANK and WORLD_SIZE from its own
+  SLURM_PROCID, SLURM_LOCALID and SLURM_NTASKS (escaped, so every task expands its own); CPU masks
+  put each task next to its GPU when the job owns whole nodes.
+- ``torchrun``: one task per node, holding all of the node's CPUs; torchrun starts one worker per
+  GPU; across nodes they meet by c10d rendezvous on the first node, whose address is computed in
+  the batch shell (the container has no SLURM tools).
+
+One GPU on one node is the srun mode with a single task.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+
+from gpuscale._version import __version__
+from gpuscale.slurm.profiles import Profile, format_time, parse_time
+
+__all__ = ["JobSpec", "render_sbatch", "validate_job", "MODES", "CPU_BINDS"]
+
+MODES = ("torchrun", "srun")
+CPU_BINDS = ("auto", "masks", "none")
+# What may appear on an #SBATCH line: sbatch splits it itself, so no spaces, quotes or newlines.
+_SBATCH_SAFE = re.compile(r"^[A-Za-z0-9_.,:%@/+=-]+$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_MEMORY = re.compile(r"^\d+[KMGT]?$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSpec:
+    """What the user asks for; `render_sbatch` turns it into a batch script for a profile."""
+
+    script: str
+    """The training script, as the job will see its path."""
+    script_args: tuple[str, ...] = ()
+    """Arguments passed to the script."""
+    nodes: int = 1
+    """Number of nodes."""
+    gpus_per_node: int | None = None
+    """GPUs per node (default: all of the profile's)."""
+    mode: str = "torchrun"
+    """'torchrun' (one task per node) or 'srun' (one task per GPU)."""
+    time: str = "00:30:00"
+    """Time limit (SLURM time)."""
+    account: str | None = None
+    """Project to charge (--account)."""
+    partition: str | None = None
+    """Partition (default: the profile's full- or partial-node partition)."""
+    reservation: str | None = None
+    """Reservation, as courses often have."""
+    mem_per_gpu: str | None = None
+    """Memory per GPU, e.g. 60G (default: the profile's)."""
+    job_name: str = "gpuscale"
+    """Job name (%x in the output pattern)."""
+    output: str = "%x-%j.out"
+    """Where SLURM writes the job's output (%x name, %j id)."""
+    container: str | None = None
+    """Container image to run Python in (default: the profile's, if any)."""
+    env: tuple[tuple[str, str], ...] = ()
+    """Extra environment variables, exported in the job (values quoted)."""
+    venv: str | None = None
+    """A Python virtual environment to activate first."""
+    exclusive: bool = False
+    """Ask for whole nodes (needed for CPU masks on partitions that share nodes)."""
+    cpu_bind: str = "auto"
+    """srun mode: 'masks' (cores next to each GPU), 'none' (SLURM's default), 'auto' (masks when safe)."""
+    cpus_per_gpu: int | None = None
+    """Ask SLURM for --cpus-per-gpu (refused where the profile forbids it)."""
+    tasks_per_node: int | None = None
+    """Tasks per node; must be 1 with torchrun and one per GPU with srun (default: that)."""
+    python: str = "python3"
+    """Python interpreter inside the job."""
+    extra_sbatch: tuple[str, ...] = field(default=())
+    """Further #SBATCH options added by gpuscale itself (e.g. --signal), already validated."""
+
+
+@dataclass(frozen=True)
+class _Plan:
+    partition: str
+    gpus_per_node: int
+    tasks_per_node: int
+    cpus_per_task: int
+    masks: list[str] | None
+    mem_per_gpu: str | None
+    image: str | None
+    time_s: int
+
+
+def _safe(value: str, what: str) -> str:
+    if not _SBATCH_SAFE.match(value):
+        raise ValueError(
+            f"{what} {value!r} has characters SLURM's #SBATCH lines cannot carry safely; "
+            "use letters, digits and _ . , : % @ / + = - only"
+        )
+    return value
+
+
+def validate_job(profile: Profile, job: JobSpec) -> _Plan:
+    """Check the job against the profile before anything is submitted; ValueError says what and how to fix."""
+    if job.mode not in MODES:
+        raise ValueError(f"--mode {job.mode!r} is not one of {', '.join(MODES)}")
+    if job.cpu_bind not in CPU_BINDS:
+        raise ValueError(f"--cpu-bind {job.cpu_bind!r} is not one of {', '.join(CPU_BINDS)}")
+    if not isinstance(job.nodes, int) or job.nodes < 1:
+        raise ValueError(f"--nodes {job.nodes} must be at least 1")
+    gpus = profile.gpus_per_node if job.gpus_per_node is None else job.gpus_per_node
+    if gpus < 1:
+        raise ValueError(f"--gpus-per-node {gpus} must be at least 1")
+    if gpus > profile.gpus_per_node:
+        raise ValueError(
+            f"--gpus-per-node {gpus} is more than a {profile.name} node has ({profile.gpus_per_node}); "
+            f"use --gpus-per-node {profile.gpus_per_node} and --nodes {-(-job.nodes * gpus // profile.gpus_per_node)}"
+        )
+    partition = job.partition or profile.partition_for(gpus)
+    if partition not in profile.partitions:
+        raise ValueError(f"--partition {partition!r} is not a partition of {profile.name}: {', '.join(profile.partitions)}")
+    part = profile.partitions[partition]
+    if part.max_nodes is not None and job.nodes > part.max_nodes:
+        raise ValueError(f"--nodes {job.nodes} is more than partition {partition} allows ({part.max_nodes})")
+    time_s = parse_time(job.time)
+    if time_s > parse_time(part.max_time):
+        raise ValueError(f"--time {job.time} is over partition {partition}'s limit of {part.max_time}; ask for at most that")
+
+    expected_tasks = 1 if job.mode == "torchrun" else gpus
+    tasks = job.tasks_per_node if job.tasks_per_node is not None else expected_tasks
+    if job.mode == "torchrun" and tasks != 1:
+        raise ValueError(
+            f"torchrun mode with {tasks} tasks per node would start {tasks} torchruns per node, each with "
+            f"{gpus} workers; use --ntasks-per-node 1 with torchrun, or --mode srun for one task per GPU"
+        )
+    if job.mode == "srun" and tasks != gpus:
+        raise ValueError(f"srun mode starts one task per GPU: --ntasks-per-node must be {gpus}, not {tasks}")
+    if job.cpus_per_gpu is not None and profile.forbid_cpus_per_gpu:
+        raise ValueError(
+            f"--cpus-per-gpu is refused on {profile.name}: it breaks GPU-to-GPU communication there; "
+            "gpuscale asks for --cpus-per-task instead"
+        )
+
+    whole_node = part.whole_node or job.exclusive
+    masks = None
+    if job.mode == "srun" and job.cpu_bind in ("auto", "masks"):
+        if job.cpu_bind == "masks" and not profile.gpu_cores:
+            raise ValueError(f"--cpu-bind masks needs the profile's gpu_cores map; {profile.name} has none")
+        if job.cpu_bind == "masks" and not whole_node:
+            raise ValueError(
+                f"CPU masks need the whole node, but partition {partition} shares nodes; add --exclusive "
+                f"or use partition {profile.full_node_partition}"
+            )
+        if profile.gpu_cores and whole_node:
+            masks = profile.cpu_masks(gpus)
+    per_gpu = job.cpus_per_gpu or profile.cpus_per_gpu()
+    cpus_per_task = per_gpu if job.mode == "srun" else min(profile.cpus_per_node, per_gpu * gpus)
+    if gpus == profile.gpus_per_node and job.mode == "torchrun":
+        cpus_per_task = profile.cpus_per_node  # the whole node's usable cores for its one task
+
+    mem = job.mem_per_gpu or profile.mem_per_gpu
+    if mem is not None and not _MEMORY.match(mem):
+        raise ValueError(f"--mem-per-gpu {mem!r} is not a SLURM size; write e.g. 60G or 4000M")
+    image = job.container or (profile.container.image if profile.container else None)
+    if job.container and profile.container is None:
+        raise ValueError(f"--container needs a profile with a [container] table; {profile.name} has none")
+    for name, _value in job.env:
+        if not _ENV_NAME.match(name):
+            raise ValueError(f"--env {name!r}: not a valid environment variable name (letters, digits, _)")
+    for value, what in ((job.job_name, "--job-name"), (job.output, "--output"), (partition, "--partition")):
+        _safe(value, what)
+    for value, what in ((job.account, "--account"), (job.reservation, "--reservation")):
+        if value is not None:
+            _safe(value, what)
+    return _Plan(partition, gpus, tasks, cpus_per_task, masks, mem, image, time_s)
+
+
+def _q(value: str) -> str:
+    return shlex.quote(value)
+
+
+def _python_command(job: JobSpec, plan: _Plan) -> str:
+    """The program each task runs, as one shell string."""
+    program = [job.python, job.script, *job.script_args]
+    if job.mode == "torchrun":
+        rendezvous = (
+            ["--standalone", "--nnodes=1"]
+            if job.nodes == 1
+            else ["--nnodes=$SLURM_NNODES", "--rdzv-id=$SLURM_JOB_ID", "--rdzv-backend=c10d", '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"']
+        )
+        launcher = [job.python, "-m", "torch.distributed.run", *rendezvous, f"--nproc-per-node={plan.gpus_per_node}"]
+        return "exec " + " ".join(launcher) + " " + " ".join(_q(p) for p in program[1:])
+    ranks = 'export RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" WORLD_SIZE="$SLURM_NTASKS"'
+    return f"{ranks}; exec " + " ".join(_q(p) for p in program)
+
+
+def render_sbatch(profile: Profile, job: JobSpec) -> str:
+    """The batch script for `job` on `profile`'s cluster. Pure: same inputs, same text."""
+    plan = validate_job(profile, job)
+    total = job.nodes * plan.gpus_per_node
+    how = (
+        "one task per GPU started by srun" if job.mode == "srun"
+        else "torchrun on each node, one worker per GPU" if job.nodes > 1 or plan.gpus_per_node > 1
+        else "torchrun with one worker"
+    )
+    lines = [
+        "#!/bin/bash",
+        f"# Generated by gpuscale {__version__} for profile {profile.name}: {job.nodes} node(s) x "
+        f"{plan.gpus_per_node} GPU(s) = {total} rank(s), {how}.",
+        "# Submit with: sbatch THIS_FILE  (or gpuscale slurm submit with the same options)",
+        f"#SBATCH --job-name={job.job_name}",
+    ]
+    if job.account:
+        lines.append(f"#SBATCH --account={job.account}")
+    lines.append(f"#SBATCH --partition={plan.partition}")
+    if job.reservation:
+        lines.append(f"#SBATCH --reservation={job.reservation}")
+    lines += [
+        f"#SBATCH --nodes={job.nodes}",
+        f"#SBATCH --gpus-per-node={plan.gpus_per_node}",
+        f"#SBATCH --ntasks-per-node={plan.tasks_per_node}",
+        f"#SBATCH --cpus-per-task={plan.cpus_per_task}",
+    ]
+    if job.cpus_per_gpu is not None:
+        lines.append(f"#SBATCH --cpus-per-gpu={job.cpus_per_gpu}")
+    if plan.mem_per_gpu:
+        lines.append(f"#SBATCH --mem-per-gpu={plan.mem_per_gpu}")
+    if job.exclusive:
+        lines.append("#SBATCH --exclusive")
+    lines += [f"#SBATCH --time={format_time(plan.time_s)}", f"#SBATCH --output={job.output}"]
+    lines += [f"#SBATCH {option}" for option in job.extra_sbatch]
+    lines += ["", "set -euo pipefail", ""]
+
+    if profile.setup:
+        lines.append("# Site set-up from the profile (modules and the like).")
+        lines += list(profile.setup)
+        lines.append("")
+    lines += [
+        "# Rank 0's host is the first node of the job; the address is computed here, outside any",
+        "# container (which has no SLURM tools). The port comes from the job id, so two jobs sharing",
+        "# a node never collide on the default port 29500.",
+        'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        "MASTER_PORT=$((10000 + SLURM_JOB_ID % 10000))",
+        "export MASTER_ADDR MASTER_PORT",
+        "",
+    ]
+    env_lines = [f"export {name}={_q(value)}" for name, value in sorted(profile.env.items())]
+    env_lines += [f'export {name}="{value}"' for name, value in sorted(profile.env_shell.items())]
+    if env_lines:
+        lines.append(f"# Environment every job on {profile.name} needs (network, caches, tokenizers).")
+        lines += env_lines
+        lines.append("")
+    if job.env:
+        lines.append("# Environment asked for with --env.")
+        lines += [f"export {name}={_q(value)}" for name, value in job.env]
+        lines.append("")
+    if job.venv:
+        lines += [
+            "# The Python environment the script needs.",
+            "# shellcheck source=/dev/null",
+            f"source {_q(job.venv.rstrip('/') + '/bin/activate')}",
+            "",
+        ]
+
+    srun = ["srun", "--kill-on-bad-exit=1"]
+    if job.mode == "torchrun":
+        srun.append("--ntasks-per-node=1")
+        lines.append("# One task per node; torchrun inside it starts one worker per GPU. --kill-on-bad-exit ends")
+        lines.append("# the whole step when one node fails, so no rank waits forever for a dead peer.")
+    else:
+        lines.append("# One task per GPU. Each task sets its own RANK/LOCAL_RANK/WORLD_SIZE from SLURM's per-task")
+        lines.append("# variables (single quotes: expanded by the task, not by this shell). --kill-on-bad-exit ends")
+        lines.append("# the whole step when one task fails, so no rank waits forever for a dead peer.")
+        if plan.masks:
+            lines.append("# CPU masks in GPU order: task i runs on the cores next to GPU i.")
+            lines.append(f"CPU_MASKS={','.join(plan.masks)}")
+            srun.append('--cpu-bind=v,mask_cpu:"$CPU_MASKS"')
+        elif job.cpu_bind == "none":
+            srun.append("--cpu-bind=none")
+    inner = _python_command(job, plan)
+    lines.append("# shellcheck disable=SC2016  # the single quotes are deliberate: each task expands its own variables")
+    if plan.image:
+        container = profile.container
+        assert container is not None
+        binds = ["--bind", _q(",".join(container.binds))] if container.binds else []
+        activate = f"{container.activate} && " if container.activate else ""
+        lines.append("# Python runs inside the container; its environment is activated in there.")
+        command = [*srun, container.exec, *binds, _q(plan.image), "bash", "-c", _q(activate + inner)]
+    else:
+        command = [*srun, "bash", "-c", _q(inner)]
+    lines.append(" ".join(command))
+    return "\n".join(lines) + "\n"
