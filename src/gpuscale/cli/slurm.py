@@ -108,6 +108,36 @@ def add_parser(subparsers: Any) -> None:
     script.add_argument("-o", "--write", default=None, metavar="FILE", help="write the script to FILE instead of printing it")
     script.set_defaults(func=run_script)
 
+    submit = actions.add_parser(
+        "submit", help="render and submit the batch script; print the job id",
+        description="Render the batch script (same options as `script`) and submit it with sbatch. "
+        "With --wait, follow the job to its end and exit with its exit code.",
+        epilog="examples:\n  gpuscale slurm submit --profile local --nodes 2 --gpus-per-node 1 --mode srun --wait -- examples/dogs_vs_cats.py\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_job_options(submit)
+    submit.add_argument("--wait", action="store_true", help="follow the job until it ends; exit with its exit code")
+    submit.add_argument("--follow", action="store_true", help="with --wait: print the job's output as it is written")
+    submit.set_defaults(func=run_submit)
+
+    status = actions.add_parser("status", help="state of jobs (default: your pending and running jobs)",
+                                epilog="examples:\n  gpuscale slurm status\n  gpuscale slurm status 1234 1235\n",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    status.add_argument("job_ids", nargs="*", metavar="JOBID")
+    status.set_defaults(func=run_status)
+
+    cancel = actions.add_parser("cancel", help="cancel jobs", epilog="examples:\n  gpuscale slurm cancel 1234\n",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    cancel.add_argument("job_ids", nargs="+", metavar="JOBID")
+    cancel.set_defaults(func=run_cancel)
+
+    logs = actions.add_parser("logs", help="print a job's output (-f: follow it until the job ends)",
+                              epilog="examples:\n  gpuscale slurm logs 1234\n  gpuscale slurm logs -f 1234\n",
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    logs.add_argument("job_id", metavar="JOBID")
+    logs.add_argument("-f", "--follow", action="store_true", help="keep printing new output until the job ends")
+    logs.set_defaults(func=run_logs)
+
 
 def run_script(args: argparse.Namespace) -> int:
     profile, job = job_from_args(args)
@@ -119,4 +149,97 @@ def run_script(args: argparse.Namespace) -> int:
         print(f"wrote {args.write}", file=sys.stderr)
     else:
         sys.stdout.write(text)
+    return 0
+
+
+def _job_id(text: str) -> str:
+    if not text.isdigit():
+        raise ValueError(f"job id {text!r} is not a number")
+    return text
+
+
+def _describe(info: Any) -> str:
+    parts = [f"job {info.job_id} ({info.name}): {info.state}"]
+    if info.exit_code is not None:
+        parts.append(f"exit code {info.exit_code}")
+    if info.nodes:
+        parts.append(f"on {info.nodes}")
+    if info.reason and not info.finished:
+        parts.append(f"reason {info.reason}")
+    return ", ".join(parts)
+
+
+def run_submit(args: argparse.Namespace) -> int:
+    from gpuscale.slurm import jobs
+
+    profile, job = job_from_args(args)
+    text = render_sbatch(profile, job)
+    try:
+        job_id = jobs.submit(text)
+        print(job_id, flush=True)
+        if not args.wait:
+            return 0
+        if args.follow:
+            latest = [jobs.job_info(job_id)]
+
+            def finished() -> bool:
+                latest.append(jobs.job_info(job_id))
+                return latest[-1].finished
+
+            if latest[0].stdout_path:
+                for line in jobs.follow(latest[0].stdout_path, finished):
+                    sys.stdout.write(line)
+                    sys.stdout.flush()
+            info = latest[-1] if latest[-1].finished else jobs.wait(job_id)
+        else:
+            info = jobs.wait(job_id, poll_s=1.0, on_change=lambda i: print(_describe(i), file=sys.stderr, flush=True))
+    except jobs.SlurmError as exc:
+        raise ValueError(str(exc)) from None
+    print(_describe(info), file=sys.stderr)
+    if info.succeeded:
+        return 0
+    if info.stdout_path:
+        print(f"output: {info.stdout_path}", file=sys.stderr)
+    return info.exit_code or 1
+
+
+def run_status(args: argparse.Namespace) -> int:
+    from gpuscale.slurm import jobs
+
+    try:
+        infos = [jobs.job_info(_job_id(j)) for j in args.job_ids] if args.job_ids else jobs.list_jobs()
+    except jobs.SlurmError as exc:
+        raise ValueError(str(exc)) from None
+    for info in infos:
+        print(_describe(info))
+    if not infos:
+        print("no pending or running jobs")
+    return 0
+
+
+def run_cancel(args: argparse.Namespace) -> int:
+    from gpuscale.slurm import jobs
+
+    try:
+        for job_id in args.job_ids:
+            jobs.cancel(_job_id(job_id))
+            print(f"cancelled {job_id}")
+    except jobs.SlurmError as exc:
+        raise ValueError(str(exc)) from None
+    return 0
+
+
+def run_logs(args: argparse.Namespace) -> int:
+    from gpuscale.slurm import jobs
+
+    try:
+        info = jobs.job_info(_job_id(args.job_id))
+        if not info.stdout_path:
+            raise ValueError(f"SLURM does not say where job {args.job_id} writes its output")
+        finished = (lambda: jobs.job_info(info.job_id).finished) if args.follow else (lambda: True)
+        for line in jobs.follow(info.stdout_path, finished):
+            sys.stdout.write(line)
+            sys.stdout.flush()
+    except jobs.SlurmError as exc:
+        raise ValueError(str(exc)) from None
     return 0
