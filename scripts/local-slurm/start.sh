@@ -39,6 +39,7 @@ die() { log "ERROR: $*"; exit 1; }
 alive() { local pid; pid=$(cat "$1" 2>/dev/null) && [ -n "$pid" ] && [ -r "/proc/$pid/stat" ] \
   && [ "$(awk '{print $3}' "/proc/$pid/stat")" != Z ]; }
 
+case $LAYOUT in -h|--help) sed -n '2,/^set -e/{/^set -e/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;; esac
 [ "$(id -u)" = 0 ] || die "run as root (sudo $0)"
 case $LAYOUT in two|single) ;; *) die "unknown layout '$LAYOUT' (valid: two, single)" ;; esac
 [[ $GPUS =~ ^[0-9]+$ ]] || die "GPUSCALE_SLURM_GPUS must be a number, got '$GPUS'"
@@ -80,7 +81,7 @@ if [ "$LAYOUT" = two ] && ! ip link show "$BRIDGE" >/dev/null 2>&1; then
 fi
 HOST=$(hostname -s)
 if [ "$LAYOUT" = two ]; then NODES="n1 n2"; CTLD_ADDR=$NET.1; else NODES=$HOST; CTLD_ADDR=127.0.0.1; fi
-set -- $NODES; NUM_NODES=$#
+NUM_NODES=$(wc -w <<<"$NODES")
 
 # ---- 4. config, written to etc.new and compared with the running one
 HW=$(slurmd -C | head -1)   # "NodeName=vm CPUs=2 Boards=1 SocketsPerBoard=1 CoresPerSocket=2 ThreadsPerCore=1 RealMemory=..."
@@ -160,7 +161,7 @@ else
   if ! diff -r "$PREFIX/etc" "$NEW" >/dev/null 2>&1; then
     if [ -e "$CONF" ]; then log "config changed: stopping the old cluster and wiping its state"; fi
     GPUSCALE_SLURM_PREFIX=$PREFIX GPUSCALE_SLURM_KEEP_MUNGE=1 "$HERE/stop.sh"
-    rm -rf "$PREFIX/state" "$PREFIX/etc" "$PREFIX/fakegpu"
+    rm -rf "${PREFIX:?}/state" "${PREFIX:?}/etc" "${PREFIX:?}/fakegpu"
     mkdir -p "$PREFIX/state/ctld"
     mv "$NEW" "$PREFIX/etc"
   else
@@ -210,6 +211,7 @@ else
     if [ "$LAYOUT" = two ]; then
       # nsenter, not 'ip netns exec': that remounts /sys, hiding /sys/fs/cgroup, and slurmd dies.
       # A private mount namespace lets this node alone see its /etc/hosts; UTS gives its hostname.
+      # shellcheck disable=SC2016  # $1.. expand in the inner sh
       nsenter --net="/run/netns/gpuscale-$n" unshare --uts --mount --propagation private \
         sh -c 'mount --bind "$1" /etc/hosts && hostname "$2" && exec slurmd -f "$3" -N "$2"' \
         sh "$PREFIX/etc/hosts" "$n" "$CONF"
@@ -224,6 +226,7 @@ export SLURM_CONF=$CONF
 for ((t = 0; ; t++)); do
   states=$(sinfo -h -N -o '%N %t' 2>/dev/null || true)
   [ -n "$states" ] && ! awk '$2 !~ /^(idle|mix|alloc|comp)$/ { bad = 1 } END { exit !bad }' <<<"$states" && break
+  # shellcheck disable=SC2013  # node names have no spaces
   for n in $(awk '$2 ~ /^(down|drain|drng)/ { print $1 }' <<<"$states"); do
     scontrol update nodename="$n" state=resume 2>/dev/null || true
   done

@@ -8,6 +8,7 @@
 # stops munged if start.sh started it. State under $GPUSCALE_SLURM_PREFIX (default
 # /tmp/gpuscale-slurm) is kept, so the next start.sh keeps job ids and finished jobs; --purge
 # deletes the whole prefix instead.
+# shellcheck disable=SC2086,SC2046  # lists of pids and job ids are split into words on purpose
 set -uo pipefail
 
 T0=$(date +%s.%N)
@@ -28,7 +29,7 @@ term_then_kill() {
     [ -z "$left" ] && return 0
     sleep 0.1
   done
-  log "still alive after ${secs}s, sending KILL: $(echo $left)"
+  log "still alive after ${secs}s, sending KILL:" $left
   kill -KILL $left 2>/dev/null
 }
 
@@ -62,8 +63,10 @@ ours=$(
   for ns in $(ip netns list 2>/dev/null | awk '$1 ~ /^gpuscale-/ { print $1 }'); do ip netns pids "$ns"; done
   for p in /proc/[0-9]*; do
     case $(cat "$p/comm" 2>/dev/null) in slurmctld|slurmd|slurmstepd) ;; *) continue ;; esac
-    if tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -qF -- "$PREFIX/" \
-       || ls -l "$p/fd" 2>/dev/null | grep -qF -- "-> $PREFIX/"; then echo "${p#/proc/}"; fi
+    if tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -qF -- "$PREFIX/"; then echo "${p#/proc/}"; continue; fi
+    for fd in "$p"/fd/*; do
+      if [[ $(readlink "$fd" 2>/dev/null) == "$PREFIX"/* ]]; then echo "${p#/proc/}"; break; fi
+    done
   done
 )
 if [ -n "$ours" ]; then
@@ -72,7 +75,7 @@ if [ -n "$ours" ]; then
     END { n = split(roots, q); for (i = 1; i <= n; i++) { if (seen[q[i]]++) continue; print q[i];
                                   m = split(kids[q[i]], k, " "); for (j = 1; j <= m; j++) q[++n] = k[j] } }')
   tree=$(for p in $tree; do alive "$p" && echo "$p"; done | tr '\n' ' ')
-  if [ -n "${tree// /}" ]; then log "killing leftover processes: $tree"; term_then_kill 5 $tree; fi
+  if [ -n "${tree// /}" ]; then log "killing leftover processes: $tree"; term_then_kill 3 $tree; fi
 fi
 
 # 4. Network: namespaces, then the bridge. Deleting a namespace removes its veth asynchronously,

@@ -168,7 +168,8 @@ def _choose_device(env: DistEnv, device: str) -> torch.device:
     if device == "cuda" and not has_gpu:
         raise ValueError("device='cuda' was asked for but torch sees no GPU; use device='auto' or 'cpu'")
     if device == "cpu" or not has_gpu:
-        granted = os.environ.get("SLURM_JOB_GPUS") or os.environ.get("SLURM_STEP_GPUS") or os.environ.get("SLURM_GPUS_ON_NODE")
+        granted = next((f"{name}={os.environ[name]}" for name in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "SLURM_GPUS_ON_NODE")
+                        if os.environ.get(name)), None)
         if device == "auto" and granted and env.rank == 0:
             build = "a CPU-only build of torch" if torch.version.cuda is None and torch.version.hip is None else "no usable GPU"
             log.warning(

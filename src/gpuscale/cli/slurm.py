@@ -195,7 +195,8 @@ def run_submit(args: argparse.Namespace) -> int:
             info = jobs.wait(job_id, poll_s=1.0, on_change=lambda i: print(_describe(i), file=sys.stderr, flush=True))
     except jobs.SlurmError as exc:
         raise ValueError(str(exc)) from None
-    print(_describe(info), file=sys.stderr)
+    if args.follow:
+        print(_describe(info), file=sys.stderr)
     if info.succeeded:
         return 0
     if info.stdout_path:

@@ -1,0 +1,107 @@
+"""Against a real SLURM (the local cluster, `local` profile): every launch mode, binding, failures, the example."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import EXAMPLE, SCRIPTS, read_ranks
+
+pytestmark = pytest.mark.slurm
+PROBE = str(SCRIPTS / "probe.py")
+
+
+def _submit(cluster, tmp_path, *options: str, script: str = PROBE, args: tuple[str, ...] = ()):
+    out = tmp_path / "ranks"
+    result = cluster.gpuscale("slurm", "submit", "--profile", "local", "--wait", "--time", "10",
+                              "--output", str(tmp_path / "job-%j.out"), *options, "--", script, *(args or (str(out),)), cwd=tmp_path)
+    logs = "\n".join(p.read_text() for p in tmp_path.glob("job-*.out"))
+    return result, out, logs
+
+
+@pytest.mark.parametrize("mode", ["srun", "torchrun"])
+def test_two_nodes_one_gpu_each_rendezvous_across_nodes(cluster, tmp_path, mode):
+    result, out, logs = _submit(cluster, tmp_path, "--nodes", "2", "--gpus-per-node", "1", "--mode", mode)
+    assert result.returncode == 0, result.stderr + logs
+    job_id = result.stdout.strip()
+    ranks = read_ranks(out)
+    assert [r["rank"] for r in ranks] == [0, 1]
+    assert {r["host"] for r in ranks} == {"n1", "n2"}, "the ranks did not span both nodes"
+    assert all(r["sum"] == 3.0 for r in ranks), "the all-reduce across nodes gave the wrong sum"
+    assert all(r["world_size"] == 2 and r["num_nodes"] == 2 and r["master_addr"] == "n1" for r in ranks)
+    assert all(r["launcher"] == ("slurm" if mode == "srun" else "torchrun") for r in ranks)
+    assert all(r["master_port"] == 10000 + int(job_id) % 10000 for r in ranks)  # derived from the job id
+    assert all(r["device"] == "cpu" for r in ranks)  # fake GPUs: CPU with gloo ...
+    assert "torch sees none" in logs and logs.count("torch sees none") == 1  # ... said once
+
+
+def test_srun_one_node_tasks_bound_to_exactly_their_masks(cluster, tmp_path):
+    result, out, logs = _submit(cluster, tmp_path, "--nodes", "1", "--gpus-per-node", "2", "--mode", "srun",
+                                "--exclusive", "--cpu-bind", "masks")
+    assert result.returncode == 0, result.stderr + logs
+    ranks = read_ranks(out)
+    # the local profile puts GPU i next to core i: masks 0x1 and 0x2
+    assert [r["cores"] for r in ranks] == [[0], [1]], [r["cores"] for r in ranks]
+    assert all(r["binding"] == "launcher" for r in ranks)  # gpuscale kept srun's placement
+    assert [r["visible_gpus"] for r in ranks] == ["0,1", "0,1"] and [r["local_rank"] for r in ranks] == [0, 1]
+    assert "mask_cpu" in logs or "cpu-bind" in logs.lower()  # srun's verbose binding report
+
+
+def test_torchrun_one_node_workers_get_disjoint_cores(cluster, tmp_path):
+    result, out, logs = _submit(cluster, tmp_path, "--nodes", "1", "--gpus-per-node", "2", "--mode", "torchrun")
+    assert result.returncode == 0, result.stderr + logs
+    ranks = read_ranks(out)
+    assert [r["rank"] for r in ranks] == [0, 1] and {r["host"] for r in ranks} == {"n1"}
+    assert set(ranks[0]["cores"]).isdisjoint(ranks[1]["cores"])
+    assert all(r["sum"] == 3.0 for r in ranks)
+
+
+def test_submit_wait_reports_a_failing_job(cluster, tmp_path):
+    result, _, logs = _submit(cluster, tmp_path, "--nodes", "1", "--gpus-per-node", "1", "--mode", "srun",
+                              script=str(SCRIPTS / "fail.py"), args=("x",))
+    assert result.returncode == 3, result.stderr + logs
+    assert "FAILED" in result.stderr and "exit code 3" in result.stderr
+    job_id = result.stdout.strip()
+    status = cluster.gpuscale("slurm", "status", job_id, cwd=tmp_path)
+    assert status.returncode == 0 and "FAILED" in status.stdout
+    logs_cmd = cluster.gpuscale("slurm", "logs", job_id, cwd=tmp_path)
+    assert logs_cmd.returncode == 0 and logs_cmd.stdout == logs
+
+
+def test_cancel_a_running_job(cluster, tmp_path):
+    import time
+
+    sleeper = tmp_path / "sleep.py"
+    sleeper.write_text("import time\nprint('started', flush=True)\ntime.sleep(300)\n")
+    submitted = cluster.gpuscale("slurm", "submit", "--profile", "local", "--gpus-per-node", "1", "--mode", "srun",
+                                 "--time", "10", "--output", str(tmp_path / "job-%j.out"), "--", str(sleeper), cwd=tmp_path)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip()
+    deadline = time.monotonic() + 60
+    while "RUNNING" not in cluster.gpuscale("slurm", "status", job_id, cwd=tmp_path).stdout:
+        assert time.monotonic() < deadline, "job never started"
+        time.sleep(1)
+    assert cluster.gpuscale("slurm", "cancel", job_id, cwd=tmp_path).returncode == 0
+    deadline = time.monotonic() + 90
+    while "CANCELLED" not in (status := cluster.gpuscale("slurm", "status", job_id, cwd=tmp_path).stdout):
+        assert time.monotonic() < deadline, status
+        time.sleep(1)
+
+
+def test_bad_options_are_refused_before_submission(cluster, tmp_path):
+    result = cluster.gpuscale("slurm", "submit", "--profile", "local", "--gpus-per-node", "3", "--", PROBE, cwd=tmp_path)
+    assert result.returncode == 2 and "more than a local node has (2)" in result.stderr
+    assert result.stdout == ""  # nothing was submitted
+
+
+@pytest.mark.parametrize("mode", ["srun", "torchrun"])
+def test_example_trains_across_two_nodes_like_the_local_run(cluster, tmp_path, mode):
+    out = tmp_path / "dvc"
+    result, _, logs = _submit(cluster, tmp_path, "--nodes", "2", "--gpus-per-node", "1", "--mode", mode,
+                              script=str(EXAMPLE), args=("--out", str(out)))
+    assert result.returncode == 0, result.stderr + logs[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["hosts"] == ["n1", "n2"] and summary["num_nodes"] == 2
+    assert summary["global_batch"] == 32 and summary["accuracy"] >= 0.9
+    assert summary["launcher"] == ("slurm" if mode == "srun" else "torchrun")
