@@ -268,6 +268,11 @@ def render_sbatch(profile: Profile, job: JobSpec) -> str:
             "",
         ]
 
+    cores_per_rank = plan.cpus_per_task if job.mode == "srun" else max(1, plan.cpus_per_task // plan.gpus_per_node)
+    lines += [
+        f"# Each rank gets {cores_per_rank} core(s); gpuscale.init() binds it there and gives its data loader",
+        f"# {max(0, cores_per_rank - 1)} worker(s) on a GPU (one core stays with the process feeding the GPU).",
+    ]
     srun = ["srun", "--kill-on-bad-exit=1"]
     if job.mode == "torchrun":
         srun.append("--ntasks-per-node=1")

@@ -31,6 +31,8 @@ export MIOPEN_USER_DB_PATH="/tmp/${USER}-miopen-cache-${SLURM_JOB_ID}"
 # Environment asked for with --env.
 export HF_HOME='/scratch/p/hf cache'
 
+# Each rank gets 7 core(s); gpuscale.init() binds it there and gives its data loader
+# 6 worker(s) on a GPU (one core stays with the process feeding the GPU).
 # One task per GPU. Each task sets its own RANK/LOCAL_RANK/WORLD_SIZE from SLURM's per-task
 # variables (single quotes: expanded by the task, not by this shell). --kill-on-bad-exit ends
 # the whole step when one task fails, so no rank waits forever for a dead peer.

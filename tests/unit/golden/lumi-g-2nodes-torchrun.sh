@@ -29,6 +29,8 @@ export TOKENIZERS_PARALLELISM=false
 export MIOPEN_CUSTOM_CACHE_DIR="/tmp/${USER}-miopen-cache-${SLURM_JOB_ID}"
 export MIOPEN_USER_DB_PATH="/tmp/${USER}-miopen-cache-${SLURM_JOB_ID}"
 
+# Each rank gets 7 core(s); gpuscale.init() binds it there and gives its data loader
+# 6 worker(s) on a GPU (one core stays with the process feeding the GPU).
 # One task per node; torchrun inside it starts one worker per GPU. --kill-on-bad-exit ends
 # the whole step when one node fails, so no rank waits forever for a dead peer.
 # shellcheck disable=SC2016  # the single quotes are deliberate: each task expands its own variables
