@@ -11,8 +11,9 @@ On entry, in this order:
 2. pick the device: the GPU of this local rank (honouring CUDA_VISIBLE_DEVICES or
    ROCR_VISIBLE_DEVICES set per task), or the CPU when torch sees no GPU. On SLURM's fake GPUs or
    a CPU build of torch it says so once and goes on with gloo, keeping SLURM's ranks and cores;
-3. bind the process to CPU cores (`gpuscale.topology`): the cores next to its GPU, disjoint shares
-   on a CPU-only node, or the cores srun already chose. ``bind="none"`` (or GPUSCALE_BIND=none)
+3. bind the process to CPU cores (`gpuscale.topology`): the cores next to its GPU (from the
+   cluster profile's map in GPUSCALE_GPU_CORES, else sysfs), disjoint shares on a CPU-only node,
+   or the cores srun already chose. ``bind="none"`` (or GPUSCALE_BIND=none)
    leaves the affinity alone;
 4. size the thread pools: OMP_NUM_THREADS = cores of this rank and TOKENIZERS_PARALLELISM=false,
    unless the user set them;
@@ -52,6 +53,7 @@ from gpuscale.topology import (
     allowed_cores,
     format_cpulist,
     gpu_local_cores,
+    parse_cpulist,
     plan_binding,
     set_affinity,
 )
@@ -62,6 +64,7 @@ DEFAULT_TIMEOUT_S = 600.0
 # Set by `gpuscale run` when it, not the user, put OMP_NUM_THREADS=1 there to quiet torchrun.
 OMP_FROM_LAUNCHER = "GPUSCALE_OMP_FROM_LAUNCHER"
 LAUNCH_TIME = "GPUSCALE_LAUNCH_TIME"
+GPU_CORES = "GPUSCALE_GPU_CORES"  # the cluster profile's GPU-to-cores map, exported by gpuscale's batch scripts
 
 log = get_logger("runtime")
 _current: Runtime | None = None
@@ -182,6 +185,24 @@ def _choose_device(env: DistEnv, device: str) -> torch.device:
     return torch.device("cuda", index)
 
 
+def _gpu_cores_from_profile(env: DistEnv) -> list[list[int] | None] | None:
+    """The cores next to each local rank's GPU from GPUSCALE_GPU_CORES ("49-55;57-63;..."), if set.
+
+    gpuscale's batch scripts export the cluster profile's map there (the node's GPU order), so
+    torchrun's workers bind by the profile even where sysfs does not tell the whole story.
+    """
+    text = os.environ.get(GPU_CORES)
+    if not text:
+        return None
+    try:
+        per_gpu = [parse_cpulist(part) for part in text.split(";")]
+    except ValueError:
+        raise ValueError(f"{GPU_CORES}={text!r} is not a ';'-separated list of core lists like 49-55;57-63") from None
+    if len(per_gpu) < env.local_world_size:
+        raise ValueError(f"{GPU_CORES} lists {len(per_gpu)} GPUs for {env.local_world_size} local ranks; it needs one entry per GPU")
+    return [cores or None for cores in per_gpu[: env.local_world_size]]
+
+
 def _gpu_cores_for_local_ranks(env: DistEnv) -> list[list[int] | None] | None:
     """The cores next to each local rank's GPU, from sysfs; None if not knowable from here."""
     count = torch.cuda.device_count()
@@ -205,7 +226,9 @@ def _plan(env: DistEnv, device: torch.device, bind: str) -> BindingPlan:
     if len(here) < env.local_world_size and env.local_world_size > 1:
         # Fewer cores than siblings: whoever started us bound us already (taskset per process).
         return BindingPlan((here,) * env.local_world_size, "launcher", "fewer allowed cores than local ranks")
-    gpu_cores = _gpu_cores_for_local_ranks(env) if device.type == "cuda" else None
+    gpu_cores = _gpu_cores_from_profile(env)
+    if gpu_cores is None and device.type == "cuda":
+        gpu_cores = _gpu_cores_for_local_ranks(env)
     return plan_binding(here, env.local_world_size, gpu_cores)
 
 
@@ -254,7 +277,10 @@ def init(
     bind = bind or os.environ.get("GPUSCALE_BIND", "auto")
     if bind not in ("auto", "none"):
         raise ValueError(f"bind={bind!r} is not one of 'auto', 'none' (from the argument or GPUSCALE_BIND)")
-    timeout_s = float(timeout if timeout is not None else os.environ.get("GPUSCALE_TIMEOUT", DEFAULT_TIMEOUT_S))
+    try:
+        timeout_s = float(timeout if timeout is not None else os.environ.get("GPUSCALE_TIMEOUT", DEFAULT_TIMEOUT_S))
+    except ValueError:
+        raise ValueError(f"GPUSCALE_TIMEOUT={os.environ.get('GPUSCALE_TIMEOUT')!r} is not a number of seconds") from None
     if timeout_s <= 0:
         raise ValueError(f"timeout={timeout_s} must be a positive number of seconds")
 

@@ -145,3 +145,14 @@ def test_module_prefix_is_stripped_on_load():
         state = {f"module.{k}": torch.zeros_like(v) for k, v in gpuscale.unwrap(model).state_dict().items()}
         strategy_of(model).load_state_dict(model, state)
         assert torch.count_nonzero(gpuscale.unwrap(model).weight) == 0
+
+
+def test_cluster_profile_core_map_decides_the_binding(monkeypatch):
+    monkeypatch.setenv("GPUSCALE_GPU_CORES", "0;1")  # as gpuscale's batch scripts export it
+    with gpuscale.init() as rt:
+        assert rt.cores == (0,) and rt.binding.source == "gpu-local"
+        assert os.sched_getaffinity(0) == {0}
+    monkeypatch.setenv("GPUSCALE_GPU_CORES", "zero")
+    with pytest.raises(ValueError, match="GPUSCALE_GPU_CORES"):
+        with gpuscale.init():
+            pass

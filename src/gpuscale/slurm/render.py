@@ -256,6 +256,12 @@ def render_sbatch(profile: Profile, job: JobSpec) -> str:
         lines.append(f"# Environment every job on {profile.name} needs (network, caches, tokenizers).")
         lines += env_lines
         lines.append("")
+    if profile.gpu_cores and job.mode == "torchrun":
+        lines += [
+            "# Which cores sit next to which GPU on these nodes: torchrun's workers bind themselves by it.",
+            f"export GPUSCALE_GPU_CORES={_q(';'.join(profile.gpu_cores))}",
+            "",
+        ]
     if job.env:
         lines.append("# Environment asked for with --env.")
         lines += [f"export {name}={_q(value)}" for name, value in job.env]

@@ -28,6 +28,9 @@ export TOKENIZERS_PARALLELISM=false
 export MIOPEN_CUSTOM_CACHE_DIR="/tmp/${USER}-miopen-cache-${SLURM_JOB_ID}"
 export MIOPEN_USER_DB_PATH="/tmp/${USER}-miopen-cache-${SLURM_JOB_ID}"
 
+# Which cores sit next to which GPU on these nodes: torchrun's workers bind themselves by it.
+export GPUSCALE_GPU_CORES='49-55;57-63;17-23;25-31;1-7;9-15;33-39;41-47'
+
 # Each rank gets 7 core(s); gpuscale.init() binds it there and gives its data loader
 # 6 worker(s) on a GPU (one core stays with the process feeding the GPU).
 # One task per node; torchrun inside it starts one worker per GPU. --kill-on-bad-exit ends
