@@ -154,3 +154,12 @@ def test_user_profile_directory_and_overrides(tmp_path, monkeypatch):
 @pytest.mark.parametrize("text, seconds", [("30", 1800), ("01:30:00", 5400), ("1-00:00:00", 86400), ("2-12", 216000), ("10:30", 630)])
 def test_parse_time(text, seconds):
     assert parse_time(text) == seconds
+
+
+def test_set_overrides_only_single_values():
+    with pytest.raises(ValueError, match="--set cannot change 'partitions'"):
+        load_profile("lumi-g", {"partitions": "x"})
+    with pytest.raises(ValueError, match="unknown key 'gpus_per_nod'"):
+        load_profile("lumi-g", {"gpus_per_nod": 4})
+    with pytest.raises(ValueError, match="gpus_per_node=0"):
+        load_profile("generic-nvidia", {"gpus_per_node": 0})

@@ -31,7 +31,7 @@ EPILOG = """examples:
 def add_job_options(parser: argparse.ArgumentParser) -> None:
     """The options that describe a job, shared by `script` and `submit`."""
     parser.add_argument("--profile", required=True, help="cluster profile: a name (see `gpuscale profiles`) or a .toml path")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a top-level profile key (repeatable)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a single-valued profile key, e.g. gpus_per_node=4 (repeatable)")
     parser.add_argument("--nodes", type=int, default=1, help="number of nodes (default 1)")
     parser.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node (default: all of a node's)")
     parser.add_argument("--mode", choices=MODES, default="torchrun", help="torchrun: one task per node; srun: one task per GPU")

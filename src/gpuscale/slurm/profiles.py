@@ -144,7 +144,7 @@ class Profile:
             raise ValueError(f"{where}: gpu_vendor={self.gpu_vendor!r} is not one of {', '.join(VENDORS)}")
         for key in ("gpus_per_node", "cpus_per_node"):
             value = getattr(self, key)
-            if not isinstance(value, int) or isinstance(value, bool) or value < (0 if key == "gpus_per_node" else 1):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{where}: {key}={value!r} must be a positive whole number")
         if not self.partitions:
             raise ValueError(f"{where}: needs at least one [partitions.NAME] table")
@@ -252,6 +252,12 @@ def load_profile(name_or_path: str, overrides: dict[str, Any] | None = None) -> 
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"profile {path} is not valid TOML: {exc}") from None
     if overrides:
+        tables = {"partitions", "container", "env", "env_shell", "gpu_cores", "setup"} & set(overrides)
+        if tables:
+            raise ValueError(
+                f"--set cannot change {sorted(tables)[0]!r} (only single values); copy the profile "
+                f"(gpuscale profiles {name} --raw > mine.toml), edit it and pass --profile mine.toml"
+            )
         data.update(overrides)
     return profile_from_dict(name, data, source=str(path))
 
