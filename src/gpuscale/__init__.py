@@ -20,7 +20,7 @@ from gpuscale.env import DistEnv, detect_env
 from gpuscale.log import get_logger, print0, progress
 from gpuscale.metrics import Average, Meter, all_reduce_max, all_reduce_sum
 from gpuscale.runtime import Runtime, current, init
-from gpuscale.strategy import no_sync, unwrap, wrap
+from gpuscale.strategy import full_state_dict, no_sync, unwrap, wrap
 
 from gpuscale._version import __version__
 
@@ -37,6 +37,7 @@ __all__ = [
     "all_reduce_sum",
     "current",
     "detect_env",
+    "full_state_dict",
     "get_logger",
     "init",
     "make_loader",

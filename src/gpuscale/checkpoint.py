@@ -8,8 +8,9 @@
 
 What a checkpoint holds: the model's own state dict (no ``module.`` prefix), the optimizer's and
 scheduler's, the loader's epoch and position inside it, every rank's RNG states (torch, CUDA,
-Python, NumPy), the step, and whatever the caller adds under ``extra``. With a replicated
-strategy (DDP) rank 0 writes it; every rank reads it back.
+Python, NumPy), the step, and whatever the caller adds under ``extra``. Model and optimizer
+states are full (a sharding strategy gathers them first), so rank 0 writes one file that loads
+under any strategy and any number of ranks; every rank reads it back and keeps its part.
 
 Writes are atomic (temporary file, fsync, rename; `gpuscale.files`), so a kill at any moment
 leaves the previous checkpoint intact; the last `keep` are kept. Files are read with
@@ -145,6 +146,9 @@ class Checkpointer:
             dist.all_gather_object(rngs, rng)
         strategy = strategy_of(model)
         path = self.directory / f"step-{step:09d}.pt"
+        # Collective for sharding strategies: every rank helps gather, rank 0 ends up with the whole.
+        model_state = strategy.state_dict(model)
+        optimizer_state = strategy.optimizer_state_dict(model, optimizer) if optimizer is not None else None
         if strategy.writes_checkpoint(rt):
             payload = {
                 "format": FORMAT,
@@ -152,8 +156,8 @@ class Checkpointer:
                 "epoch": epoch,
                 "world_size": rt.world_size,
                 "strategy": strategy.name,
-                "model": strategy.state_dict(model),
-                "optimizer": optimizer.state_dict() if optimizer is not None else None,
+                "model": model_state,
+                "optimizer": optimizer_state,
                 "scheduler": scheduler.state_dict() if scheduler is not None else None,
                 "loader": loader.state_dict() if loader is not None else None,
                 "rng": rngs,
@@ -179,12 +183,16 @@ class Checkpointer:
         if source is None:
             return None
         payload = self._load(source)
-        strategy_of(model).load_state_dict(model, payload["model"])
+        strategy = strategy_of(model)
+        strategy.load_state_dict(model, payload["model"])
         for name, target in (("optimizer", optimizer), ("scheduler", scheduler), ("loader", loader)):
             if target is not None:
                 if payload[name] is None:
                     raise ValueError(f"{source} holds no {name} state; resume without passing {name}")
-                target.load_state_dict(payload[name])
+                if name == "optimizer":
+                    strategy.load_optimizer_state_dict(model, target, payload[name])
+                else:
+                    target.load_state_dict(payload[name])
         rt = self.rt
         if payload["world_size"] == rt.world_size:
             restore_rng(payload["rng"][rt.rank], rt.device)

@@ -20,15 +20,15 @@ def _launch(nproc: int, out, *extra: str):
     return run(gpuscale_cmd("run", "--nproc-per-node", str(nproc), RESUME, str(out), *extra), timeout=180)
 
 
-@pytest.mark.parametrize("nproc", [1, 2])
-def test_resume_after_kill_continues_exactly(tmp_path, nproc):
+@pytest.mark.parametrize("nproc, strategy", [(1, "ddp"), (2, "ddp"), (2, "fsdp")])
+def test_resume_after_kill_continues_exactly(tmp_path, nproc, strategy):
     straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
-    assert_ok(_launch(nproc, straight))
+    assert_ok(_launch(nproc, straight, "--strategy", strategy))
 
-    crashed = _launch(nproc, interrupted, "--crash-at", "7")
+    crashed = _launch(nproc, interrupted, "--crash-at", "7", "--strategy", strategy)
     assert crashed.returncode != 0
     assert not (interrupted / "final.pt").exists()
-    assert_ok(_launch(nproc, interrupted))
+    assert_ok(_launch(nproc, interrupted, "--strategy", strategy))
 
     expected = torch.load(straight / "final.pt", weights_only=True)
     resumed = torch.load(interrupted / "final.pt", weights_only=True)
@@ -38,3 +38,23 @@ def test_resume_after_kill_continues_exactly(tmp_path, nproc):
     # only the last `keep` checkpoints stay, and no temporary file is left behind
     assert json.loads((interrupted / "checkpoints.json").read_text()) == ["step-000000011.pt", "step-000000012.pt"]
     assert sorted(p.name for p in (interrupted / "ckpt").iterdir()) == ["step-000000011.pt", "step-000000012.pt"]
+
+
+def test_strategies_train_the_same_model_with_the_same_global_batch(tmp_path):
+    """Strong-scaling equivalence: 1 process, 2 with DDP and 2 with FSDP take the same steps.
+
+    Global batch 8 either way, and the two ranks' shards of each step together are exactly the
+    one-process batch, so without dropout the runs agree up to float rounding.
+    """
+    weights, losses = {}, {}
+    for nproc, strategy in ((1, "ddp"), (2, "ddp"), (2, "fsdp")):
+        out = tmp_path / f"{nproc}-{strategy}"
+        assert_ok(_launch(nproc, out, "--strategy", strategy, "--steps", "6", "--dropout", "0"))
+        weights[(nproc, strategy)] = torch.load(out / "final.pt", weights_only=True)
+        losses[(nproc, strategy)] = json.loads((out / "losses.json").read_text())
+    reference = weights[(1, "ddp")]
+    for key in ((2, "ddp"), (2, "fsdp")):
+        for name, tensor in reference.items():
+            assert torch.allclose(weights[key][name], tensor, atol=1e-5), f"{key}: {name} differs from one process"
+        for step, loss in losses[(1, "ddp")].items():
+            assert losses[key][step] == pytest.approx(loss, rel=1e-4), f"{key}: loss of step {step}"

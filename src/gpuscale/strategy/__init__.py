@@ -1,9 +1,9 @@
 """Strategies: how a model is spread over ranks, behind one switch.
 
-A strategy is a small object with five methods (the `Strategy` protocol) and a name in
+A strategy is a small object with seven methods (the `Strategy` protocol) and a name in
 `STRATEGIES`. Training scripts never touch it directly:
 
-    model = gpuscale.wrap(model, strategy="ddp")   # after deciding what is trainable
+    model = gpuscale.wrap(model, strategy="ddp")   # or "fsdp"; after deciding what is trainable
     ...
     for p in model_to_finetune.parameters(): p.requires_grad = True
     model = gpuscale.wrap(model)                    # re-wrap: the new parameters now sync
@@ -21,8 +21,9 @@ from typing import Any, Protocol
 from torch import nn
 
 from gpuscale.strategy.ddp import DDPStrategy
+from gpuscale.strategy.fsdp import FSDPStrategy
 
-__all__ = ["Strategy", "STRATEGIES", "get_strategy", "wrap", "unwrap", "no_sync"]
+__all__ = ["Strategy", "STRATEGIES", "get_strategy", "wrap", "unwrap", "full_state_dict", "no_sync"]
 
 
 class Strategy(Protocol):
@@ -40,11 +41,17 @@ class Strategy(Protocol):
     def load_state_dict(self, model: nn.Module, state: dict[str, Any]) -> None:
         """Load a state dict written by `state_dict` (or a plain one) into the model."""
 
+    def optimizer_state_dict(self, model: nn.Module, optimizer: Any) -> dict[str, Any]:
+        """The optimizer's complete state (gathered if sharded); collective for sharding strategies."""
+
+    def load_optimizer_state_dict(self, model: nn.Module, optimizer: Any, state: dict[str, Any]) -> None:
+        """Load a state written by `optimizer_state_dict` (each rank keeps its part)."""
+
     def writes_checkpoint(self, rt: Any) -> bool:
-        """Whether this rank writes the checkpoint (rank 0 for replicated strategies)."""
+        """Whether this rank writes the checkpoint (rank 0 for full state dicts)."""
 
 
-STRATEGIES: dict[str, type] = {"ddp": DDPStrategy}
+STRATEGIES: dict[str, type] = {"ddp": DDPStrategy, "fsdp": FSDPStrategy}
 
 
 def get_strategy(name: str) -> Strategy:
@@ -87,6 +94,15 @@ def unwrap(model: nn.Module) -> nn.Module:
 def strategy_of(model: nn.Module) -> Strategy:
     """The strategy a model was wrapped with (DDP semantics for a model never wrapped)."""
     return _strategy_of(model) or get_strategy("ddp")
+
+
+def full_state_dict(model: nn.Module) -> dict[str, Any]:
+    """The model's complete state dict with the user's own keys, on CPU where gathered.
+
+    Collective for sharding strategies (every rank calls it; rank 0 receives the whole); for DDP
+    and single processes it is the module's own state dict without the ``module.`` prefix.
+    """
+    return strategy_of(model).state_dict(model)
 
 
 def no_sync(model: nn.Module, skip: bool = True) -> AbstractContextManager[Any]:

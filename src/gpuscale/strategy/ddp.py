@@ -94,5 +94,11 @@ class DDPStrategy:
             state = {key[len("module.") :]: value for key, value in state.items()}
         self.unwrap(model).load_state_dict(state)
 
+    def optimizer_state_dict(self, model: nn.Module, optimizer: Any) -> dict[str, Any]:
+        return optimizer.state_dict()  # replicated: every rank holds the same, complete state
+
+    def load_optimizer_state_dict(self, model: nn.Module, optimizer: Any, state: dict[str, Any]) -> None:
+        optimizer.load_state_dict(state)
+
     def writes_checkpoint(self, rt: Any) -> bool:
         return rt.rank == 0

@@ -20,6 +20,8 @@ parser = argparse.ArgumentParser()
 parser.add_argument("out")
 parser.add_argument("--crash-at", type=int, default=None)
 parser.add_argument("--steps", type=int, default=12)
+parser.add_argument("--strategy", default="ddp")
+parser.add_argument("--dropout", type=float, default=0.3)
 args = parser.parse_args()
 out = Path(args.out)
 
@@ -28,7 +30,8 @@ with gpuscale.init() as rt:
     data = torch.utils.data.TensorDataset(torch.randn(40, 6), torch.randn(40, 1))
     plan = gpuscale.plan_batch(8, rt.world_size, scaling="strong")
     loader = gpuscale.make_loader(data, plan, seed=3)
-    model = gpuscale.wrap(torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Dropout(0.3), torch.nn.Linear(16, 1)))
+    net = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Dropout(args.dropout), torch.nn.Linear(16, 1))
+    model = gpuscale.wrap(net, strategy=args.strategy)
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=4, gamma=0.5)
     ckpt = gpuscale.Checkpointer(out / "ckpt", keep=2)
@@ -49,7 +52,8 @@ with gpuscale.init() as rt:
                 os._exit(17)  # as abrupt as a kill: no teardown, no flush
             if step == args.steps:
                 break
+    final = gpuscale.full_state_dict(model)  # collective: gathers shards under fsdp
     if rt.is_main:
-        torch.save(gpuscale.unwrap(model).state_dict(), out / "final.pt")
+        torch.save(final, out / "final.pt")
         (out / "losses.json").write_text(json.dumps(losses))
         (out / "checkpoints.json").write_text(json.dumps(sorted(p.name for p in ckpt.checkpoints())))

@@ -1,0 +1,116 @@
+"""Strategy ``fsdp``: parameters, gradients and optimizer states sharded over ranks (FSDP2, `fully_shard`).
+
+Each rank keeps 1/N of every sharded unit and gathers a unit's full parameters just for its
+forward and backward pass; gradients are reduce-scattered. That moves about 1.5x DDP's bytes per
+step (FACTS §7) and divides the model's memory by N.
+
+Units: the blocks a model declares unsplittable (HF models' ``_no_split_modules``), else every
+child of a ModuleList or Sequential that holds parameters; then the root. FSDP2 keeps the
+original parameters (as DTensors), so parameters unfrozen later simply start receiving sharded
+gradients: no re-wrap is needed, and `wrap` again is a no-op.
+
+Checkpoints are full state dicts gathered on rank 0 (`get_model_state_dict` with
+``full_state_dict=True``), so files look like DDP's and load anywhere; every rank reads the file
+and keeps its own shard when resuming. With a single process the model is left unsharded.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["FSDPStrategy"]
+
+
+def _units(module: nn.Module) -> list[nn.Module]:
+    """The sub-modules to shard as units, innermost first (fully_shard needs children before parents)."""
+    names = set(getattr(module, "_no_split_modules", None) or ())
+    if names:
+        units = [m for m in module.modules() if type(m).__name__ in names]
+    else:
+        units = [
+            child
+            for container in module.modules()
+            if isinstance(container, (nn.ModuleList, nn.Sequential))
+            for child in container.children()
+            if any(True for _ in child.parameters())
+        ]
+    seen: set[int] = set()
+    ordered = []
+    for unit in reversed(units):  # modules() is outer-first; shard inner units first
+        if id(unit) not in seen and unit is not module:
+            seen.add(id(unit))
+            ordered.append(unit)
+    return ordered
+
+
+def _full_options() -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+class FSDPStrategy:
+    """Shard parameters, gradients and optimizer states over all ranks (torch FSDP2)."""
+
+    name = "fsdp"
+
+    def wrap(self, module: nn.Module, rt: Any) -> nn.Module:
+        from torch.distributed.fsdp import FSDPModule, fully_shard
+
+        module = module.to(rt.device)
+        if not any(p.requires_grad for p in module.parameters()):
+            raise ValueError("the model has no trainable parameters; unfreeze some before gpuscale.wrap")
+        if not rt.is_distributed or isinstance(module, FSDPModule):
+            return module  # one process: nothing to shard; already sharded: FSDP2 needs no re-wrap
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh(rt.device.type, (rt.world_size,))
+        for unit in _units(module):
+            fully_shard(unit, mesh=mesh)
+        fully_shard(module, mesh=mesh)
+        return module
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def state_dict(self, model: nn.Module) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        if not _is_sharded(model):
+            return model.state_dict()
+        return get_model_state_dict(model, options=_full_options())  # collective; full on rank 0
+
+    def load_state_dict(self, model: nn.Module, state: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        if not _is_sharded(model):
+            model.load_state_dict(state)
+            return
+        set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
+
+    def optimizer_state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        if not _is_sharded(model):
+            return optimizer.state_dict()
+        return get_optimizer_state_dict(model, optimizer, options=_full_options())
+
+    def load_optimizer_state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        if not _is_sharded(model):
+            optimizer.load_state_dict(state)
+            return
+        set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+
+    def writes_checkpoint(self, rt: Any) -> bool:
+        return rt.rank == 0
+
+
+def _is_sharded(model: nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
