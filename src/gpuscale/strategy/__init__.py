@@ -78,6 +78,8 @@ def wrap(model: nn.Module, strategy: str | None = None, rt: Any = None) -> nn.Mo
     rt = rt or current()
     previous = _strategy_of(model)
     chosen = get_strategy(strategy) if strategy else (previous or get_strategy("ddp"))
+    if previous is not None and previous.name == "fsdp" and chosen.name != "fsdp" and rt.is_distributed:
+        raise ValueError(f"this model was sharded in place by fsdp and cannot be re-wrapped with {chosen.name}; build a fresh model")
     module = previous.unwrap(model) if previous else model
     wrapped = chosen.wrap(module, rt)
     wrapped._gpuscale_strategy = chosen  # type: ignore[assignment]
