@@ -5,6 +5,8 @@ Every test builds its environment as an explicit dict: nothing depends on the ma
 
 from __future__ import annotations
 
+import dataclasses
+
 import socket
 
 import pytest
@@ -104,7 +106,7 @@ def test_empty_environment_is_single():
 
 def test_dist_env_is_frozen():
     env = detect_env({})
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         env.rank = 3  # type: ignore[misc]
 
 

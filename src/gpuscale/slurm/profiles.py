@@ -152,7 +152,14 @@ class Profile:
             if getattr(self, key) not in self.partitions:
                 raise ValueError(f"{where}: {key}={getattr(self, key)!r} is not one of its partitions: {', '.join(self.partitions)}")
         for name, part in self.partitions.items():
-            parse_time(part.max_time)
+            try:
+                parse_time(part.max_time)
+            except ValueError as exc:
+                raise ValueError(f"{where} [partitions.{name}]: max_time: {exc}") from None
+            if not isinstance(part.whole_node, bool):
+                raise ValueError(f"{where} [partitions.{name}]: whole_node must be true or false")
+            if part.max_nodes is not None and (not isinstance(part.max_nodes, int) or isinstance(part.max_nodes, bool) or part.max_nodes < 1):
+                raise ValueError(f"{where} [partitions.{name}]: max_nodes={part.max_nodes!r} must be a positive whole number")
         if self.gpu_cores is not None:
             if len(self.gpu_cores) != self.gpus_per_node:
                 raise ValueError(f"{where}: gpu_cores lists {len(self.gpu_cores)} GPUs but gpus_per_node is {self.gpus_per_node}")
