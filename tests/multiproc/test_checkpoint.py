@@ -16,8 +16,8 @@ RESUME = str(SCRIPTS / "resume.py")
 
 def _launch(nproc: int, out, *extra: str):
     if nproc == 1:
-        return run([sys.executable, RESUME, str(out), *extra], timeout=180)
-    return run(gpuscale_cmd("run", "--nproc-per-node", str(nproc), RESUME, str(out), *extra), timeout=180)
+        return run([sys.executable, RESUME, str(out), *extra], timeout=400)
+    return run(gpuscale_cmd("run", "--nproc-per-node", str(nproc), RESUME, str(out), *extra), timeout=400)
 
 
 @pytest.mark.parametrize("nproc, strategy", [(1, "ddp"), (2, "ddp"), (2, "fsdp")])

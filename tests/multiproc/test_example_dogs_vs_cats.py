@@ -48,14 +48,14 @@ def _check(summary: dict, world_size: int, launcher: str) -> None:
 
 
 def test_one_process(tmp_path, data_home):
-    result = run([sys.executable, EXAMPLE, "--out", str(tmp_path)], timeout=400, GPUSCALE_DATA=data_home)
+    result = run([sys.executable, EXAMPLE, "--out", str(tmp_path)], timeout=900, GPUSCALE_DATA=data_home)
     assert_ok(result)
     _check(_summary(tmp_path), 1, "single")
     assert "test accuracy" in result.stderr and "before fine-tuning" in result.stderr
 
 
 def test_gpuscale_run_two_processes_on_disjoint_cores(tmp_path, data_home):
-    result = run(gpuscale_cmd("run", "--nproc-per-node", "2", EXAMPLE, "--out", str(tmp_path)), timeout=400, GPUSCALE_DATA=data_home)
+    result = run(gpuscale_cmd("run", "--nproc-per-node", "2", EXAMPLE, "--out", str(tmp_path)), timeout=900, GPUSCALE_DATA=data_home)
     assert_ok(result)
     summary = _summary(tmp_path)
     _check(summary, 2, "torchrun")
@@ -65,19 +65,19 @@ def test_gpuscale_run_two_processes_on_disjoint_cores(tmp_path, data_home):
 
 
 def test_torchrun_two_processes(tmp_path, data_home):
-    assert_ok(run(torchrun_cmd(2, EXAMPLE, "--out", str(tmp_path)), timeout=400, GPUSCALE_DATA=data_home))
+    assert_ok(run(torchrun_cmd(2, EXAMPLE, "--out", str(tmp_path)), timeout=900, GPUSCALE_DATA=data_home))
     _check(_summary(tmp_path), 2, "torchrun")
 
 
 def test_two_processes_started_by_hand(tmp_path, data_home):
-    for result in run_by_hand([EXAMPLE, "--out", str(tmp_path)], world_size=2, timeout=400, GPUSCALE_DATA=data_home):
+    for result in run_by_hand([EXAMPLE, "--out", str(tmp_path)], world_size=2, timeout=900, GPUSCALE_DATA=data_home):
         assert_ok(result)
     _check(_summary(tmp_path), 2, "manual")
 
 
 def test_strong_scaling_batch_that_does_not_divide_is_refused(tmp_path, data_home):
     result = run(gpuscale_cmd("run", "--nproc-per-node", "2", EXAMPLE, "--out", str(tmp_path), "--batch-size", "25"),
-                 timeout=200, GPUSCALE_DATA=data_home)
+                 timeout=600, GPUSCALE_DATA=data_home)
     assert result.returncode == 2
     assert "global batch 25 does not divide among 2 ranks" in result.stdout + result.stderr
     assert "24 or 26" in result.stdout + result.stderr

@@ -15,7 +15,7 @@ FINETUNE = str(SCRIPTS / "finetune.py")
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_unfreeze_refused_until_rewrapped_then_synced(tmp_path, nproc):
     cmd = [sys.executable, FINETUNE, str(tmp_path)] if nproc == 1 else gpuscale_cmd("run", "--nproc-per-node", "2", FINETUNE, str(tmp_path))
-    assert_ok(run(cmd, timeout=120))
+    assert_ok(run(cmd, timeout=300))
     ranks = read_ranks(tmp_path, nproc)
     for r in ranks:
         assert r["refused"] and "gpuscale.wrap" in r["refused"] and "0.weight" in r["refused"]
