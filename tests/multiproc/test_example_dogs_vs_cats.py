@@ -81,3 +81,20 @@ def test_strong_scaling_batch_that_does_not_divide_is_refused(tmp_path, data_hom
     assert result.returncode == 2
     assert "global batch 25 does not divide among 2 ranks" in result.stdout + result.stderr
     assert "24 or 26" in result.stdout + result.stderr
+
+
+def test_resume_continues_into_fine_tuning(tmp_path, data_home):
+    """A run stopped after the first phase resumes from its checkpoint straight into fine-tuning."""
+    first = run(gpuscale_cmd("run", "--nproc-per-node", "2", EXAMPLE, "--out", str(tmp_path), "--epochs", "2", "--finetune-epochs", "0"),
+                timeout=900, GPUSCALE_DATA=data_home)
+    assert_ok(first)
+    first_history = _summary(tmp_path)["history"]
+    second = run(gpuscale_cmd("run", "--nproc-per-node", "2", EXAMPLE, "--out", str(tmp_path), "--epochs", "2", "--finetune-epochs", "1"),
+                 timeout=900, GPUSCALE_DATA=data_home)
+    assert_ok(second)
+    assert "resumed from" in second.stderr and "step-000000124.pt" in second.stderr  # 2 epochs x 62 steps
+    assert "unfreezing the last block" in second.stderr
+    summary = _summary(tmp_path)
+    assert summary["epochs"] == 1 and summary["steps"] == 62  # only the fine-tuning epoch ran again
+    assert summary["history"]["val_accuracy"][:2] == first_history["val_accuracy"]  # the history came along
+    assert len(summary["history"]["val_accuracy"]) == 3
