@@ -19,8 +19,11 @@ leaves the previous checkpoint intact; the last `keep` are kept. Files are read 
 
 from __future__ import annotations
 
+import os
 import random
 import re
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,14 +32,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from gpuscale.files import atomic_write
+from gpuscale.files import atomic_write, fsync_dir
 from gpuscale.log import get_logger
 from gpuscale.strategy import strategy_of
 
-__all__ = ["Checkpointer", "ResumeState", "capture_rng", "restore_rng"]
+__all__ = ["Checkpointer", "ResumeState", "capture_rng", "restore_rng", "consolidate"]
 
 FORMAT = "gpuscale-checkpoint-1"
-_NAME = re.compile(r"^step-(\d{9})\.pt$")
+_NAME = re.compile(r"^step-(\d{9})(\.pt)?$")  # a file (full state) or a directory (sharded, DCP)
+META = "gpuscale.pt"  # inside a sharded checkpoint directory: step, epoch, RNG, loader, scheduler, extra
 log = get_logger("checkpoint")
 
 
@@ -95,7 +99,7 @@ class Checkpointer:
         self.rt = rt or current()
 
     def checkpoints(self) -> list[Path]:
-        """Checkpoint files in this directory, oldest first."""
+        """Checkpoints in this directory (files, or directories for sharded ones), oldest first."""
         if not self.directory.is_dir():
             return []
         return sorted(p for p in self.directory.iterdir() if _NAME.match(p.name))
@@ -119,7 +123,7 @@ class Checkpointer:
 
     @staticmethod
     def _load(source: Path) -> dict[str, Any]:
-        payload = torch.load(source, map_location="cpu", weights_only=True)
+        payload = torch.load(source / META if source.is_dir() else source, map_location="cpu", weights_only=True)
         if not isinstance(payload, dict) or payload.get("format") != FORMAT:
             raise ValueError(f"{source} is not a gpuscale checkpoint; pass the path of a step-*.pt file or start fresh")
         return payload
@@ -145,29 +149,51 @@ class Checkpointer:
             rngs = [None] * rt.world_size
             dist.all_gather_object(rngs, rng)
         strategy = strategy_of(model)
-        path = self.directory / f"step-{step:09d}.pt"
-        # Collective for sharding strategies: every rank helps gather, rank 0 ends up with the whole.
-        model_state = strategy.state_dict(model)
-        optimizer_state = strategy.optimizer_state_dict(model, optimizer) if optimizer is not None else None
-        if strategy.writes_checkpoint(rt):
-            payload = {
-                "format": FORMAT,
-                "step": step,
-                "epoch": epoch,
-                "world_size": rt.world_size,
-                "strategy": strategy.name,
-                "model": model_state,
-                "optimizer": optimizer_state,
-                "scheduler": scheduler.state_dict() if scheduler is not None else None,
-                "loader": loader.state_dict() if loader is not None else None,
-                "rng": rngs,
-                "extra": extra or {},
-            }
-            atomic_write(path, lambda f: torch.save(payload, f))
+        sharded = getattr(strategy, "sharded", False) and rt.is_distributed
+        path = self.directory / (f"step-{step:09d}" if sharded else f"step-{step:09d}.pt")
+        meta = {
+            "format": FORMAT,
+            "step": step,
+            "epoch": epoch,
+            "world_size": rt.world_size,
+            "strategy": strategy.name,
+            "sharded": sharded,
+            "scheduler": scheduler.state_dict() if scheduler is not None else None,
+            "loader": loader.state_dict() if loader is not None else None,
+            "rng": rngs,
+            "extra": extra or {},
+        }
+        if sharded:
+            self._save_sharded(strategy, model, optimizer, path, meta)
+        else:
+            # Collective for sharding strategies: every rank helps gather, rank 0 ends up with the whole.
+            model_state = strategy.state_dict(model)
+            optimizer_state = strategy.optimizer_state_dict(model, optimizer) if optimizer is not None else None
+            if strategy.writes_checkpoint(rt):
+                payload = {**meta, "model": model_state, "optimizer": optimizer_state}
+                atomic_write(path, lambda f: torch.save(payload, f))
+        if rt.is_main:
             for old in self.checkpoints()[: -self.keep]:
-                old.unlink(missing_ok=True)
-        rt.barrier()  # nobody reads or moves on before the file is complete
+                shutil.rmtree(old) if old.is_dir() else old.unlink(missing_ok=True)
+        rt.barrier()  # nobody reads or moves on before the checkpoint is complete
         return path
+
+    def _save_sharded(self, strategy: Any, model: nn.Module, optimizer: Any, path: Path, meta: dict[str, Any]) -> None:
+        """Every rank writes its shards into a temporary directory; rank 0 adds the metadata and
+        renames it into place only when all shards are written (the rename is the commit)."""
+        rt = self.rt
+        tmp = self.directory / f".{path.name}.tmp"
+        if rt.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)  # left over from a kill in the middle of a save
+            tmp.mkdir(parents=True)
+        rt.barrier()
+        strategy.save_sharded(model, optimizer, str(tmp))  # collective; DCP writes .metadata last
+        rt.barrier()
+        if rt.is_main:
+            atomic_write(tmp / META, lambda f: torch.save(meta, f))
+            shutil.rmtree(path, ignore_errors=True)
+            os.replace(tmp, path)
+            fsync_dir(self.directory)
 
     def resume(
         self,
@@ -184,9 +210,15 @@ class Checkpointer:
             return None
         payload = self._load(source)
         strategy = strategy_of(model)
-        strategy.load_state_dict(model, payload["model"])
+        if payload.get("sharded"):
+            if not hasattr(strategy, "load_sharded"):
+                raise ValueError(f"{source} is a sharded {payload['strategy']} checkpoint; wrap the model with "
+                                 f"strategy={payload['strategy']!r}, or consolidate it first (gpuscale consolidate)")
+            strategy.load_sharded(model, optimizer, str(source))
+        else:
+            strategy.load_state_dict(model, payload["model"])
         for name, target in (("optimizer", optimizer), ("scheduler", scheduler), ("loader", loader)):
-            if target is not None:
+            if target is not None and not (name == "optimizer" and payload.get("sharded")):
                 if payload[name] is None:
                     raise ValueError(f"{source} holds no {name} state; resume without passing {name}")
                 if name == "optimizer":
@@ -205,3 +237,27 @@ class Checkpointer:
         if rt.is_main:
             log.info("resumed from %s (step %d)", source, payload["step"])
         return ResumeState(path=source, step=int(payload["step"]), epoch=payload["epoch"], extra=payload["extra"])
+
+
+def consolidate(source: str | Path, target: str | Path) -> Path:
+    """Write the plain model state dict of any gpuscale checkpoint (file or sharded directory) to `target`.
+
+    The result is what ``model.load_state_dict(torch.load(target, weights_only=True))`` takes, on
+    one process, with no gpuscale and no process group. Runs without a process group.
+    """
+    source, target = Path(source), Path(target)
+    if not source.exists():
+        raise ValueError(f"checkpoint {source} does not exist")
+    if source.is_dir():
+        if not (source / ".metadata").is_file():
+            raise ValueError(f"{source} is not a complete sharded checkpoint (no .metadata); use an older step-* directory")
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+        with tempfile.TemporaryDirectory(dir=target.parent if target.parent.exists() else None) as tmp:
+            merged = Path(tmp) / "merged.pt"
+            dcp_to_torch_save(source, merged)
+            model = torch.load(merged, map_location="cpu", weights_only=True)["model"]
+    else:
+        model = Checkpointer._load(source)["model"]
+    atomic_write(target, lambda f: torch.save(model, f))
+    return target

@@ -35,9 +35,21 @@ def test_resume_after_kill_continues_exactly(tmp_path, nproc, strategy):
     for name in expected:
         assert torch.equal(expected[name], resumed[name]), f"{name} differs after resume"
     assert json.loads((interrupted / "losses.json").read_text()) == json.loads((straight / "losses.json").read_text())
-    # only the last `keep` checkpoints stay, and no temporary file is left behind
-    assert json.loads((interrupted / "checkpoints.json").read_text()) == ["step-000000011.pt", "step-000000012.pt"]
-    assert sorted(p.name for p in (interrupted / "ckpt").iterdir()) == ["step-000000011.pt", "step-000000012.pt"]
+    # only the last `keep` checkpoints stay, and no temporary file is left behind; fsdp writes sharded directories
+    names = ["step-000000011", "step-000000012"] if (nproc, strategy) == (2, "fsdp") else ["step-000000011.pt", "step-000000012.pt"]
+    assert json.loads((interrupted / "checkpoints.json").read_text()) == names
+    assert sorted(p.name for p in (interrupted / "ckpt").iterdir()) == names
+    if strategy == "fsdp":
+        shards = sorted(p.name for p in (interrupted / "ckpt" / names[-1]).iterdir())
+        assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp", "gpuscale.pt"], shards
+
+    # any checkpoint consolidates into the plain state dict the run ended with
+    consolidated = tmp_path / "model.pt"
+    assert_ok(run(gpuscale_cmd("consolidate", str(interrupted / "ckpt" / names[-1]), str(consolidated)), timeout=200))
+    plain = torch.load(consolidated, weights_only=True)
+    assert sorted(plain) == sorted(expected)
+    for name in expected:
+        assert torch.equal(plain[name], expected[name]), f"consolidated {name} differs"
 
 
 def test_strategies_train_the_same_model_with_the_same_global_batch(tmp_path):

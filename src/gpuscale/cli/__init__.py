@@ -11,12 +11,13 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from gpuscale._version import __version__
+from gpuscale.cli import consolidate as consolidate_cmd
 from gpuscale.cli import env as env_cmd
 from gpuscale.cli import profiles as profiles_cmd
 from gpuscale.cli import run as run_cmd
 from gpuscale.cli import slurm as slurm_cmd
 
-VERBS = (run_cmd, env_cmd, slurm_cmd, profiles_cmd)
+VERBS = (run_cmd, env_cmd, slurm_cmd, profiles_cmd, consolidate_cmd)
 
 EPILOG = """examples:
   gpuscale run --nproc-per-node 2 examples/dogs_vs_cats.py --out runs/dvc

@@ -9,9 +9,11 @@ child of a ModuleList or Sequential that holds parameters; then the root. FSDP2 
 original parameters (as DTensors), so parameters unfrozen later simply start receiving sharded
 gradients: no re-wrap is needed, and `wrap` again is a no-op.
 
-Checkpoints are full state dicts gathered on rank 0 (`get_model_state_dict` with
-``full_state_dict=True``), so files look like DDP's and load anywhere; every rank reads the file
-and keeps its own shard when resuming. With a single process the model is left unsharded.
+Checkpoints are sharded: every rank writes its own shards with torch.distributed.checkpoint
+(DCP) into one directory, so no rank ever holds the whole model; resuming reads them back, also on
+another number of ranks. `gpuscale consolidate` turns such a directory into one plain state dict.
+`full_state_dict` (for inference, or a small model) gathers everything on rank 0 instead. With a
+single process the model is left unsharded.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ class FSDPStrategy:
     """Shard parameters, gradients and optimizer states over all ranks (torch FSDP2)."""
 
     name = "fsdp"
+    sharded = True
 
     def wrap(self, module: nn.Module, rt: Any) -> nn.Module:
         from torch.distributed.fsdp import FSDPModule, fully_shard
@@ -108,6 +111,33 @@ class FSDPStrategy:
 
     def writes_checkpoint(self, rt: Any) -> bool:
         return rt.rank == 0
+
+    def save_sharded(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, directory: str) -> None:
+        """Every rank writes its shards of model and optimizer into `directory` (collective)."""
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save(self._sharded_state(model, optimizer), checkpoint_id=directory)
+
+    def load_sharded(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, directory: str) -> None:
+        """Read this rank's shards back from a directory written by `save_sharded` (collective)."""
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+        state = self._sharded_state(model, optimizer)
+        dcp.load(state, checkpoint_id=directory, no_dist=not (dist.is_available() and dist.is_initialized()))
+        set_model_state_dict(model, state["model"])
+        if optimizer is not None:
+            set_optimizer_state_dict(model, optimizer, state["optimizer"])
+
+    @staticmethod
+    def _sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+        state: dict[str, Any] = {"model": get_model_state_dict(model)}
+        if optimizer is not None:
+            state["optimizer"] = get_optimizer_state_dict(model, optimizer)
+        return state
 
 
 def _is_sharded(model: nn.Module) -> bool:

@@ -1,0 +1,36 @@
+"""`gpuscale consolidate CHECKPOINT OUT`: one plain state dict from any gpuscale checkpoint.
+
+A sharded checkpoint (a step-NNNNNNNNN directory written by the fsdp strategy, one shard file per
+rank) or a full one (a step-NNNNNNNNN.pt file) becomes OUT, a state dict with the model's own
+keys that loads on one process for inference:
+
+    model.load_state_dict(torch.load("model.pt", weights_only=True))
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from gpuscale.checkpoint import consolidate
+
+EPILOG = """examples:
+  gpuscale consolidate runs/vit/checkpoints/step-000001000 model.pt
+  gpuscale consolidate runs/dvc/checkpoints/step-000000496.pt model.pt
+"""
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "consolidate", help="turn a (sharded) checkpoint into one plain state dict", description=__doc__,
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("checkpoint", help="a step-* file or directory written by gpuscale.Checkpointer")
+    parser.add_argument("out", help="where to write the state dict (.pt)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    path = consolidate(args.checkpoint, args.out)
+    print(f"wrote {path}")
+    return 0
