@@ -156,3 +156,18 @@ def test_cluster_profile_core_map_decides_the_binding(monkeypatch):
     with pytest.raises(ValueError, match="GPUSCALE_GPU_CORES"):
         with gpuscale.init():
             pass
+
+
+def test_consolidate_refuses_missing_and_incomplete_checkpoints(tmp_path):
+    from gpuscale.checkpoint import consolidate
+
+    with pytest.raises(ValueError, match="does not exist"):
+        consolidate(tmp_path / "step-000000001", tmp_path / "m.pt")
+    (tmp_path / "step-000000002").mkdir()  # a sharded save killed before DCP wrote .metadata
+    with pytest.raises(ValueError, match="no .metadata"):
+        consolidate(tmp_path / "step-000000002", tmp_path / "m.pt")
+    with gpuscale.init():
+        model = gpuscale.wrap(torch.nn.Linear(2, 2))
+        path = gpuscale.Checkpointer(tmp_path / "ck").save(step=1, model=model)
+    consolidate(path, tmp_path / "m.pt")
+    assert sorted(torch.load(tmp_path / "m.pt", weights_only=True)) == ["bias", "weight"]

@@ -25,6 +25,7 @@ EPILOG = """examples:
   gpuscale env --json
   gpuscale slurm script --profile lumi-g --nodes 1 --gpus-per-node 8 --mode srun -- train.py
   gpuscale profiles lumi-g
+  gpuscale consolidate runs/mine/checkpoints/step-000001000 model.pt
 """
 
 
