@@ -8,12 +8,16 @@
 
 What a checkpoint holds: the model's own state dict (no ``module.`` prefix), the optimizer's and
 scheduler's, the loader's epoch and position inside it, every rank's RNG states (torch, CUDA,
-Python, NumPy), the step, and whatever the caller adds under ``extra``. Model and optimizer
-states are full (a sharding strategy gathers them first), so rank 0 writes one file that loads
-under any strategy and any number of ranks; every rank reads it back and keeps its part.
+Python, NumPy), the step, and whatever the caller adds under ``extra``.
 
-Writes are atomic (temporary file, fsync, rename; `gpuscale.files`), so a kill at any moment
-leaves the previous checkpoint intact; the last `keep` are kept. Files are read with
+Two layouts. Replicated strategies (DDP, one process): rank 0 writes one file ``step-N.pt``.
+Sharding strategies (fsdp): every rank writes its shards with torch.distributed.checkpoint into a
+directory ``step-N/`` (plus ``gpuscale.pt`` with the rest), which loads back on any number of
+ranks; `consolidate` turns either layout into one plain state dict.
+
+Writes are atomic: a file is written under a temporary name, fsynced and renamed; a sharded
+directory is filled under a temporary name and renamed when every shard and the metadata are
+written. A kill at any moment leaves the previous checkpoint intact; the last `keep` are kept. Files are read with
 ``torch.load(weights_only=True)``: a checkpoint cannot run code (FACTS §8).
 """
 
