@@ -27,7 +27,6 @@ import os
 import random
 import re
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -253,14 +252,9 @@ def consolidate(source: str | Path, target: str | Path) -> Path:
     if not source.exists():
         raise ValueError(f"checkpoint {source} does not exist")
     if source.is_dir():
-        if not (source / ".metadata").is_file():
-            raise ValueError(f"{source} is not a complete sharded checkpoint (no .metadata); use an older step-* directory")
-        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+        from gpuscale.sharded import load_all
 
-        with tempfile.TemporaryDirectory(dir=target.parent if target.parent.exists() else None) as tmp:
-            merged = Path(tmp) / "merged.pt"
-            dcp_to_torch_save(source, merged)
-            model = torch.load(merged, map_location="cpu", weights_only=True)["model"]
+        model = load_all(source)["model"]
     else:
         model = Checkpointer._load(source)["model"]
     atomic_write(target, lambda f: torch.save(model, f))

@@ -171,3 +171,20 @@ def test_consolidate_refuses_missing_and_incomplete_checkpoints(tmp_path):
         path = gpuscale.Checkpointer(tmp_path / "ck").save(step=1, model=model)
     consolidate(path, tmp_path / "m.pt")
     assert sorted(torch.load(tmp_path / "m.pt", weights_only=True)) == ["bias", "weight"]
+
+
+def test_sharded_checkpoint_metadata_that_would_run_code_is_refused(tmp_path):
+    from gpuscale.checkpoint import consolidate
+
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    bad = tmp_path / "step-000000003"
+    bad.mkdir()
+    (bad / ".metadata").write_bytes(pickle.dumps(Evil()))
+    with pytest.raises(ValueError, match="refusing posix.system|refusing os.system|not trustworthy"):
+        consolidate(bad, tmp_path / "m.pt")
+    assert not marker.exists()

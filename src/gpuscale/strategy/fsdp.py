@@ -121,11 +121,12 @@ class FSDPStrategy:
     def load_sharded(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, directory: str) -> None:
         """Read this rank's shards back from a directory written by `save_sharded` (collective)."""
         import torch.distributed as dist
-        import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
+        from gpuscale import sharded
+
         state = self._sharded_state(model, optimizer)
-        dcp.load(state, checkpoint_id=directory, no_dist=not (dist.is_available() and dist.is_initialized()))
+        sharded.load(state, directory, no_dist=not (dist.is_available() and dist.is_initialized()))
         set_model_state_dict(model, state["model"])
         if optimizer is not None:
             set_optimizer_state_dict(model, optimizer, state["optimizer"])
