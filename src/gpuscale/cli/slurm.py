@@ -117,7 +117,7 @@ def add_parser(subparsers: Any) -> None:
     )
     add_job_options(submit)
     submit.add_argument("--wait", action="store_true", help="follow the job until it ends; exit with its exit code")
-    submit.add_argument("--follow", action="store_true", help="with --wait: print the job's output as it is written")
+    submit.add_argument("--follow", action="store_true", help="print the job's output as it is written (implies --wait)")
     submit.set_defaults(func=run_submit)
 
     status = actions.add_parser("status", help="state of jobs (default: your pending and running jobs)",
@@ -177,20 +177,21 @@ def run_submit(args: argparse.Namespace) -> int:
     try:
         job_id = jobs.submit(text)
         print(job_id, flush=True)
-        if not args.wait:
+        if not (args.wait or args.follow):
             return 0
         if args.follow:
-            latest = [jobs.job_info(job_id)]
+            latest = jobs.job_info(job_id)
 
             def finished() -> bool:
-                latest.append(jobs.job_info(job_id))
-                return latest[-1].finished
+                nonlocal latest
+                latest = jobs.job_info(job_id)
+                return latest.finished
 
-            if latest[0].stdout_path:
-                for line in jobs.follow(latest[0].stdout_path, finished):
+            if latest.stdout_path:
+                for line in jobs.follow(latest.stdout_path, finished):
                     sys.stdout.write(line)
                     sys.stdout.flush()
-            info = latest[-1] if latest[-1].finished else jobs.wait(job_id)
+            info = latest if latest.finished else jobs.wait(job_id)
         else:
             info = jobs.wait(job_id, poll_s=1.0, on_change=lambda i: print(_describe(i), file=sys.stderr, flush=True))
     except jobs.SlurmError as exc:
