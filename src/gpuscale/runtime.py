@@ -378,8 +378,8 @@ def _teardown(rt: Runtime | None, failed: bool) -> None:
 
     The order matters. Measured on 2-process DDP runs with torch 2.13 + gloo, 40 runs each, the
     model still referenced by the script: no teardown aborted 11/40, destroy alone 6/20,
-    barrier + destroy 5/40, gc + barrier + destroy 0/40. The gc frees the reference cycles that
-    keep DDP's reducer (and through it the process group) alive past the destroy.
+    barrier + destroy 5/40, gc + barrier + destroy 0/40. The collection first is what made the
+    difference (presumably cycles holding gloo objects until interpreter shutdown; not proven).
 
     After a failure with NCCL the group is left alone: destroying a communicator whose peers
     are gone can block, and the process is about to exit with the error anyway.
