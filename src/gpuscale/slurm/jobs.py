@@ -13,6 +13,7 @@ fail raise `SlurmError` with what was run and what SLURM said.
 
 from __future__ import annotations
 
+import re
 import shlex
 import shutil
 import subprocess
@@ -84,13 +85,12 @@ def submit(script_text: str, *, chdir: str | Path | None = None, extra_args: tup
     return job_id
 
 
+_FIELD = re.compile(r"([A-Za-z][A-Za-z0-9_:/]*)=(.*?)(?=\s+[A-Za-z][A-Za-z0-9_:/]*=|\s*$)")
+
+
 def _parse_scontrol(line: str) -> dict[str, str]:
-    fields: dict[str, str] = {}
-    for token in shlex.split(line):
-        key, sep, value = token.partition("=")
-        if sep:
-            fields[key] = value
-    return fields
+    """``Key=Value Key=Value ...`` from `scontrol show job -o`; values may contain spaces (not quoted)."""
+    return {match.group(1): match.group(2) for match in _FIELD.finditer(line.strip())}
 
 
 def _exit_code(text: str | None) -> int | None:
