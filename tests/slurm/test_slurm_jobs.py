@@ -119,3 +119,16 @@ def test_example_trains_with_two_ranks_like_the_local_run(cluster, tmp_path, nod
     # same seed, same global batch, same rank layout: the same training as on this machine
     assert summary["accuracy"] == pytest.approx(local_run["accuracy"], abs=0.02)
     assert summary["final_loss"] == pytest.approx(local_run["final_loss"], rel=0.05)
+
+
+def test_submit_follow_streams_the_output_and_logs_follow_drains_it(cluster, tmp_path):
+    talker = tmp_path / "talk.py"
+    talker.write_text("import time\nfor i in range(3):\n    print('line', i, flush=True)\n    time.sleep(1)\n")
+    result = cluster.gpuscale("slurm", "submit", "--profile", "local", "--gpus-per-node", "1", "--mode", "srun", "--time", "5",
+                              "--output", str(tmp_path / "job-%j.out"), "--follow", "--", str(talker), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    job_id, *lines = result.stdout.splitlines()
+    assert [line for line in lines if line.startswith("line")] == ["line 0", "line 1", "line 2"]
+    assert "COMPLETED" in result.stderr
+    logs = cluster.gpuscale("slurm", "logs", "-f", job_id, cwd=tmp_path)
+    assert logs.returncode == 0 and "line 2" in logs.stdout
