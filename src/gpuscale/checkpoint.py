@@ -24,6 +24,7 @@ written. A kill at any moment leaves the previous checkpoint intact; the last `k
 from __future__ import annotations
 
 import os
+import pickle
 import random
 import re
 import shutil
@@ -126,7 +127,14 @@ class Checkpointer:
 
     @staticmethod
     def _load(source: Path) -> dict[str, Any]:
-        payload = torch.load(source / META if source.is_dir() else source, map_location="cpu", weights_only=True)
+        try:
+            payload = torch.load(source / META if source.is_dir() else source, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError:
+            raise ValueError(f"{source} holds objects other than tensors and plain data; refusing to load it "
+                             "(checkpoints are read with weights_only=True and never run code)") from None
+        except (OSError, RuntimeError, EOFError, KeyError) as exc:
+            raise ValueError(f"{source} cannot be read as a gpuscale checkpoint ({type(exc).__name__}); "
+                             "it may be truncated or not a checkpoint") from None
         if not isinstance(payload, dict) or payload.get("format") != FORMAT:
             raise ValueError(f"{source} is not a gpuscale checkpoint; pass the path of a step-*.pt file or start fresh")
         return payload
@@ -145,6 +153,12 @@ class Checkpointer:
         """Write ``step-NNNNNNNNN.pt`` (collective: every rank calls it). Returns its path."""
         if step < 0:
             raise ValueError(f"step={step} must not be negative")
+        newest = self.latest()  # every rank checks, before any collective, so all refuse alike
+        if newest is not None and int(_NAME.match(newest.name).group(1)) > step:
+            raise ValueError(
+                f"{self.directory} already holds {newest.name}, newer than step {step} (an earlier run?); "
+                "resume from it, or start in an empty directory, so rotation never deletes the new checkpoints"
+            )
         rt = self.rt
         rng = capture_rng(rt.device)
         rngs: list[Any] = [rng]

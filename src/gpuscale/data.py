@@ -116,7 +116,7 @@ class ResumableDistributedSampler(DistributedSampler):
         return iter(indices[self.start_index :])
 
     def __len__(self) -> int:
-        return self.num_samples - self.start_index
+        return max(0, self.num_samples - self.start_index)
 
 
 class EvalShardSampler(Sampler[int]):
@@ -170,10 +170,15 @@ class ShardedLoader:
         self.batches_done = 0
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "batches_done": self.batches_done}
+        return {"epoch": self.epoch, "batches_done": self.batches_done, "per_device_batch": self.plan.per_device_batch}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.epoch, self.batches_done = int(state["epoch"]), int(state["batches_done"])
+        saved_batch = int(state.get("per_device_batch", self.plan.per_device_batch))
+        if saved_batch != self.plan.per_device_batch:
+            # Another batch size than the interrupted run: keep the position in samples, as near as it goes.
+            self.batches_done = self.batches_done * saved_batch // self.plan.per_device_batch
+        self.batches_done = min(self.batches_done, len(self.loader))
 
 
 def default_num_workers(num_cores: int, device: torch.device) -> int:

@@ -199,9 +199,16 @@ def _gpu_cores_from_profile(env: DistEnv) -> list[list[int] | None] | None:
         per_gpu = [parse_cpulist(part) for part in text.split(";")]
     except ValueError:
         raise ValueError(f"{GPU_CORES}={text!r} is not a ';'-separated list of core lists like 49-55;57-63") from None
-    if len(per_gpu) < env.local_world_size:
-        raise ValueError(f"{GPU_CORES} lists {len(per_gpu)} GPUs for {env.local_world_size} local ranks; it needs one entry per GPU")
-    return [cores or None for cores in per_gpu[: env.local_world_size]]
+    # The map is in the node's GPU order; SLURM may have given this job other GPUs than the first
+    # ones (ROCR_VISIBLE_DEVICES=4,5): local rank i uses the i-th visible GPU.
+    visible = visible_devices(os.environ)
+    physical = [int(v) for v in visible] if visible and all(v.isdigit() for v in visible) else list(range(len(per_gpu)))
+    if len(physical) < env.local_world_size or max(physical[: env.local_world_size]) >= len(per_gpu):
+        raise ValueError(
+            f"{GPU_CORES} lists {len(per_gpu)} GPUs, but this node's {env.local_world_size} local ranks use GPUs "
+            f"{physical[: env.local_world_size]}; it needs one entry per GPU of the node"
+        )
+    return [per_gpu[gpu] or None for gpu in physical[: env.local_world_size]]
 
 
 def _gpu_cores_for_local_ranks(env: DistEnv) -> list[list[int] | None] | None:
@@ -222,8 +229,12 @@ def _plan(env: DistEnv, device: torch.device, bind: str) -> BindingPlan:
     if bind == "none":
         return BindingPlan((here,) * env.local_world_size, "none")
     if env.launcher == "slurm":
-        # srun placed every task already (--cpu-bind, masks, cgroups): keep what it chose.
-        return BindingPlan((here,) * env.local_world_size, "launcher")
+        per_task = os.environ.get("SLURM_CPUS_PER_TASK", "")
+        if not (per_task.isdigit() and env.local_world_size > 1 and len(here) > int(per_task)):
+            # srun placed every task already (--cpu-bind, masks, cgroups): keep what it chose.
+            return BindingPlan((here,) * env.local_world_size, "launcher")
+        # More cores than the task asked for: srun bound nothing (--cpu-bind=none), so every task
+        # sees the whole allocation. Split it among this node's tasks, as for any other launcher.
     if len(here) < env.local_world_size and env.local_world_size > 1:
         # Fewer cores than siblings: whoever started us bound us already (taskset per process).
         return BindingPlan((here,) * env.local_world_size, "launcher", "fewer allowed cores than local ranks")
@@ -361,9 +372,16 @@ def format_placements(placements: list[dict[str, Any]]) -> str:
 
 
 def _report_failure(env: DistEnv, exc: BaseException) -> None:
-    """Name the failing rank, its host and traceback first, and tell torchrun's summary about it."""
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    sys.stderr.write(f"[gpuscale] rank {env.rank}/{env.world_size} on {socket.gethostname()} failed:\n{tb}")
+    """Name the failing rank, its host and traceback first, and tell torchrun's summary about it.
+
+    A ValueError is gpuscale's (and the examples') way to say the input was wrong: one line, no
+    traceback (if nobody catches it, Python still prints the traceback on its way out).
+    """
+    where = f"[gpuscale] rank {env.rank}/{env.world_size} on {socket.gethostname()} failed"
+    if isinstance(exc, ValueError):
+        sys.stderr.write(f"{where}: {exc}\n")
+    else:
+        sys.stderr.write(f"{where}:\n" + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
     sys.stderr.flush()
     if os.environ.get("TORCHELASTIC_ERROR_FILE"):
         try:

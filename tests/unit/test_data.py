@@ -273,7 +273,7 @@ def test_loader_state_dict_after_k_batches_resumes_with_the_next_batches():
             taken = [b.tolist() for b in itertools.islice(first, k)]
             assert taken == reference[epoch][:k]
             state = first.state_dict()
-            assert state == {"epoch": epoch, "batches_done": k}
+            assert state == {"epoch": epoch, "batches_done": k, "per_device_batch": first.plan.per_device_batch}
 
             resumed = make_loader(Indices(50), plan, rt=rt(rank, 2), seed=11)
             resumed.load_state_dict(state)
@@ -297,7 +297,7 @@ def test_loader_state_dict_after_the_last_batch_resumes_with_the_next_epoch():
 def test_loader_full_pass_state_points_at_next_epoch():
     loader = make_loader(Indices(16), plan_batch(4, 1), rt=rt())
     list(loader)
-    assert loader.state_dict() == {"epoch": 1, "batches_done": 0}
+    assert loader.state_dict() == {"epoch": 1, "batches_done": 0, "per_device_batch": 4}
 
 
 def test_loader_set_epoch():
@@ -373,3 +373,14 @@ def test_default_num_workers():
 
 def test_batch_plan_global_batch():
     assert BatchPlan(scaling="weak", world_size=4, per_device_batch=8, grad_accum_steps=2).global_batch == 64
+
+
+def test_resume_with_another_batch_size_keeps_the_sample_position():
+    old = make_loader(Indices(64), plan_batch(4, 1), rt=rt())
+    it = iter(old)
+    for _ in range(6):  # 24 samples into epoch 0
+        next(it)
+    new = make_loader(Indices(64), plan_batch(8, 1), rt=rt())
+    new.load_state_dict(old.state_dict())
+    assert new.state_dict() == {"epoch": 0, "batches_done": 3, "per_device_batch": 8}
+    assert len(list(new)) == 8 - 3

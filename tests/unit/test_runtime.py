@@ -134,7 +134,7 @@ def test_checkpointer_rotates_atomically_and_loads_only_weights(tmp_path):
 
         evil = tmp_path / "step-000000009.pt"
         evil.write_bytes(pickle.dumps({"format": "gpuscale-checkpoint-1", "model": Evil()}, protocol=2))
-        with pytest.raises(pickle.UnpicklingError):
+        with pytest.raises(ValueError, match="refusing to load it"):
             ckpt.resume(model=model)
         assert not marker.exists()
 
@@ -188,3 +188,27 @@ def test_sharded_checkpoint_metadata_that_would_run_code_is_refused(tmp_path):
     with pytest.raises(ValueError, match="refusing posix.system|refusing os.system|not trustworthy"):
         consolidate(bad, tmp_path / "m.pt")
     assert not marker.exists()
+
+
+def test_saving_an_older_step_into_a_directory_with_newer_checkpoints_is_refused(tmp_path):
+    with gpuscale.init():
+        model = gpuscale.wrap(torch.nn.Linear(2, 1))
+        gpuscale.Checkpointer(tmp_path).save(step=600, model=model)
+        with pytest.raises(ValueError, match="already holds step-000000600.pt, newer than step 100"):
+            gpuscale.Checkpointer(tmp_path).save(step=100, model=model)
+        assert [p.name for p in tmp_path.iterdir()] == ["step-000000600.pt"]
+
+
+def test_profile_core_map_follows_the_gpus_slurm_handed_out(monkeypatch):
+    monkeypatch.setenv("GPUSCALE_GPU_CORES", "1;0")  # GPU 0 next to core 1, GPU 1 next to core 0
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # this job got GPU 1 (torch here sees none: CPU)
+    with gpuscale.init() as rt:
+        assert rt.cores == (0,)
+
+
+def test_bad_input_inside_init_is_one_line_not_a_traceback(capsys):
+    with pytest.raises(ValueError):
+        with gpuscale.init():
+            raise ValueError("--data /nowhere has no train/ folder")
+    err = capsys.readouterr().err
+    assert "failed: --data /nowhere has no train/ folder" in err and "Traceback" not in err

@@ -163,3 +163,22 @@ def test_set_overrides_only_single_values():
         load_profile("lumi-g", {"gpus_per_nod": 4})
     with pytest.raises(ValueError, match="gpus_per_node=0"):
         load_profile("generic-nvidia", {"gpus_per_node": 0})
+
+
+def test_review_findings_stay_fixed(tmp_path):
+    generic = load_profile("generic-nvidia")
+    text = render_sbatch(generic, JobSpec(script="t.py", cpus_per_gpu=4))
+    assert "#SBATCH --cpus-per-gpu=4" in text and "--cpus-per-task" not in text  # sbatch refuses both together
+    with pytest.raises(ValueError, match="--cpus-per-gpu 0 must be at least 1"):
+        render_sbatch(generic, JobSpec(script="t.py", cpus_per_gpu=0))
+    torchrun = render_sbatch(generic, JobSpec(script="t.py", mode="torchrun", python="/opt/my python/bin/python"))
+    assert "exec '/opt/my python/bin/python' -m torch.distributed.run" in torchrun.replace("'\"'\"'", "'")
+    assert "export OMP_NUM_THREADS=1 GPUSCALE_OMP_FROM_LAUNCHER=1" in torchrun  # workers size their own pools
+    mine = render_sbatch(generic, JobSpec(script="t.py", env=(("OMP_NUM_THREADS", "4"),)))
+    assert "GPUSCALE_OMP_FROM_LAUNCHER" not in mine  # the user's own choice stands
+    srun = render_sbatch(generic, JobSpec(script="t.py", mode="srun"))
+    assert "GPUSCALE_OMP_FROM_LAUNCHER" not in srun
+    bad = tmp_path / "bad.toml"
+    bad.write_text('setup = "module load x"\n' + Path(generic.source).read_text())  # a string, not a list
+    with pytest.raises(ValueError, match="setup must be a list of strings"):
+        load_profile(str(bad))

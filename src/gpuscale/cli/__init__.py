@@ -59,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except ValueError as exc:
+    except (ValueError, OSError) as exc:  # bad input, a path that cannot be read or written
         print(f"gpuscale {args.verb}: error: {exc}", file=sys.stderr)
         return 2
 

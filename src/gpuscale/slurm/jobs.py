@@ -68,8 +68,8 @@ def _run(cmd: list[str], input_text: str | None = None, timeout: float = 60) -> 
     except subprocess.TimeoutExpired:
         raise SlurmError(f"`{shlex.join(cmd)}` did not answer within {timeout:.0f} s; is slurmctld up (`sinfo`)?") from None
     if result.returncode != 0:
-        message = (result.stderr or result.stdout).strip().splitlines()
-        raise SlurmError(f"`{shlex.join(cmd)}` failed: {message[-1] if message else f'exit code {result.returncode}'}")
+        message = " | ".join(line.strip() for line in (result.stderr or result.stdout).strip().splitlines() if line.strip())
+        raise SlurmError(f"`{shlex.join(cmd)}` failed: {message or f'exit code {result.returncode}'}")
     return result.stdout
 
 

@@ -230,7 +230,12 @@ def profile_from_dict(name: str, data: dict[str, Any], source: str = "<dict>") -
     values = {k: v for k, v in data.items() if k not in ("partitions", "container")}
     for key in ("gpu_cores", "setup"):
         if key in values and values[key] is not None:
-            values[key] = tuple(str(v) for v in values[key])
+            if not isinstance(values[key], list) or not all(isinstance(v, str) for v in values[key]):
+                raise ValueError(f"{where}: {key} must be a list of strings, e.g. {key} = [\"...\", \"...\"]")
+            values[key] = tuple(values[key])
+    for key in ("env", "env_shell"):
+        if key in values and not isinstance(values[key], dict):
+            raise ValueError(f"{where}: [{key}] must be a table of NAME = \"value\"")
     for table in ("env", "env_shell"):
         if table in values:
             values[table] = {str(k): str(v) for k, v in values[table].items()}

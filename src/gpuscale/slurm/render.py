@@ -74,7 +74,8 @@ class JobSpec:
     exclusive: bool = False
     """Ask for whole nodes (needed for CPU masks on partitions that share nodes)."""
     cpu_bind: str = "auto"
-    """srun mode: 'masks' (cores next to each GPU), 'none' (SLURM's default), 'auto' (masks when safe)."""
+    """srun mode: 'masks' (cores next to each GPU), 'none' (srun binds nothing; gpuscale splits the
+    cores among the node's ranks itself), 'auto' (masks when the node is whole, else SLURM's default)."""
     cpus_per_gpu: int | None = None
     """Ask SLURM for --cpus-per-gpu (refused where the profile forbids it)."""
     tasks_per_node: int | None = None
@@ -141,6 +142,8 @@ def validate_job(profile: Profile, job: JobSpec) -> _Plan:
         )
     if job.mode == "srun" and tasks != gpus:
         raise ValueError(f"srun mode starts one task per GPU: --ntasks-per-node must be {gpus}, not {tasks}")
+    if job.cpus_per_gpu is not None and job.cpus_per_gpu < 1:
+        raise ValueError(f"--cpus-per-gpu {job.cpus_per_gpu} must be at least 1")
     if job.cpus_per_gpu is not None and profile.forbid_cpus_per_gpu:
         raise ValueError(
             f"--cpus-per-gpu is refused on {profile.name}: it breaks GPU-to-GPU communication there; "
@@ -194,7 +197,7 @@ def _python_command(job: JobSpec, plan: _Plan) -> str:
             if job.nodes == 1
             else ["--nnodes=$SLURM_NNODES", "--rdzv-id=$SLURM_JOB_ID", "--rdzv-backend=c10d", '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"']
         )
-        launcher = [job.python, "-m", "torch.distributed.run", *rendezvous, f"--nproc-per-node={plan.gpus_per_node}"]
+        launcher = [_q(job.python), "-m", "torch.distributed.run", *rendezvous, f"--nproc-per-node={plan.gpus_per_node}"]
         return "exec " + " ".join(launcher) + " " + " ".join(_q(p) for p in program[1:])
     ranks = 'export RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" WORLD_SIZE="$SLURM_NTASKS"'
     return f"{ranks}; exec " + " ".join(_q(p) for p in program)
@@ -225,10 +228,12 @@ def render_sbatch(profile: Profile, job: JobSpec) -> str:
         f"#SBATCH --nodes={job.nodes}",
         f"#SBATCH --gpus-per-node={plan.gpus_per_node}",
         f"#SBATCH --ntasks-per-node={plan.tasks_per_node}",
-        f"#SBATCH --cpus-per-task={plan.cpus_per_task}",
     ]
+    # sbatch refuses --cpus-per-gpu next to --cpus-per-task: one or the other.
     if job.cpus_per_gpu is not None:
         lines.append(f"#SBATCH --cpus-per-gpu={job.cpus_per_gpu}")
+    else:
+        lines.append(f"#SBATCH --cpus-per-task={plan.cpus_per_task}")
     if plan.mem_per_gpu:
         lines.append(f"#SBATCH --mem-per-gpu={plan.mem_per_gpu}")
     if job.exclusive:
@@ -281,6 +286,12 @@ def render_sbatch(profile: Profile, job: JobSpec) -> str:
     ]
     srun = ["srun", "--kill-on-bad-exit=1"]
     if job.mode == "torchrun":
+        if not any(name == "OMP_NUM_THREADS" for name, _ in job.env):
+            lines += [
+                "# torchrun would pin every worker to 1 thread; this tells gpuscale.init() the 1 is a placeholder,",
+                "# so each worker sizes its thread pool to its own cores.",
+                "export OMP_NUM_THREADS=1 GPUSCALE_OMP_FROM_LAUNCHER=1",
+            ]
         srun.append("--ntasks-per-node=1")
         lines.append("# One task per node; torchrun inside it starts one worker per GPU. --kill-on-bad-exit ends")
         lines.append("# the whole step when one node fails, so no rank waits forever for a dead peer.")

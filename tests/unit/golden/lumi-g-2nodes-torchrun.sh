@@ -34,6 +34,9 @@ export GPUSCALE_GPU_CORES='49-55;57-63;17-23;25-31;1-7;9-15;33-39;41-47'
 
 # Each rank gets 7 core(s); gpuscale.init() binds it there and gives its data loader
 # 6 worker(s) on a GPU (one core stays with the process feeding the GPU).
+# torchrun would pin every worker to 1 thread; this tells gpuscale.init() the 1 is a placeholder,
+# so each worker sizes its thread pool to its own cores.
+export OMP_NUM_THREADS=1 GPUSCALE_OMP_FROM_LAUNCHER=1
 # One task per node; torchrun inside it starts one worker per GPU. --kill-on-bad-exit ends
 # the whole step when one node fails, so no rank waits forever for a dead peer.
 # shellcheck disable=SC2016  # the single quotes are deliberate: each task expands its own variables
