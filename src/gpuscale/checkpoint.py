@@ -129,7 +129,9 @@ class Checkpointer:
     def _load(source: Path) -> dict[str, Any]:
         try:
             payload = torch.load(source / META if source.is_dir() else source, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError:
+        except pickle.UnpicklingError as exc:
+            if "unsupported global" not in str(exc).lower():  # not a pickle of forbidden objects: not ours at all
+                raise ValueError(f"{source} is not a checkpoint (not a torch.save file); give a step-* file or directory") from None
             raise ValueError(f"{source} holds objects other than tensors and plain data; refusing to load it "
                              "(checkpoints are read with weights_only=True and never run code)") from None
         except (OSError, RuntimeError, EOFError, KeyError) as exc:

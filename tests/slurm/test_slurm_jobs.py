@@ -132,3 +132,12 @@ def test_submit_follow_streams_the_output_and_logs_follow_drains_it(cluster, tmp
     assert "COMPLETED" in result.stderr
     logs = cluster.gpuscale("slurm", "logs", "-f", job_id, cwd=tmp_path)
     assert logs.returncode == 0 and "line 2" in logs.stdout
+
+
+def test_srun_without_binding_still_gives_ranks_disjoint_cores(cluster, tmp_path):
+    # --cpu-bind none: srun binds nothing, every task sees the whole allocation; gpuscale splits it
+    result, out, logs = _submit(cluster, tmp_path, "--nodes", "1", "--gpus-per-node", "2", "--mode", "srun",
+                                "--exclusive", "--cpu-bind", "none")
+    assert result.returncode == 0, result.stderr + logs
+    ranks = read_ranks(out)
+    assert [r["cores"] for r in ranks] == [[0], [1]] and all(r["binding"] == "even-split" for r in ranks)
