@@ -229,12 +229,14 @@ def _plan(env: DistEnv, device: torch.device, bind: str) -> BindingPlan:
     if bind == "none":
         return BindingPlan((here,) * env.local_world_size, "none")
     if env.launcher == "slurm":
-        per_task = os.environ.get("SLURM_CPUS_PER_TASK", "")
-        if not (per_task.isdigit() and env.local_world_size > 1 and len(here) > int(per_task)):
+        unbound = os.environ.get("SLURM_CPU_BIND_TYPE", "").startswith("none")
+        if not (unbound and env.local_world_size > 1):
             # srun placed every task already (--cpu-bind, masks, cgroups): keep what it chose.
             return BindingPlan((here,) * env.local_world_size, "launcher")
-        # More cores than the task asked for: srun bound nothing (--cpu-bind=none), so every task
-        # sees the whole allocation. Split it among this node's tasks, as for any other launcher.
+        # srun bound nothing (--cpu-bind=none: SLURM_CPU_BIND_TYPE=none), so every task sees the
+        # whole allocation. Split it among this node's tasks, as for any other launcher. (Counting
+        # cores against SLURM_CPUS_PER_TASK instead would misfire where a task gets both hardware
+        # threads of its cores.)
     if len(here) < env.local_world_size and env.local_world_size > 1:
         # Fewer cores than siblings: whoever started us bound us already (taskset per process).
         return BindingPlan((here,) * env.local_world_size, "launcher", "fewer allowed cores than local ranks")
