@@ -58,6 +58,10 @@ class ResumeState:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def _resume_state(source: Path, payload: dict[str, Any]) -> ResumeState:
+    return ResumeState(path=source, step=int(payload["step"]), epoch=payload["epoch"], extra=payload["extra"])
+
+
 def capture_rng(device: torch.device) -> dict[str, Any]:
     """This process's random-number states, in types `weights_only` loading accepts."""
     state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
@@ -122,8 +126,7 @@ class Checkpointer:
         source = Path(path) if path is not None else self.latest()
         if source is None:
             return None
-        payload = self._load(source)
-        return ResumeState(path=source, step=int(payload["step"]), epoch=payload["epoch"], extra=payload["extra"])
+        return _resume_state(source, self._load(source))
 
     @staticmethod
     def _load(source: Path) -> dict[str, Any]:
@@ -255,7 +258,7 @@ class Checkpointer:
             )
         if rt.is_main:
             log.info("resumed from %s (step %d)", source, payload["step"])
-        return ResumeState(path=source, step=int(payload["step"]), epoch=payload["epoch"], extra=payload["extra"])
+        return _resume_state(source, payload)
 
 
 def consolidate(source: str | Path, target: str | Path) -> Path:

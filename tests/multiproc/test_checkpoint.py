@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from conftest import SCRIPTS, assert_ok, gpuscale_cmd, run
+from procs import SCRIPTS, assert_ok, gpuscale_cmd, run
 
 pytestmark = pytest.mark.multiproc
 RESUME = str(SCRIPTS / "resume.py")

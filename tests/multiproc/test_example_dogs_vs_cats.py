@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from conftest import EXAMPLES, assert_ok, gpuscale_cmd, run, run_by_hand, torchrun_cmd
+from procs import EXAMPLES, assert_ok, gpuscale_cmd, run, run_by_hand, torchrun_cmd
 from gpuscale.metrics import SUMMARY_KEYS
 
 pytestmark = pytest.mark.multiproc

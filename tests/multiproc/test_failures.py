@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from conftest import SCRIPTS, gpuscale_cmd, run, run_by_hand
+from procs import SCRIPTS, gpuscale_cmd, run, run_by_hand
 
 pytestmark = pytest.mark.multiproc
 DIE = str(SCRIPTS / "die.py")

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import SCRIPTS, assert_ok, gpuscale_cmd, read_ranks, run, run_by_hand, torchrun_cmd
+from procs import SCRIPTS, assert_ok, gpuscale_cmd, read_ranks, run, run_by_hand, torchrun_cmd
 
 pytestmark = pytest.mark.multiproc
 PROBE = str(SCRIPTS / "probe.py")

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import SCRIPTS, assert_ok, gpuscale_cmd, read_ranks, run
+from procs import SCRIPTS, assert_ok, gpuscale_cmd, read_ranks, run
 
 pytestmark = pytest.mark.multiproc
 FINETUNE = str(SCRIPTS / "finetune.py")

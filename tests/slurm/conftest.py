@@ -7,7 +7,6 @@ they fail instead.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -19,8 +18,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PREFIX = Path(os.environ.get("GPUSCALE_SLURM_PREFIX", "/tmp/gpuscale-slurm"))
 START = ROOT / "scripts" / "local-slurm" / "start.sh"
-SCRIPTS = Path(__file__).resolve().parent / "scripts"
-EXAMPLE = ROOT / "examples" / "dogs_vs_cats.py"
 LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
                  "OMP_NUM_THREADS", "GPUSCALE_BIND", "CUDA_VISIBLE_DEVICES")
 
@@ -73,7 +70,3 @@ def cluster() -> Cluster:
     if not _cluster_up(env):
         _unavailable("the local SLURM cluster started but its nodes are not usable (sinfo)")
     return Cluster(env=env, layout=env.get("GPUSCALE_SLURM_LAYOUT", "single"))
-
-
-def read_ranks(directory: Path) -> list[dict]:
-    return sorted((json.loads(p.read_text()) for p in directory.glob("rank*.json")), key=lambda r: r["rank"])

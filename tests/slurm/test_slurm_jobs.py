@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import EXAMPLE, SCRIPTS, read_ranks
+from slurm_helpers import EXAMPLE, SCRIPTS, read_ranks
 
 pytestmark = pytest.mark.slurm
 PROBE = str(SCRIPTS / "probe.py")

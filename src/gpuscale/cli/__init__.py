@@ -16,6 +16,7 @@ from gpuscale.cli import env as env_cmd
 from gpuscale.cli import profiles as profiles_cmd
 from gpuscale.cli import run as run_cmd
 from gpuscale.cli import slurm as slurm_cmd
+from gpuscale.slurm.jobs import SlurmError
 
 VERBS = (run_cmd, env_cmd, slurm_cmd, profiles_cmd, consolidate_cmd)
 
@@ -59,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except (ValueError, OSError) as exc:  # bad input, a path that cannot be read or written
+    except (ValueError, OSError, SlurmError) as exc:  # bad input, an unreadable path, SLURM said no
         print(f"gpuscale {args.verb}: error: {exc}", file=sys.stderr)
         return 2
 

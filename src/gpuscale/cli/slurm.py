@@ -174,30 +174,26 @@ def run_submit(args: argparse.Namespace) -> int:
 
     profile, job = job_from_args(args)
     text = render_sbatch(profile, job)
-    try:
-        job_id = jobs.submit(text)
-        print(job_id, flush=True)
-        if not (args.wait or args.follow):
-            return 0
-        if args.follow:
-            latest = jobs.job_info(job_id)
-
-            def finished() -> bool:
-                nonlocal latest
-                latest = jobs.job_info(job_id)
-                return latest.finished
-
-            if latest.stdout_path:
-                for line in jobs.follow(latest.stdout_path, finished):
-                    sys.stdout.write(line)
-                    sys.stdout.flush()
-            info = latest if latest.finished else jobs.wait(job_id)
-        else:
-            info = jobs.wait(job_id, poll_s=1.0, on_change=lambda i: print(_describe(i), file=sys.stderr, flush=True))
-    except jobs.SlurmError as exc:
-        raise ValueError(str(exc)) from None
+    job_id = jobs.submit(text)
+    print(job_id, flush=True)
+    if not (args.wait or args.follow):
+        return 0
     if args.follow:
+        latest = jobs.job_info(job_id)
+
+        def finished() -> bool:
+            nonlocal latest
+            latest = jobs.job_info(job_id)
+            return latest.finished
+
+        if latest.stdout_path:
+            for line in jobs.follow(latest.stdout_path, finished):
+                sys.stdout.write(line)
+                sys.stdout.flush()
+        info = latest if latest.finished else jobs.wait(job_id)
         print(_describe(info), file=sys.stderr)
+    else:
+        info = jobs.wait(job_id, poll_s=1.0, on_change=lambda i: print(_describe(i), file=sys.stderr, flush=True))
     if info.succeeded:
         return 0
     if info.stdout_path:
@@ -208,10 +204,7 @@ def run_submit(args: argparse.Namespace) -> int:
 def run_status(args: argparse.Namespace) -> int:
     from gpuscale.slurm import jobs
 
-    try:
-        infos = [jobs.job_info(_job_id(j)) for j in args.job_ids] if args.job_ids else jobs.list_jobs()
-    except jobs.SlurmError as exc:
-        raise ValueError(str(exc)) from None
+    infos = [jobs.job_info(_job_id(j)) for j in args.job_ids] if args.job_ids else jobs.list_jobs()
     for info in infos:
         print(_describe(info))
     if not infos:
@@ -222,26 +215,20 @@ def run_status(args: argparse.Namespace) -> int:
 def run_cancel(args: argparse.Namespace) -> int:
     from gpuscale.slurm import jobs
 
-    try:
-        for job_id in args.job_ids:
-            jobs.cancel(_job_id(job_id))
-            print(f"cancelled {job_id}")
-    except jobs.SlurmError as exc:
-        raise ValueError(str(exc)) from None
+    for job_id in args.job_ids:
+        jobs.cancel(_job_id(job_id))
+        print(f"cancelled {job_id}")
     return 0
 
 
 def run_logs(args: argparse.Namespace) -> int:
     from gpuscale.slurm import jobs
 
-    try:
-        info = jobs.job_info(_job_id(args.job_id))
-        if not info.stdout_path:
-            raise ValueError(f"SLURM does not say where job {args.job_id} writes its output")
-        finished = (lambda: jobs.job_info(info.job_id).finished) if args.follow else (lambda: True)
-        for line in jobs.follow(info.stdout_path, finished):
-            sys.stdout.write(line)
-            sys.stdout.flush()
-    except jobs.SlurmError as exc:
-        raise ValueError(str(exc)) from None
+    info = jobs.job_info(_job_id(args.job_id))
+    if not info.stdout_path:
+        raise ValueError(f"SLURM does not say where job {args.job_id} writes its output")
+    finished = (lambda: jobs.job_info(info.job_id).finished) if args.follow else (lambda: True)
+    for line in jobs.follow(info.stdout_path, finished):
+        sys.stdout.write(line)
+        sys.stdout.flush()
     return 0

@@ -25,7 +25,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from gpuscale._version import __version__
-from gpuscale.slurm.profiles import Profile, format_time, parse_time
+from gpuscale.slurm.profiles import _ENV_NAME, Profile, format_time, parse_time
 
 __all__ = ["JobSpec", "render_sbatch", "validate_job", "MODES", "CPU_BINDS"]
 
@@ -33,7 +33,6 @@ MODES = ("torchrun", "srun")
 CPU_BINDS = ("auto", "masks", "none")
 # What may appear on an #SBATCH line: sbatch splits it itself, so no spaces, quotes or newlines.
 _SBATCH_SAFE = re.compile(r"^[A-Za-z0-9_.,:%@/+=-]+$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MEMORY = re.compile(r"^\d+[KMGT]?$")
 
 

@@ -1,5 +1,7 @@
 """Helpers for tests that start real processes talking over gloo on this machine.
 
+(A plain module, not conftest.py: two folders' conftest modules would clash under one name.)
+
 Every launch gets a clean environment (no launcher or SLURM variables leak in from the shell
 running pytest), a free port, and a timeout, so a hang fails the test instead of blocking CI.
 """
