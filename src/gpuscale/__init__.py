@@ -7,10 +7,12 @@ The library in ten lines (see README.md for the whole story):
     with gpuscale.init() as rt:                                  # ranks, device, cores, process group
         plan = gpuscale.plan_batch(32, rt.world_size, scaling="strong")   # exact global batch
         train = gpuscale.make_loader(train_set, plan)            # sharded; epochs reshuffle by themselves
-        model = gpuscale.wrap(Net(), strategy="ddp")             # after choosing what trains
+        training = gpuscale.setup(Net(), lambda p: torch.optim.AdamW(p), plan=plan,
+                                  strategy="ddp")               # or "fsdp", "deepspeed"; precision="auto"
         meter = gpuscale.Meter(plan)
         for epoch in range(10):
-            for x, y in meter.iter(train): ...                   # data wait, samples, steps
+            for x, y in meter.iter(train):                       # data wait, samples, steps
+                training.backward(loss_fn(training.model(x), y)); training.step()
         meter.write_summary("out", final_loss=loss)              # summary.json on rank 0
 """
 
@@ -20,7 +22,9 @@ from gpuscale.env import DistEnv, detect_env
 from gpuscale.log import get_logger, print0, progress
 from gpuscale.metrics import Average, Meter, all_reduce_max, all_reduce_sum
 from gpuscale.runtime import Runtime, current, init
+from gpuscale.precision import Precision, resolve_precision
 from gpuscale.strategy import full_state_dict, no_sync, unwrap, wrap
+from gpuscale.training import Training, setup
 
 from gpuscale._version import __version__
 
@@ -30,8 +34,10 @@ __all__ = [
     "Checkpointer",
     "DistEnv",
     "Meter",
+    "Precision",
     "ResumeState",
     "Runtime",
+    "Training",
     "ShardedLoader",
     "all_reduce_max",
     "all_reduce_sum",
@@ -45,6 +51,8 @@ __all__ = [
     "plan_batch",
     "print0",
     "progress",
+    "resolve_precision",
+    "setup",
     "unwrap",
     "wrap",
     "__version__",

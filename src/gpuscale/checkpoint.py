@@ -11,9 +11,10 @@ scheduler's, the loader's epoch and position inside it, every rank's RNG states 
 Python, NumPy), the step, and whatever the caller adds under ``extra``.
 
 Two layouts. Replicated strategies (DDP, one process): rank 0 writes one file ``step-N.pt``.
-Sharding strategies (fsdp): every rank writes its shards with torch.distributed.checkpoint into a
-directory ``step-N/`` (plus ``gpuscale.pt`` with the rest), which loads back on any number of
-ranks; `consolidate` turns either layout into one plain state dict.
+Sharding strategies write a directory ``step-N/`` (plus ``gpuscale.pt`` with the rest): fsdp's
+shards through torch.distributed.checkpoint, which load back on any number of ranks; deepspeed's
+ZeRO partitions in DeepSpeed's own format under ``step-N/deepspeed/``, which load back on the same
+number of ranks. `consolidate` turns any layout into one plain state dict.
 
 Writes are atomic: a file is written under a temporary name, fsynced and renamed; a sharded
 directory is filled under a temporary name and renamed when every shard and the metadata are
@@ -39,6 +40,7 @@ from torch import nn
 from gpuscale.files import atomic_write, fsync_dir
 from gpuscale.log import get_logger
 from gpuscale.strategy import strategy_of
+from gpuscale.strategy.deepspeed import TAG as DEEPSPEED_TAG
 
 __all__ = ["Checkpointer", "ResumeState", "capture_rng", "restore_rng", "consolidate"]
 
@@ -232,10 +234,16 @@ class Checkpointer:
             return None
         payload = self._load(source)
         strategy = strategy_of(model)
+        rt = self.rt
         if payload.get("sharded"):
-            if not hasattr(strategy, "load_sharded"):
-                raise ValueError(f"{source} is a sharded {payload['strategy']} checkpoint; wrap the model with "
-                                 f"strategy={payload['strategy']!r}, or consolidate it first (gpuscale consolidate)")
+            if payload["strategy"] != strategy.name:
+                raise ValueError(f"{source} is a sharded {payload['strategy']} checkpoint but the model uses {strategy.name}; "
+                                 f"run with strategy {payload['strategy']!r}, or consolidate it first (gpuscale consolidate) "
+                                 "and load the weights before wrapping")
+            if not getattr(strategy, "reshards", True) and payload["world_size"] != rt.world_size:
+                raise ValueError(f"{source} was written by {payload['world_size']} ranks and a {strategy.name} checkpoint "
+                                 f"resumes on the same number; run with {payload['world_size']} ranks, or consolidate it "
+                                 "(gpuscale consolidate) and start from its weights")
             strategy.load_sharded(model, optimizer, str(source))
         else:
             strategy.load_state_dict(model, payload["model"])
@@ -247,7 +255,6 @@ class Checkpointer:
                     strategy.load_optimizer_state_dict(model, target, payload[name])
                 else:
                     target.load_state_dict(payload[name])
-        rt = self.rt
         if payload["world_size"] == rt.world_size:
             restore_rng(payload["rng"][rt.rank], rt.device)
         elif rt.is_main:
@@ -270,7 +277,11 @@ def consolidate(source: str | Path, target: str | Path) -> Path:
     source, target = Path(source), Path(target)
     if not source.exists():
         raise ValueError(f"checkpoint {source} does not exist")
-    if source.is_dir():
+    if source.is_dir() and (source / DEEPSPEED_TAG).is_dir():
+        from gpuscale.strategy.deepspeed import consolidate_deepspeed
+
+        model = consolidate_deepspeed(source)
+    elif source.is_dir():
         from gpuscale.sharded import load_all
 
         model = load_all(source)["model"]

@@ -95,6 +95,7 @@ class Runtime:
     """One entry per rank (host, rank, local_rank, device, cores), the same on every rank."""
     strategy: str | None = None
     """Name of the strategy the model was wrapped with (set by `gpuscale.wrap`)."""
+    _restorer: Any = field(default=None, repr=False)
 
     # Short names for what training loops ask most often.
     @property
@@ -126,6 +127,22 @@ class Runtime:
             else:
                 dist.barrier()
 
+    def ensure_process_group(self) -> None:
+        """Start a one-rank process group if there is none (DeepSpeed needs one even for one process).
+
+        The launcher variables DeepSpeed reads are exported too, and put back at teardown with the rest.
+        """
+        if self.is_distributed:
+            return
+        self.backend = "nccl" if self.device.type == "cuda" else "gloo"
+        port = _free_port()
+        for name, value in (("RANK", 0), ("LOCAL_RANK", 0), ("WORLD_SIZE", 1), ("LOCAL_WORLD_SIZE", 1),
+                            ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", port)):
+            if self._restorer is not None:
+                self._restorer.setenv(name, str(value))
+        dist.init_process_group(backend=self.backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
+                                device_id=self.device if self.device.type == "cuda" else None)
+
     def placement(self) -> dict[str, Any]:
         """This rank's placement as a plain dict (the row `gpuscale env` prints)."""
         name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
@@ -150,6 +167,12 @@ def current() -> Runtime:
     if _current is None:
         raise RuntimeError("gpuscale.init() is not active; wrap your training in `with gpuscale.init() as rt:`")
     return _current
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _process_start_time() -> float:
@@ -335,7 +358,7 @@ def init(
             )
         rt = Runtime(
             env=env, device=dev, backend=chosen_backend, binding=plan, cores=tuple(cores),
-            host=socket.gethostname(), started_at=started_at, ready_at=time.time(),
+            host=socket.gethostname(), started_at=started_at, ready_at=time.time(), _restorer=restorer,
         )
         rt.placements = _gather_placements(rt)
         if show_placement and env.world_size > 1 and rt.is_main:

@@ -15,12 +15,14 @@ because DDP would silently never synchronise the newly unfrozen gradients (FACTS
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, Protocol
 
 from torch import nn
 
 from gpuscale.strategy.ddp import DDPStrategy
+from gpuscale.strategy.deepspeed import DeepSpeedStrategy
 from gpuscale.strategy.fsdp import FSDPStrategy
 
 __all__ = ["Strategy", "STRATEGIES", "get_strategy", "wrap", "unwrap", "full_state_dict", "no_sync"]
@@ -29,8 +31,11 @@ __all__ = ["Strategy", "STRATEGIES", "get_strategy", "wrap", "unwrap", "full_sta
 class Strategy(Protocol):
     name: str
 
-    def wrap(self, module: nn.Module, rt: Any) -> nn.Module:
-        """Return the model to train with, built around `module` (already unwrapped)."""
+    def wrap(self, module: nn.Module, rt: Any, precision: Any = None) -> nn.Module:
+        """Return the model to train with, built around `module` (already unwrapped).
+
+        `precision` (a `gpuscale.precision.Precision` or None) is for strategies that cast
+        parameters themselves (FSDP); the others leave it to autocast."""
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         """The user's module inside whatever `wrap` returned."""
@@ -51,7 +56,7 @@ class Strategy(Protocol):
         """Whether this rank writes the checkpoint (rank 0 for full state dicts)."""
 
 
-STRATEGIES: dict[str, type] = {"ddp": DDPStrategy, "fsdp": FSDPStrategy}
+STRATEGIES: dict[str, type] = {"ddp": DDPStrategy, "fsdp": FSDPStrategy, "deepspeed": DeepSpeedStrategy}
 
 
 def get_strategy(name: str) -> Strategy:
@@ -66,7 +71,7 @@ def _strategy_of(model: nn.Module) -> Strategy | None:
     return getattr(model, "_gpuscale_strategy", None)
 
 
-def wrap(model: nn.Module, strategy: str | None = None, rt: Any = None) -> nn.Module:
+def wrap(model: nn.Module, strategy: str | None = None, rt: Any = None, precision: Any = None) -> nn.Module:
     """Wrap `model` for data-parallel training (re-wrap it if it was wrapped before).
 
     Call it after choosing which parameters train; the returned model is what you call, build
@@ -81,7 +86,7 @@ def wrap(model: nn.Module, strategy: str | None = None, rt: Any = None) -> nn.Mo
     if previous is not None and previous.name == "fsdp" and chosen.name != "fsdp" and rt.is_distributed:
         raise ValueError(f"this model was sharded in place by fsdp and cannot be re-wrapped with {chosen.name}; build a fresh model")
     module = previous.unwrap(model) if previous else model
-    wrapped = chosen.wrap(module, rt)
+    wrapped = chosen.wrap(module, rt, precision)
     wrapped._gpuscale_strategy = chosen  # type: ignore[assignment]
     rt.strategy = chosen.name
     return wrapped
@@ -111,8 +116,22 @@ def no_sync(model: nn.Module, skip: bool = True) -> AbstractContextManager[Any]:
     """Within this block, backward passes accumulate gradients without synchronising them.
 
     Use it for every micro-batch of a gradient-accumulation step except the last:
-    ``with gpuscale.no_sync(model, skip=not last_micro_batch): loss.backward()``.
+    ``with gpuscale.no_sync(model, skip=not last_micro_batch): loss.backward()``. Under DDP the
+    all-reduce waits; under FSDP2 the reduce-scatter waits (gradients stay unsharded meanwhile).
     """
-    if skip and hasattr(model, "no_sync"):
+    if not skip:
+        return nullcontext()
+    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
+        return _fsdp_no_sync(model)
+    if hasattr(model, "no_sync"):
         return model.no_sync()
     return nullcontext()
+
+
+@contextmanager
+def _fsdp_no_sync(model: nn.Module) -> Iterator[None]:
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)

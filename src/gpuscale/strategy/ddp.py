@@ -18,7 +18,7 @@ from typing import Any
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-__all__ = ["DDPStrategy"]
+__all__ = ["DDPStrategy", "install_trainable_guard"]
 
 _GUARD = "_gpuscale_trainable_guard"
 
@@ -27,7 +27,7 @@ def _trainable(module: nn.Module) -> tuple[str, ...]:
     return tuple(name for name, p in module.named_parameters() if p.requires_grad)
 
 
-def _install_guard(wrapper: nn.Module, module: nn.Module) -> None:
+def install_trainable_guard(wrapper: nn.Module, module: nn.Module) -> None:
     """Make `wrapper` refuse to run once `module`'s trainable parameters differ from now."""
     expected = _trainable(module)
     flags = [p.requires_grad for _, p in module.named_parameters()]
@@ -63,12 +63,13 @@ class DDPStrategy:
 
     name = "ddp"
 
-    def wrap(self, module: nn.Module, rt: Any) -> nn.Module:
+    def wrap(self, module: nn.Module, rt: Any, precision: Any = None) -> nn.Module:
+        """Replicate `module`; `precision` is applied by autocast in the forward pass, not here."""
         module = module.to(rt.device)
         if not any(p.requires_grad for p in module.parameters()):
             raise ValueError("the model has no trainable parameters; unfreeze some before gpuscale.wrap")
         if not rt.is_distributed:
-            _install_guard(module, module)
+            install_trainable_guard(module, module)
             return module
         old = getattr(module, _GUARD, None)
         if old is not None:  # the module was wrapped for one process before: drop that guard
@@ -80,7 +81,7 @@ class DDPStrategy:
             # Gradients as views into the all-reduce buckets: one copy less per step.
             gradient_as_bucket_view=True,
         )
-        _install_guard(ddp, module)
+        install_trainable_guard(ddp, module)
         return ddp
 
     def unwrap(self, model: nn.Module) -> nn.Module:

@@ -60,7 +60,9 @@ class FSDPStrategy:
     name = "fsdp"
     sharded = True
 
-    def wrap(self, module: nn.Module, rt: Any) -> nn.Module:
+    def wrap(self, module: nn.Module, rt: Any, precision: Any = None) -> nn.Module:
+        """Shard `module` over all ranks; `precision` (a `gpuscale.precision.Precision`) sets the
+        dtype units compute in (gradients are still reduced in fp32)."""
         from torch.distributed.fsdp import FSDPModule, fully_shard
 
         module = module.to(rt.device)
@@ -71,9 +73,13 @@ class FSDPStrategy:
         from torch.distributed.device_mesh import init_device_mesh
 
         mesh = init_device_mesh(rt.device.type, (rt.world_size,))
+        options: dict[str, Any] = {"mesh": mesh}
+        policy = precision.fsdp_policy() if precision is not None else None
+        if policy is not None:
+            options["mp_policy"] = policy
         for unit in _units(module):
-            fully_shard(unit, mesh=mesh)
-        fully_shard(module, mesh=mesh)
+            fully_shard(unit, **options)
+        fully_shard(module, **options)
         return module
 
     def unwrap(self, model: nn.Module) -> nn.Module:

@@ -1,7 +1,7 @@
 """Train 12 steps with checkpoints every step; optionally die right after the checkpoint of step K.
 
 argv: OUT [--crash-at K]. Rank 0 writes OUT/final.pt (weights) and OUT/losses.json (step -> loss).
-The model has dropout (random numbers), the loader shuffles and the run crosses epoch boundaries
+Model and optimizer come from gpuscale.setup (--strategy ddp|fsdp|deepspeed). The model has dropout (random numbers), the loader shuffles and the run crosses epoch boundaries
 and stops mid-epoch, so resuming exactly needs the model, optimizer, scheduler, loader position
 and every rank's RNG state.
 """
@@ -22,6 +22,8 @@ parser.add_argument("--crash-at", type=int, default=None)
 parser.add_argument("--steps", type=int, default=12)
 parser.add_argument("--strategy", default="ddp")
 parser.add_argument("--dropout", type=float, default=0.3)
+parser.add_argument("--zero-stage", type=int, default=None)
+parser.add_argument("--precision", default="fp32")
 args = parser.parse_args()
 out = Path(args.out)
 
@@ -31,8 +33,10 @@ with gpuscale.init() as rt:
     plan = gpuscale.plan_batch(8, rt.world_size, scaling="strong")
     loader = gpuscale.make_loader(data, plan, seed=3)
     net = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Dropout(args.dropout), torch.nn.Linear(16, 1))
-    model = gpuscale.wrap(net, strategy=args.strategy)
-    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    deepspeed = {"zero_stage": args.zero_stage} if args.strategy == "deepspeed" else {}
+    training = gpuscale.setup(net, lambda params: torch.optim.Adam(params, lr=0.01), plan=plan,
+                              strategy=args.strategy, precision=args.precision, **deepspeed)
+    model, opt = training.model, training.optimizer
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=4, gamma=0.5)
     ckpt = gpuscale.Checkpointer(out / "ckpt", keep=2)
     state = ckpt.resume(model=model, optimizer=opt, scheduler=sched, loader=loader)
@@ -40,10 +44,10 @@ with gpuscale.init() as rt:
     losses = state.extra["losses"] if state else {}
     while step < args.steps:
         for x, y in loader:
-            loss = F.mse_loss(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+            with training.autocast():
+                loss = F.mse_loss(model(x), y)
+            training.backward(loss)
+            assert training.step()  # no accumulation: every batch is a step
             sched.step()
             step += 1
             losses[str(step)] = gpuscale.all_reduce_sum([loss.item()])[0] / rt.world_size

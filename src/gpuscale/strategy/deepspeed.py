@@ -1,0 +1,136 @@
+"""Strategy ``deepspeed``: ZeRO stage 1, 2 or 3 (optionally offloaded to CPU memory) through DeepSpeed.
+
+ZeRO shards what DDP replicates: stage 1 the optimizer states, stage 2 also the gradients, stage
+3 also the parameters (FACTS §7). DeepSpeed owns the training step: its engine scales the loss
+for accumulation and precision, reduces the gradients and steps the optimizer, so a deepspeed run
+goes through `gpuscale.setup` (which builds the engine around the model and the optimizer
+together) rather than `gpuscale.wrap`. Its config is built from the `BatchPlan` so that its batch
+agrees with the loader (`gpuscale.strategy.deepspeed_config`).
+
+DeepSpeed is an optional dependency (``pip install 'gpuscale[deepspeed]'``, with DS_BUILD_OPS=0 so
+nothing is compiled at install time) imported only when this strategy is used. It needs a process
+group even for one process; `setup` starts a one-rank group then.
+
+Checkpoints are DeepSpeed's own sharded format (each rank writes its optimizer partition) inside
+gpuscale's checkpoint directory, committed by the same rename as FSDP's. DeepSpeed reads them with
+``weights_only=False``; before it does, every file's pickle is scanned and refused unless it names
+only tensors, plain data and the few DeepSpeed classes its checkpoints hold, so a checkpoint cannot
+run code. ZeRO checkpoints resume on the same number of ranks; `gpuscale consolidate` turns one
+into a plain fp32 state dict (DeepSpeed's zero_to_fp32) for inference or another world size.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from gpuscale.strategy.ddp import install_trainable_guard
+
+__all__ = ["DeepSpeedStrategy", "import_deepspeed", "check_checkpoint_files", "consolidate_deepspeed", "TAG"]
+
+TAG = "deepspeed"  # DeepSpeed's tag directory inside a gpuscale checkpoint directory
+INSTALL_HINT = "DeepSpeed is not installed; install it with: DS_BUILD_OPS=0 pip install 'gpuscale[deepspeed]'"
+# Classes DeepSpeed pickles into its checkpoints besides tensors and containers: data, no code.
+SAFE_GLOBALS = frozenset({
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
+    "deepspeed.runtime.zero.config.ZeroStageEnum",
+    "deepspeed.utils.tensor_fragment.fragment_address",
+    "deepspeed.checkpoint.constants.PARAM_SLICE_MAPPINGS",
+})
+
+
+def import_deepspeed() -> Any:
+    """Import DeepSpeed, or fail with the install command."""
+    try:
+        import deepspeed
+    except ImportError:
+        raise ValueError(INSTALL_HINT) from None
+    return deepspeed
+
+
+class DeepSpeedStrategy:
+    """ZeRO data parallelism through a DeepSpeed engine (built by `gpuscale.setup`)."""
+
+    name = "deepspeed"
+    sharded = True
+    reshards = False  # ZeRO checkpoints load on the number of ranks that wrote them
+
+    def wrap(self, module: nn.Module, rt: Any) -> nn.Module:
+        raise ValueError("deepspeed builds its engine from the model and the optimizer together: use "
+                         "gpuscale.setup(model, optimizer=..., strategy='deepspeed', plan=plan) instead of gpuscale.wrap")
+
+    def initialize(self, module: nn.Module, optimizer: Any, config: dict[str, Any]) -> tuple[nn.Module, Any]:
+        """Build the engine; returns (engine, its optimizer). `optimizer` is a torch optimizer or None."""
+        deepspeed = import_deepspeed()
+        if not any(p.requires_grad for p in module.parameters()):
+            raise ValueError("the model has no trainable parameters; unfreeze some before gpuscale.setup")
+        engine, ds_optimizer, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=config)
+        # ZeRO partitions the parameters that train now; unfrozen ones would never be updated.
+        install_trainable_guard(engine, module)
+        return engine, ds_optimizer
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        return getattr(model, "module", model)
+
+    def state_dict(self, model: nn.Module) -> dict[str, Any]:
+        if model.zero_optimization_stage() == 3:
+            # Collective: gathers the partitioned parameters; rank 0 receives them.
+            return model._zero3_consolidated_16bit_state_dict() or {}
+        return {k: v.detach().cpu() for k, v in self.unwrap(model).state_dict().items()}
+
+    def load_state_dict(self, model: nn.Module, state: dict[str, Any]) -> None:
+        raise ValueError("a deepspeed run resumes from its own sharded checkpoints; to start from plain weights, "
+                         "load them into the model before gpuscale.setup")
+
+    def optimizer_state_dict(self, model: nn.Module, optimizer: Any) -> dict[str, Any]:
+        raise ValueError("a deepspeed optimizer's state is sharded; it is saved with the checkpoint (gpuscale.Checkpointer)")
+
+    load_optimizer_state_dict = optimizer_state_dict
+
+    def writes_checkpoint(self, rt: Any) -> bool:
+        return rt.rank == 0
+
+    def save_sharded(self, model: nn.Module, optimizer: Any, directory: str) -> None:
+        """Every rank writes its partition into `directory`/deepspeed (collective)."""
+        model.save_checkpoint(directory, tag=TAG, client_state={}, save_latest=False)
+
+    def load_sharded(self, model: nn.Module, optimizer: Any, directory: str) -> None:
+        """Read this rank's partition back after checking every file holds data only (collective)."""
+        check_checkpoint_files(Path(directory))
+        path, _ = model.load_checkpoint(
+            directory, tag=TAG, load_optimizer_states=optimizer is not None, load_lr_scheduler_states=True,
+            load_module_strict=True,
+        )
+        if path is None:
+            raise ValueError(f"{directory} holds no DeepSpeed checkpoint (no {TAG}/ inside)")
+
+
+def check_checkpoint_files(directory: Path) -> None:
+    """Refuse a DeepSpeed checkpoint whose pickles name anything but data (they are loaded unsafely)."""
+    from torch.serialization import get_unsafe_globals_in_checkpoint
+
+    files = sorted((directory / TAG).glob("*.pt"))
+    if not files:
+        raise ValueError(f"{directory} holds no DeepSpeed checkpoint files ({TAG}/*.pt)")
+    for file in files:
+        try:
+            unsafe = set(get_unsafe_globals_in_checkpoint(str(file)))
+        except Exception as exc:
+            raise ValueError(f"{file} cannot be read as a checkpoint ({type(exc).__name__}); it may be truncated") from None
+        forbidden = sorted(unsafe - SAFE_GLOBALS)
+        if forbidden:
+            raise ValueError(f"{file} names {', '.join(forbidden[:3])}: objects other than tensors and DeepSpeed's "
+                             "bookkeeping; refusing to load it (a checkpoint must not run code)")
+
+
+def consolidate_deepspeed(directory: Path) -> dict[str, Any]:
+    """The fp32 weights of a DeepSpeed checkpoint directory as one plain state dict (no process group)."""
+    check_checkpoint_files(directory)
+    import_deepspeed()
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    state = get_fp32_state_dict_from_zero_checkpoint(str(directory), tag=TAG)
+    return {name: tensor.detach().clone() for name, tensor in state.items()}

@@ -1,0 +1,233 @@
+"""One training step for every strategy: `gpuscale.setup` and the `Training` it returns.
+
+    training = gpuscale.setup(model, optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3),
+                              plan=plan, strategy=args.strategy, precision=args.precision)
+    for x, y in train_loader:
+        with training.autocast():
+            loss = F.cross_entropy(training.model(x), y)
+        training.backward(loss)        # scaled, divided over accumulation, synchronised when due
+        if training.step():            # True once per optimizer step (every grad_accum_steps calls)
+            ...
+
+DDP, FSDP and DeepSpeed ZeRO differ in who owns the step: with DDP and FSDP the script's
+optimizer steps and a gradient scaler guards fp16; with DeepSpeed the engine scales, reduces and
+steps. `Training` hides that difference, and with it the details that go wrong by hand: gradient
+accumulation that skips the all-reduce (DDP) or reduce-scatter (FSDP) on all but the last
+micro-batch, the loss divided by the number of micro-batches, unscaling before clipping, and
+zeroing gradients after the step.
+
+The optimizer is passed as a function of the parameters because FSDP and DeepSpeed must build
+it after they have sharded the model. `training.optimizer` is the torch optimizer it returned
+(under DeepSpeed, the one inside ZeRO's wrapper), so learning-rate schedulers attach to it as
+usual: step them when `step()` returns True.
+
+Scripts offer the same switch on their command lines with `add_arguments(parser)` and pass
+``**training_options(args)`` to `setup`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+from torch import nn
+
+from gpuscale.data import BatchPlan
+from gpuscale.log import get_logger
+from gpuscale.precision import PRECISIONS, Precision, resolve_precision
+from gpuscale.strategy import STRATEGIES, get_strategy, no_sync, unwrap, wrap
+from gpuscale.strategy.deepspeed_config import ZERO_STAGES, build_config, config_precision, load_config
+
+__all__ = ["Training", "setup", "add_arguments", "training_options"]
+
+ELEMENTWISE_OPTIMIZERS = (
+    torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad, torch.optim.Adadelta,
+    torch.optim.Adamax, torch.optim.NAdam, torch.optim.RAdam, torch.optim.RMSprop,
+)
+OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+log = get_logger("training")
+
+
+class Training:
+    """The model, optimizer and step of one run; built by `setup`."""
+
+    def __init__(self, *, model: nn.Module, optimizer: Any, plan: BatchPlan, precision: Precision,
+                 strategy: str, clip_grad_norm: float | None, engine_optimizer: Any = None,
+                 ds_config: dict[str, Any] | None = None) -> None:
+        self.model = model
+        """What to call for the forward pass (a DDP wrapper, an FSDP module, a DeepSpeed engine)."""
+        self.optimizer = optimizer
+        """The torch optimizer (attach schedulers to it; pass it to `Checkpointer`)."""
+        self.plan = plan
+        self.precision = precision
+        self.strategy = strategy
+        self.clip_grad_norm = clip_grad_norm
+        self.ds_config = ds_config
+        """The DeepSpeed config the engine was built with (None for other strategies)."""
+        self.grad_norm: float | None = None
+        """Gradient norm before clipping at the last step (None when not clipping)."""
+        self._engine_optimizer = engine_optimizer
+        self._scaler = precision.grad_scaler() if strategy != "deepspeed" else None
+        self._micro = 0
+
+    @property
+    def module(self) -> nn.Module:
+        """The user's own module inside `model`."""
+        return unwrap(self.model)
+
+    @property
+    def is_deepspeed(self) -> bool:
+        return self.strategy == "deepspeed"
+
+    def autocast(self) -> AbstractContextManager[Any]:
+        """Run the forward pass and the loss in this context (mixed precision; no-op for fp32)."""
+        return self.precision.autocast()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Back-propagate one micro-batch's mean loss; gradients are synchronised on the last one."""
+        self._micro += 1
+        if self.is_deepspeed:
+            self.model.backward(loss)  # the engine divides by the accumulation steps and scales
+            return
+        last = self._micro >= self.plan.grad_accum_steps
+        if self.plan.grad_accum_steps > 1:
+            loss = loss / self.plan.grad_accum_steps
+        if self._scaler is not None:
+            loss = self._scaler.scale(loss)
+        with no_sync(self.model, skip=not last):
+            loss.backward()
+
+    def step(self) -> bool:
+        """Step the optimizer if this was the last micro-batch of a step; True if it stepped."""
+        if self.is_deepspeed:
+            boundary = self.model.is_gradient_accumulation_boundary()
+            self.model.step()
+            if boundary:
+                self._micro = 0
+                norm = self.model.get_global_grad_norm()
+                self.grad_norm = float(norm) if norm is not None else None
+            return boundary
+        if self._micro < self.plan.grad_accum_steps:
+            return False
+        self._micro = 0
+        if self._scaler is not None:
+            self._scaler.unscale_(self.optimizer)
+        if self.clip_grad_norm is not None:
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad_norm)
+            self.grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        if self._scaler is not None:
+            self._scaler.step(self.optimizer)
+            self._scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return True
+
+
+def setup(
+    model: nn.Module,
+    optimizer: OptimizerFactory | None,
+    *,
+    plan: BatchPlan,
+    strategy: str = "ddp",
+    precision: str = "auto",
+    zero_stage: int | None = None,
+    offload: bool = False,
+    ds_config: str | dict[str, Any] | None = None,
+    clip_grad_norm: float | None = None,
+    rt: Any = None,
+) -> Training:
+    """Spread `model` over the ranks with `strategy` and build its optimizer; see the module docstring.
+
+    optimizer: a function from parameters to a torch optimizer (None only with a DeepSpeed config
+    that has its own 'optimizer' section).
+    plan: the `BatchPlan` the loaders use; DeepSpeed's batch is set from it.
+    precision: 'auto', 'fp32', 'bf16' or 'fp16' (see `gpuscale.precision`).
+    zero_stage, offload, ds_config: DeepSpeed only (ds_config: a path to JSON/hjson, or a dict).
+    clip_grad_norm: clip the gradients' global norm to this value before each step.
+    """
+    from gpuscale.runtime import current
+
+    rt = rt or current()
+    get_strategy(strategy)  # unknown names fail here, listing the valid ones
+    if strategy != "deepspeed":
+        given = [name for name, value in (("zero_stage", zero_stage), ("offload", offload or None), ("ds_config", ds_config)) if value is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} only apply to strategy 'deepspeed', not {strategy!r}")
+        if optimizer is None:
+            raise ValueError("pass optimizer=, a function from parameters to a torch optimizer")
+        resolved = resolve_precision(precision, rt.device)
+        wrapped = wrap(model, strategy=strategy, rt=rt, precision=resolved)
+        return Training(model=wrapped, optimizer=optimizer(wrapped.parameters()), plan=plan, precision=resolved,
+                        strategy=strategy, clip_grad_norm=clip_grad_norm)
+    return _setup_deepspeed(model, optimizer, plan=plan, precision=precision, zero_stage=zero_stage,
+                            offload=offload, ds_config=ds_config, clip_grad_norm=clip_grad_norm, rt=rt)
+
+
+def _setup_deepspeed(model: nn.Module, optimizer: OptimizerFactory | None, *, plan: BatchPlan, precision: str,
+                     zero_stage: int | None, offload: bool, ds_config: str | dict[str, Any] | None,
+                     clip_grad_norm: float | None, rt: Any) -> Training:
+    from gpuscale.strategy.deepspeed import import_deepspeed
+
+    user_config = load_config(ds_config) if isinstance(ds_config, str) else ds_config
+    if precision == "auto" and user_config is not None:
+        precision = config_precision(user_config) or "auto"
+    resolved = resolve_precision(precision, rt.device)
+    if plan.world_size != rt.world_size:
+        raise ValueError(f"the batch plan is for {plan.world_size} ranks but this job has {rt.world_size}; "
+                         "plan it with gpuscale.plan_batch(..., world_size=rt.world_size)")
+    config = build_config(plan, resolved, zero_stage=zero_stage, offload=offload, clip_grad_norm=clip_grad_norm,
+                          user_config=user_config, client_optimizer=optimizer is not None)
+    import_deepspeed()  # the install hint before any process-group work
+    rt.ensure_process_group()  # DeepSpeed needs one even for a single process
+    chosen = get_strategy("deepspeed")
+    module = unwrap(model).to(rt.device)
+    torch_optimizer = optimizer(p for p in module.parameters() if p.requires_grad) if optimizer is not None else None
+    if isinstance(torch_optimizer, ELEMENTWISE_OPTIMIZERS):
+        # ZeRO runs the optimizer on flat slices of the parameters: right for optimizers that
+        # update each element on its own (these), wrong for per-tensor ones (LAMB, factored Adafactor).
+        config.setdefault("zero_allow_untested_optimizer", True)
+    engine, engine_optimizer = chosen.initialize(module, torch_optimizer, config)
+    engine._gpuscale_strategy = chosen
+    rt.strategy = chosen.name
+    if torch_optimizer is None:  # built by DeepSpeed from the config
+        torch_optimizer = getattr(engine_optimizer, "optimizer", engine_optimizer)
+    if rt.is_main:
+        zero = config["zero_optimization"]
+        log.info("deepspeed: ZeRO stage %d%s, %s, global batch %d = %d ranks x %d x %d accumulation",
+                 zero["stage"], " with CPU offload" if "offload_optimizer" in zero else "", resolved.name,
+                 config["train_batch_size"], plan.world_size, plan.per_device_batch, plan.grad_accum_steps)
+    return Training(model=engine, optimizer=torch_optimizer, plan=plan, precision=resolved, strategy="deepspeed",
+                    clip_grad_norm=config["gradient_clipping"] or None, engine_optimizer=engine_optimizer, ds_config=config)
+
+
+def add_arguments(parser: argparse.ArgumentParser, *, default_strategy: str = "ddp", default_zero_stage: int | None = None) -> None:
+    """Add the strategy switch to a script's parser: --strategy, --precision, --zero-stage, --offload, --ds-config."""
+    group = parser.add_argument_group("parallelism (gpuscale)")
+    group.add_argument("--strategy", choices=list(STRATEGIES), default=default_strategy,
+                       help=f"how the model is spread over ranks (default {default_strategy})")
+    group.add_argument("--precision", choices=PRECISIONS, default="auto",
+                       help="mixed precision: auto = bf16 on GPUs that have it, else fp32 (default auto)")
+    group.add_argument("--zero-stage", type=int, choices=ZERO_STAGES, default=default_zero_stage,
+                       help="DeepSpeed ZeRO stage (deepspeed only; default: the config's, else 2)")
+    group.add_argument("--offload", action="store_true", help="DeepSpeed: keep optimizer states in CPU memory")
+    group.add_argument("--ds-config", metavar="FILE", help="your DeepSpeed config (JSON or hjson); gpuscale checks its batch")
+
+
+def training_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The keyword arguments of `setup` from a namespace parsed with `add_arguments`.
+
+    DeepSpeed-only options left at their defaults are dropped for the other strategies, so a
+    script's default --zero-stage does not trip the ddp and fsdp runs.
+    """
+    options: dict[str, Any] = {"strategy": args.strategy, "precision": args.precision}
+    if args.strategy == "deepspeed":
+        options.update(zero_stage=args.zero_stage, offload=args.offload, ds_config=args.ds_config)
+    else:
+        given = [flag for flag, value in (("--offload", args.offload), ("--ds-config", args.ds_config)) if value]
+        if given:
+            raise ValueError(f"{' and '.join(given)} only apply to --strategy deepspeed")
+    return options
