@@ -15,7 +15,7 @@ the nearest valid choices instead of silently training with 2 x 12 = 24 (FACTS Â
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sized
+from collections.abc import Callable, Iterator, Mapping, Sized
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,20 +120,31 @@ class ResumableDistributedSampler(DistributedSampler):
 
 
 class EvalShardSampler(Sampler[int]):
-    """Every index exactly once over all ranks: rank r takes r, r+N, r+2N, ... (no padding).
+    """Every index exactly once over all ranks: rank r takes r, r+N, r+2N, ...
 
     DistributedSampler pads the last ranks with repeated samples, which biases an accuracy summed
-    over ranks; evaluation wants each sample counted once.
+    over ranks; evaluation wants each sample counted once. So by default shards are not padded
+    and may differ by one sample (and so by one batch).
+
+    even=True pads every shard to the same length with repeats of its own first samples, for
+    models whose forward pass is itself collective (FSDP, ZeRO-3): every rank must run the same
+    number of forward passes or the last one waits forever. The padding is marked, not hidden:
+    `num_real` samples come first, and `ShardedLoader.masked()` yields the mask to count only them.
     """
 
-    def __init__(self, dataset: Sized, num_replicas: int, rank: int) -> None:
-        self.size, self.num_replicas, self.rank = len(dataset), num_replicas, rank
+    def __init__(self, dataset: Sized, num_replicas: int, rank: int, even: bool = False) -> None:
+        self.size, self.num_replicas, self.rank, self.even = len(dataset), num_replicas, rank, even
+        self.num_real = len(range(rank, self.size, num_replicas))
+        self.num_samples = math.ceil(self.size / num_replicas) if even else self.num_real
 
     def __iter__(self) -> Iterator[int]:
-        return iter(range(self.rank, self.size, self.num_replicas))
+        indices = list(range(self.rank, self.size, self.num_replicas))
+        missing = self.num_samples - len(indices)
+        padding = (indices or [0]) * missing  # repeats of real samples: same shapes, never counted
+        return iter(indices + padding[:missing])
 
     def __len__(self) -> int:
-        return len(range(self.rank, self.size, self.num_replicas))
+        return self.num_samples
 
 
 class ShardedLoader:
@@ -158,6 +169,26 @@ class ShardedLoader:
         self.epoch, self.batches_done = epoch, 0
 
     def __iter__(self) -> Iterator[Any]:
+        if isinstance(self.sampler, EvalShardSampler) and self.sampler.even:
+            raise ValueError("this evaluation loader pads shards to equal length (even=True); iterate it with "
+                             "`for batch, mask in loader.masked():` and count only the samples where mask is True")
+        _check_even_batches(self)
+        return self._passes()
+
+    def masked(self) -> Iterator[tuple[Any, torch.Tensor]]:
+        """One pass yielding (batch, mask): mask is a CPU bool tensor, False for padding samples.
+
+        For evaluation loaders made with even=True; for any other loader the mask is all True.
+        """
+        real = self.sampler.num_real if isinstance(self.sampler, EvalShardSampler) else None
+        position = 0
+        for batch in self._passes():
+            count = batch_len(batch)
+            mask = torch.ones(count, dtype=torch.bool) if real is None else torch.arange(position, position + count) < real
+            position += count
+            yield batch, mask
+
+    def _passes(self) -> Iterator[Any]:
         if isinstance(self.sampler, ResumableDistributedSampler):
             self.sampler.set_epoch(self.epoch)
             self.sampler.start_index = self.batches_done * self.plan.per_device_batch
@@ -179,6 +210,34 @@ class ShardedLoader:
             # Another batch size than the interrupted run: keep the position in samples, as near as it goes.
             self.batches_done = self.batches_done * saved_batch // self.plan.per_device_batch
         self.batches_done = min(self.batches_done, len(self.loader))
+
+
+def batch_len(batch: Any) -> int:
+    """Number of samples in a collated batch (a tensor, or a tuple/list/mapping of them)."""
+    if isinstance(batch, torch.Tensor):
+        return len(batch)
+    if isinstance(batch, Mapping):
+        return batch_len(next(iter(batch.values())))
+    if isinstance(batch, (list, tuple)) and batch:
+        return batch_len(batch[0])
+    raise ValueError(f"cannot tell how many samples a batch of type {type(batch).__name__} holds")
+
+
+def _check_even_batches(loader: ShardedLoader) -> None:
+    """Refuse, before it hangs, an uneven evaluation pass under a strategy whose forward pass is collective."""
+    from gpuscale.runtime import current
+
+    sampler = loader.sampler
+    if not isinstance(sampler, EvalShardSampler) or sampler.size % sampler.num_replicas == 0:
+        return
+    try:
+        rt = current()
+    except RuntimeError:
+        return
+    if rt.collective_forward:
+        raise ValueError(f"evaluation shards differ by one sample and under {rt.strategy} every forward pass is "
+                         "collective, so the ranks would wait on each other forever; make the loader with "
+                         "make_loader(..., train=False, even=True) and iterate `loader.masked()`")
 
 
 def default_num_workers(num_cores: int, device: torch.device) -> int:
@@ -203,6 +262,7 @@ def make_loader(
     seed: int = 0,
     num_workers: int | None = None,
     collate_fn: Callable[[list[Any]], Any] | None = None,
+    even: bool = False,
     rt: Any = None,
 ) -> ShardedLoader:
     """A loader of this rank's shard with the plan's per-device batch.
@@ -211,6 +271,8 @@ def make_loader(
     incomplete batch (unless drop_last=False) so every step has exactly the global batch.
     train=False: every sample exactly once over all ranks, in order; reduce metrics with
     `gpuscale.metrics` to get the whole-dataset value.
+    even (train=False only): pad the shards to equal length, as FSDP and ZeRO-3 need; iterate
+    with `loader.masked()` to skip the padding (see `EvalShardSampler`).
     num_workers: default from the cores this rank is bound to (`default_num_workers`).
     """
     from gpuscale.runtime import current
@@ -224,12 +286,14 @@ def make_loader(
     if plan.world_size != world:
         raise ValueError(f"the batch plan is for {plan.world_size} ranks but this job has {world}; plan with world_size={world}")
     sampler: Sampler[int]
+    if train and even:
+        raise ValueError("even=True is for evaluation loaders (train=False); training shards are always equal")
     if train:
         drop_last = True if drop_last is None else drop_last
         sampler = ResumableDistributedSampler(dataset, world, rank, shuffle=True if shuffle is None else shuffle, seed=seed, drop_last=False)
     else:
         drop_last = bool(drop_last)
-        sampler = EvalShardSampler(dataset, world, rank)
+        sampler = EvalShardSampler(dataset, world, rank, even=even)
     workers = default_num_workers(len(rt.cores), rt.device) if num_workers is None else num_workers
     loader = DataLoader(
         dataset,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import resource
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from gpuscale._version import __version__
-from gpuscale.data import BatchPlan
+from gpuscale.data import BatchPlan, batch_len as _batch_len
 from gpuscale.files import atomic_write_json
 
 __all__ = ["Average", "Meter", "all_reduce_sum", "all_reduce_max", "SUMMARY_KEYS", "PHASES"]
@@ -89,16 +89,6 @@ class Average:
 
     def reset(self) -> None:
         self.total = self.count = 0.0
-
-
-def _batch_len(batch: Any) -> int:
-    if isinstance(batch, torch.Tensor):
-        return len(batch)
-    if isinstance(batch, Mapping):
-        return _batch_len(next(iter(batch.values())))
-    if isinstance(batch, (list, tuple)) and batch:
-        return _batch_len(batch[0])
-    raise ValueError(f"cannot tell how many samples a batch of type {type(batch).__name__} holds")
 
 
 def _peak_memory_bytes(device: torch.device) -> int:

@@ -95,6 +95,8 @@ class Runtime:
     """One entry per rank (host, rank, local_rank, device, cores), the same on every rank."""
     strategy: str | None = None
     """Name of the strategy the model was wrapped with (set by `gpuscale.wrap`)."""
+    collective_forward: bool = False
+    """True when every forward pass is a collective (FSDP, ZeRO-3): all ranks must run the same number."""
     _restorer: Any = field(default=None, repr=False)
 
     # Short names for what training loops ask most often.

@@ -193,6 +193,7 @@ def _setup_deepspeed(model: nn.Module, optimizer: OptimizerFactory | None, *, pl
     engine, engine_optimizer = chosen.initialize(module, torch_optimizer, config)
     engine._gpuscale_strategy = chosen
     rt.strategy = chosen.name
+    rt.collective_forward = config["zero_optimization"]["stage"] == 3 and rt.world_size > 1  # ZeRO-3 gathers parameters
     if torch_optimizer is None:  # built by DeepSpeed from the config
         torch_optimizer = getattr(engine_optimizer, "optimizer", engine_optimizer)
     if rt.is_main:

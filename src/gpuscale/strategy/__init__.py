@@ -89,6 +89,7 @@ def wrap(model: nn.Module, strategy: str | None = None, rt: Any = None, precisio
     wrapped = chosen.wrap(module, rt, precision)
     wrapped._gpuscale_strategy = chosen  # type: ignore[assignment]
     rt.strategy = chosen.name
+    rt.collective_forward = getattr(chosen, "sharded", False) and rt.is_distributed
     return wrapped
 
 

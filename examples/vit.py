@@ -1,0 +1,282 @@
+"""ViT image classification with DDP, FSDP or DeepSpeed ZeRO behind one switch, after the course's ViT workload.
+
+A Vision Transformer (HF transformers' ViT: no torchvision needed) learns to classify images read
+from one HDF5 file, split 80/20 into training and validation (seed 42). Every epoch prints the
+training loss, the validation loss and accuracy over all ranks and the epoch's time; rank 0 writes
+OUT/summary.json. Only --strategy changes between the three ways of spreading the model:
+
+    gpuscale run --nproc-per-node 2 examples/vit.py --strategy ddp --out runs/vit-ddp
+    gpuscale run --nproc-per-node 2 examples/vit.py --strategy fsdp --out runs/vit-fsdp
+    gpuscale run --nproc-per-node 2 examples/vit.py --strategy deepspeed --out runs/vit-ds   # ZeRO-1 as the course
+    gpuscale run --nproc-per-node 2 examples/vit.py --strategy deepspeed --zero-stage 3 --offload --out runs/vit-z3
+    gpuscale run --nproc-per-node 2 examples/vit.py --strategy deepspeed --ds-config ds_config.json   # your config, checked
+
+With the same seed, global batch and number of ranks the three strategies train the same model: their
+final losses agree to float rounding in fp32 (tests/multiproc/test_example_vit.py checks it).
+
+Data. The file holds ``images`` (N x H x W x 3, uint8) and ``labels`` (N, integers from 0); the
+course's Tiny-ImageNet file (100,000 images of 64 x 64, 200 classes) has this layout. Offline (the
+default) a learnable set of 2,000 images of 32 x 32 in 10 classes (coloured gratings, one
+orientation, frequency and tint per class, in noise) is generated once into $GPUSCALE_DATA or
+~/.cache/gpuscale. With the course's data and a pretrained ViT-B/16:
+
+    gpuscale run examples/vit.py --data /scratch/tiny-imagenet.h5 --model google/vit-base-patch16-224 \\
+        --image-size 224 --batch-size 32 --scaling weak --epochs 10 --lr 1e-3 --strategy deepspeed
+
+(``--model NAME`` loads pretrained weights through transformers' from_pretrained, from the local HF
+cache when the hub cannot be reached, and replaces the classifier head.)
+
+Scaling. ``--scaling weak`` (the default, as the course) keeps --batch-size per process;
+``--scaling strong`` keeps it global. The defaults of the course: Adam at 1e-3, gradient clipping
+at 1.0 (the course's DeepSpeed config; here it applies to every strategy so they stay comparable),
+ZeRO stage 1, fp32 on CPU and bf16 on GPUs that have it (--precision).
+
+Interrupted runs resume from OUT/checkpoints (every epoch; sharded for fsdp and deepspeed);
+--no-resume starts afresh.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.data import Dataset
+
+import gpuscale
+from gpuscale.training import add_arguments, training_options
+
+OFFLINE_VERSION = 2  # bump when the generator changes, so a stale cached file is not reused
+log = gpuscale.get_logger("vit")
+
+
+# --- data -------------------------------------------------------------------------------------
+
+def generate_offline_h5(path: Path, *, num_classes: int = 10, per_class: int = 200, size: int = 32, seed: int = 0) -> None:
+    """Write a learnable image set: each class a tinted sine grating of its own angle and frequency, in noise."""
+    import h5py
+
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) / size
+    images = np.empty((num_classes * per_class, size, size, 3), dtype=np.uint8)
+    labels = np.repeat(np.arange(num_classes), per_class)
+    for i, label in enumerate(labels):
+        angle = math.pi * label / num_classes + rng.normal(0, 0.12)
+        frequency = 3 + 2 * (label % 3) + rng.normal(0, 0.2)
+        phase = rng.uniform(0, 2 * math.pi)
+        wave = np.sin(2 * math.pi * frequency * (xx * math.cos(angle) + yy * math.sin(angle)) + phase)
+        tint = 0.6 + 0.15 * np.array([math.cos(label), math.sin(label * 1.7), math.cos(label * 2.3)])
+        image = 0.5 + 0.3 * wave[..., None] * tint + rng.normal(0, 0.45, (size, size, 3))
+        images[i] = np.clip(image * 255, 0, 255).astype(np.uint8)
+    tmp = path.with_suffix(".tmp")
+    with h5py.File(tmp, "w") as f:
+        f.create_dataset("images", data=images)
+        f.create_dataset("labels", data=labels.astype(np.int64))
+        f.attrs["version"] = OFFLINE_VERSION
+    os.replace(tmp, path)  # readers never see a half-written file
+
+
+def offline_data_path(rt: gpuscale.Runtime) -> Path:
+    """The generated file, made once by rank 0 while the others wait."""
+    home = Path(os.environ.get("GPUSCALE_DATA") or Path.home() / ".cache" / "gpuscale")
+    path = home / f"vit-offline-v{OFFLINE_VERSION}.h5"
+    if rt.is_main and not path.exists():
+        log.info("generating the offline image set in %s (once)", path)
+        home.mkdir(parents=True, exist_ok=True)
+        generate_offline_h5(path)
+    rt.barrier()
+    return path
+
+
+class H5Images(Dataset):
+    """Images and labels of one HDF5 file, read lazily (each process and loader worker opens its own handle)."""
+
+    def __init__(self, path: Path, indices: np.ndarray, image_size: int) -> None:
+        self.path, self.indices, self.image_size = path, indices, image_size
+        self._file = None
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        if self._file is None:
+            import h5py
+
+            self._file = h5py.File(self.path, "r")
+        index = int(self.indices[i])
+        image = torch.from_numpy(self._file["images"][index]).permute(2, 0, 1).float().div_(255)
+        if image.shape[-1] != self.image_size:
+            image = F.interpolate(image[None], size=(self.image_size, self.image_size), mode="bilinear", align_corners=False)[0]
+        return (image - 0.5) / 0.5, int(self._file["labels"][index])
+
+
+def open_splits(path: Path, image_size: int | None) -> tuple[H5Images, H5Images, int, int]:
+    """Training and validation sets (80/20, seed 42), the number of classes and the image size."""
+    import h5py
+
+    try:
+        with h5py.File(path, "r") as f:
+            missing = [key for key in ("images", "labels") if key not in f]
+            if missing:
+                raise ValueError(f"{path} has no dataset {', '.join(missing)} (it has: {', '.join(f.keys()) or 'nothing'}); "
+                                 "the file must hold images (N x H x W x 3, uint8) and labels (N)")
+            shape = f["images"].shape
+            labels = f["labels"][:]
+    except OSError as exc:
+        raise ValueError(f"cannot open {path} as HDF5: {exc}") from None
+    if len(shape) != 4 or shape[-1] != 3 or shape[1] != shape[2] or shape[0] != len(labels):
+        raise ValueError(f"{path}: images have shape {shape} for {len(labels)} labels; expected N x S x S x 3 for N labels")
+    order = np.random.default_rng(42).permutation(len(labels))
+    cut = int(0.8 * len(labels))
+    size = image_size or shape[1]
+    return H5Images(path, order[:cut], size), H5Images(path, order[cut:], size), int(labels.max()) + 1, size
+
+
+# --- model ------------------------------------------------------------------------------------
+
+def build_model(name: str, num_classes: int, image_size: int) -> torch.nn.Module:
+    """A small ViT from scratch ('small'), or a pretrained one by its HF name with a new head."""
+    from transformers import ViTConfig, ViTForImageClassification
+
+    if name == "small":
+        config = ViTConfig(image_size=image_size, patch_size=max(image_size // 8, 1), num_channels=3, hidden_size=96,
+                           num_hidden_layers=4, num_attention_heads=4, intermediate_size=192, num_labels=num_classes,
+                           hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+        return ViTForImageClassification(config)
+    try:
+        return ViTForImageClassification.from_pretrained(name, num_labels=num_classes, ignore_mismatched_sizes=True, image_size=image_size)
+    except OSError as exc:
+        raise ValueError(f"cannot load the pretrained model {name!r} ({exc}); it must be in the local HF cache "
+                         "when the hub cannot be reached, or use --model small") from None
+
+
+# --- training ---------------------------------------------------------------------------------
+
+def evaluate(training: gpuscale.Training, loader: gpuscale.ShardedLoader, meter: gpuscale.Meter, device: torch.device) -> tuple[float, float]:
+    """Validation loss and accuracy over the whole validation set (every sample once, over all ranks)."""
+    loss_avg, acc_avg = gpuscale.Average(), gpuscale.Average()
+    training.model.eval()
+    with meter.phase("eval"), torch.no_grad():
+        # Equal batch counts on every rank (padding masked out): FSDP's and ZeRO-3's forward passes are collective.
+        for (x, y), keep in loader.masked():
+            x, y, keep = x.to(device, non_blocking=True), y.to(device, non_blocking=True), keep.to(device)
+            with training.autocast():
+                logits = training.model(pixel_values=x).logits
+            losses = F.cross_entropy(logits.float(), y, reduction="none")
+            loss_avg.update((losses * keep).sum(), keep.sum())
+            acc_avg.update(((logits.argmax(1) == y) & keep).sum(), keep.sum())
+    training.model.train()
+    return loss_avg.compute(), acc_avg.compute()
+
+
+def train(args: argparse.Namespace) -> dict:
+    out = Path(args.out)
+    with gpuscale.init() as rt:
+        data_path = Path(args.data) if args.data else offline_data_path(rt)
+        if not data_path.exists():
+            raise ValueError(f"data file {data_path} does not exist; pass --data FILE.h5, or leave --data out for the offline set")
+        train_set, val_set, num_classes, image_size = open_splits(data_path, args.image_size)
+        plan = gpuscale.plan_batch(args.batch_size, rt.world_size, scaling=args.scaling)
+        eval_plan = gpuscale.plan_batch(args.eval_batch_size, rt.world_size, scaling="weak")
+        train_loader = gpuscale.make_loader(train_set, plan, seed=args.seed)
+        val_loader = gpuscale.make_loader(val_set, eval_plan, train=False, even=True)
+
+        torch.manual_seed(args.seed)
+        model = build_model(args.model, num_classes, image_size)
+        training = gpuscale.setup(model, lambda params: torch.optim.Adam(params, lr=args.lr), plan=plan,
+                                  clip_grad_norm=args.clip_grad_norm or None, **training_options(args))
+        log.info("ViT with %.2fM parameters, %d classes, images %dx%d; %d training and %d validation images; "
+                 "strategy %s, %s, global batch %d", sum(p.numel() for p in model.parameters()) / 1e6, num_classes,
+                 image_size, image_size, len(train_set), len(val_set), training.strategy, training.precision.name, plan.global_batch)
+
+        ckpt = gpuscale.Checkpointer(out / "checkpoints", keep=2)
+        history: dict[str, list[float]] = {"train_loss": [], "val_loss": [], "val_accuracy": [], "epoch_time_s": []}
+        step, start_epoch = 0, 0
+        if not args.no_resume and ckpt.latest() is not None:
+            state = ckpt.resume(model=training.model, optimizer=training.optimizer, loader=train_loader)
+            step, start_epoch, history = state.step, state.epoch, state.extra["history"]
+
+        meter = gpuscale.Meter(plan)
+        loss_avg = gpuscale.Average()
+        for epoch in range(start_epoch, args.epochs):
+            started = time.perf_counter()
+            loss_avg.reset()
+            bar = gpuscale.progress(meter.iter(train_loader), desc=f"epoch {epoch + 1}/{args.epochs}", total=len(train_loader))
+            for x, y in bar:
+                x, y = x.to(rt.device, non_blocking=True), y.to(rt.device, non_blocking=True)
+                with training.autocast():
+                    loss = F.cross_entropy(training.model(pixel_values=x).logits.float(), y)
+                training.backward(loss)
+                step += training.step()
+                loss_avg.update(loss.detach() * len(y), len(y))
+            train_loss = loss_avg.compute()
+            val_loss, val_acc = evaluate(training, val_loader, meter, rt.device)
+            epoch_time = time.perf_counter() - started
+            for key, value in zip(history, (train_loss, val_loss, val_acc, epoch_time)):
+                history[key].append(value)
+            log.info("epoch %d/%d: train loss %.4f, validation loss %.4f, accuracy %.4f, %.1f s",
+                     epoch + 1, args.epochs, train_loss, val_loss, val_acc, epoch_time)
+            with meter.phase("checkpoint"):
+                ckpt.save(step=step, epoch=epoch + 1, model=training.model, optimizer=training.optimizer,
+                          loader=train_loader, extra={"history": history})
+
+        if not history["val_accuracy"]:
+            raise ValueError(f"{ckpt.directory} holds a finished run of {start_epoch} epochs; use --no-resume or another --out")
+        summary = meter.write_summary(
+            out,
+            final_loss=history["train_loss"][-1],
+            val_loss=history["val_loss"][-1],
+            accuracy=history["val_accuracy"][-1],
+            epoch_time_s=history["epoch_time_s"][-1],
+            history=history,
+            precision=training.precision.name,
+            zero_stage=training.ds_config["zero_optimization"]["stage"] if training.ds_config else None,
+            example="vit",
+            model=args.model,
+        )
+        log.info("training time %.1f s (%.0f samples/s); validation accuracy %.4f; summary in %s",
+                 summary["train_time_s"], summary["samples_per_s"], summary["accuracy"], out / "summary.json")
+        return summary
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", default=None, help="HDF5 file with images and labels; default: generated offline set")
+    parser.add_argument("--model", default="small", help="'small' (from scratch) or a pretrained HF ViT name")
+    parser.add_argument("--image-size", type=int, default=None, help="resize images to this size (default: the file's)")
+    parser.add_argument("--scaling", choices=("weak", "strong"), default="weak", help="weak: --batch-size per process (course); strong: global")
+    parser.add_argument("--batch-size", type=int, default=32, help="per-process (weak) or global (strong) batch; course: 32 per rank")
+    parser.add_argument("--eval-batch-size", type=int, default=100, help="per-process batch for validation")
+    parser.add_argument("--epochs", type=int, default=5, help="epochs (course: 10)")
+    parser.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (course: 1e-3)")
+    parser.add_argument("--clip-grad-norm", type=float, default=1.0, help="clip the gradients' norm (0: off; course: 1.0)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="runs/vit", help="output folder for summary.json and checkpoints")
+    parser.add_argument("--no-resume", action="store_true", help="ignore checkpoints in OUT/checkpoints and start afresh")
+    add_arguments(parser, default_zero_stage=1)
+    args = parser.parse_args(argv)
+    for name in ("batch_size", "eval_batch_size", "epochs"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.image_size is not None and args.image_size < 8:
+        parser.error("--image-size must be at least 8")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        train(args)
+    except ValueError as exc:  # bad input: one line, not a traceback
+        gpuscale.print0(f"vit: error: {exc}")
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
