@@ -228,14 +228,18 @@ def _check_even_batches(loader: ShardedLoader) -> None:
     from gpuscale.runtime import current
 
     sampler = loader.sampler
-    if not isinstance(sampler, EvalShardSampler) or sampler.size % sampler.num_replicas == 0:
+    if not isinstance(sampler, EvalShardSampler):
         return
+    batch = loader.plan.per_device_batch
+    most, fewest = math.ceil(sampler.size / sampler.num_replicas), sampler.size // sampler.num_replicas
+    if math.ceil(most / batch) == math.ceil(fewest / batch):
+        return  # shards differ by a sample at most, but every rank runs the same number of batches
     try:
         rt = current()
     except RuntimeError:
         return
     if rt.collective_forward:
-        raise ValueError(f"evaluation shards differ by one sample and under {rt.strategy} every forward pass is "
+        raise ValueError(f"evaluation shards differ by one batch and under {rt.strategy} every forward pass is "
                          "collective, so the ranks would wait on each other forever; make the loader with "
                          "make_loader(..., train=False, even=True) and iterate `loader.masked()`")
 

@@ -176,6 +176,8 @@ def _setup_deepspeed(model: nn.Module, optimizer: OptimizerFactory | None, *, pl
     if precision == "auto" and user_config is not None:
         precision = config_precision(user_config) or "auto"
     resolved = resolve_precision(precision, rt.device)
+    if resolved.name == "fp16" and rt.device.type != "cuda":
+        raise ValueError("DeepSpeed runs fp16 only on GPUs; use --precision bf16 or fp32 on CPU")
     if plan.world_size != rt.world_size:
         raise ValueError(f"the batch plan is for {plan.world_size} ranks but this job has {rt.world_size}; "
                          "plan it with gpuscale.plan_batch(..., world_size=rt.world_size)")

@@ -384,3 +384,43 @@ def test_resume_with_another_batch_size_keeps_the_sample_position():
     new.load_state_dict(old.state_dict())
     assert new.state_dict() == {"epoch": 0, "batches_done": 3, "per_device_batch": 8}
     assert len(list(new)) == 8 - 3
+
+
+# --------------------------------------------------------------------------------------------------
+# even evaluation shards (FSDP, ZeRO-3)
+
+
+def test_even_eval_shards_have_equal_batches_and_masks_mark_each_sample_once():
+    plan = plan_batch(2, 3)
+    seen, batch_counts = [], []
+    for rank in range(3):
+        loader = make_loader(Indices(10), plan, train=False, even=True, rt=rt(rank=rank, world=3))
+        passes_ = list(loader.masked())
+        batch_counts.append(len(passes_))
+        for batch, mask in passes_:
+            assert mask.dtype == torch.bool and len(mask) == len(batch)
+            seen += batch[mask].tolist()
+    assert batch_counts == [2, 2, 2]  # 4, 3 and 3 samples padded to 4 each
+    assert sorted(seen) == list(range(10)), "every sample counted once, padding never"
+
+
+def test_even_eval_loader_refuses_plain_iteration():
+    loader = make_loader(Indices(5), plan_batch(2, 2), train=False, even=True, rt=rt(rank=1, world=2))
+    with pytest.raises(ValueError, match=r"loader.masked\(\)"):
+        list(loader)
+
+
+def test_even_is_for_evaluation_loaders_only():
+    with pytest.raises(ValueError, match="even=True is for evaluation loaders"):
+        make_loader(Indices(8), plan_batch(2, 1), train=True, even=True, rt=rt())
+
+
+def test_masked_on_training_loader_is_all_true():
+    loader = make_loader(Indices(8), plan_batch(4, 1), rt=rt())
+    assert all(bool(mask.all()) for _, mask in loader.masked())
+
+
+def test_even_sampler_on_more_ranks_than_samples_pads_with_real_indices():
+    shards = [list(EvalShardSampler(range(2), 3, r, even=True)) for r in range(3)]
+    assert shards == [[0], [1], [0]]
+    assert [EvalShardSampler(range(2), 3, r, even=True).num_real for r in range(3)] == [1, 1, 0]

@@ -24,9 +24,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from gpuscale.strategy.ddp import install_trainable_guard
+from gpuscale.strategy.deepspeed_config import config_precision
 
 __all__ = ["DeepSpeedStrategy", "import_deepspeed", "check_checkpoint_files", "consolidate_deepspeed", "TAG"]
 
@@ -68,6 +70,11 @@ class DeepSpeedStrategy:
         if not any(p.requires_grad for p in module.parameters()):
             raise ValueError("the model has no trainable parameters; unfreeze some before gpuscale.setup")
         engine, ds_optimizer, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=config)
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config_precision(config) or "")
+        if dtype is not None:
+            # DeepSpeed casts the parameters to bf16/fp16 but not the inputs: cast floating inputs
+            # as FSDP does, so an evaluation loop without autocast works under every strategy.
+            module.register_forward_pre_hook(_input_caster(dtype), with_kwargs=True)
         # ZeRO partitions the parameters that train now; unfrozen ones would never be updated.
         install_trainable_guard(engine, module)
         return engine, ds_optimizer
@@ -106,6 +113,22 @@ class DeepSpeedStrategy:
         )
         if path is None:
             raise ValueError(f"{directory} holds no DeepSpeed checkpoint (no {TAG}/ inside)")
+
+
+def _input_caster(dtype: torch.dtype) -> Any:
+    def cast(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dtype != dtype:
+            return value.to(dtype)
+        if isinstance(value, (list, tuple)):
+            return type(value)(cast(v) for v in value)
+        if isinstance(value, dict):
+            return {k: cast(v) for k, v in value.items()}
+        return value
+
+    def hook(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return cast(args), cast(kwargs)
+
+    return hook
 
 
 def check_checkpoint_files(directory: Path) -> None:

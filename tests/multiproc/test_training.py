@@ -1,0 +1,94 @@
+"""gpuscale.setup: gradient accumulation, clipping, mixed precision and evaluation under every strategy.
+
+Two real processes on gloo against one process with the whole global batch per step.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+
+import pytest
+import torch
+
+from procs import SCRIPTS, assert_ok, gpuscale_cmd, run
+
+pytestmark = pytest.mark.multiproc
+SCRIPT = str(SCRIPTS / "accumulate.py")
+needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="DeepSpeed is not installed")
+STRATEGIES = {
+    "ddp": ["--strategy", "ddp"],
+    "fsdp": ["--strategy", "fsdp"],
+    "zero2": ["--strategy", "deepspeed", "--zero-stage", "2"],
+    "zero3": ["--strategy", "deepspeed", "--zero-stage", "3"],
+}
+
+
+def _train(out, nproc: int, *args: str):
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, SCRIPT, str(out), *args] if nproc == 1 else gpuscale_cmd("run", "--nproc-per-node", str(nproc), SCRIPT, str(out), *args)
+    result = run(cmd, timeout=300)
+    return result
+
+
+def _result(out) -> tuple[dict, dict]:
+    return json.loads((out / "result.json").read_text()), torch.load(out / "final.pt", weights_only=True)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """One process, the whole global batch of 8 in one pass, gradients clipped at 0.5."""
+    out = tmp_path_factory.mktemp("reference")
+    assert_ok(_train(out, 1, "--clip", "0.5"))
+    return _result(out)
+
+
+@pytest.mark.parametrize("strategy", [
+    "ddp", "fsdp", pytest.param("zero2", marks=needs_deepspeed), pytest.param("zero3", marks=needs_deepspeed),
+])
+def test_accumulated_micro_batches_on_two_ranks_equal_one_big_batch(tmp_path, reference, strategy):
+    """2 ranks x 2 micro-batches of 2 = 8: the same steps, clipped norms and weights as one pass of 8."""
+    assert_ok(_train(tmp_path, 2, *STRATEGIES[strategy], "--max-per-device", "2", "--clip", "0.5"))
+    result, weights = _result(tmp_path)
+    expected, expected_weights = reference
+    assert result["plan"] == {"scaling": "strong", "world_size": 2, "global_batch": 8, "per_device_batch": 2, "grad_accum_steps": 2}
+    assert len(result["losses"]) == 4  # 32 samples / 8 per step
+    assert result["losses"] == pytest.approx(expected["losses"], rel=1e-4)
+    assert result["grad_norms"] == pytest.approx(expected["grad_norms"], rel=1e-4), "the clipped norm is the global batch's"
+    assert all(norm > 0.5 for norm in result["grad_norms"]), "the test must actually clip"
+    for name, tensor in expected_weights.items():
+        assert torch.allclose(weights[name].float(), tensor, atol=1e-5), f"{strategy}: {name}"
+    assert result["eval_samples"] == 5, "the padded evaluation shards count each of the 5 samples once"
+
+
+@pytest.mark.parametrize("strategy, precision", [
+    ("ddp", "bf16"), ("fsdp", "bf16"), pytest.param("zero2", "bf16", marks=needs_deepspeed), ("ddp", "fp16"),
+])
+def test_mixed_precision_trains_close_to_fp32(tmp_path, reference, strategy, precision):
+    """bf16 (and fp16 with loss scaling) follow the fp32 run within their rounding."""
+    assert_ok(_train(tmp_path, 2, *STRATEGIES[strategy], "--precision", precision, "--clip", "0.5"))
+    result, _ = _result(tmp_path)
+    assert result["precision"] == precision
+    losses = result["losses"]
+    if precision == "fp16":
+        # The dynamic scaler starts at 2**16, overflows on the first step and skips it (norm inf), then trains.
+        assert result["grad_norms"][0] == float("inf") and all(n < float("inf") for n in result["grad_norms"][1:])
+        assert losses[-1] < losses[0]
+    else:
+        assert losses == pytest.approx(reference[0]["losses"], rel=0.03)
+
+
+def test_uneven_evaluation_under_fsdp_is_refused_instead_of_hanging(tmp_path):
+    """5 evaluation samples on 2 ranks in batches of 2: rank 0 runs 2 batches, rank 1 runs 1; under
+    FSDP rank 0's second forward pass would wait forever for rank 1 without the check."""
+    result = _train(tmp_path, 2, "--strategy", "fsdp", "--eval-uneven")
+    assert result.returncode != 0
+    assert "make_loader(..., train=False, even=True)" in result.stderr
+
+
+@needs_deepspeed
+def test_deepspeed_fp16_on_cpu_is_refused_in_one_line(tmp_path):
+    result = _train(tmp_path, 1, "--strategy", "deepspeed", "--precision", "fp16")
+    assert result.returncode != 0
+    assert "DeepSpeed runs fp16 only on GPUs; use --precision bf16 or fp32 on CPU" in result.stderr
