@@ -31,6 +31,11 @@ number of processes, so 1 and 2 processes train the same problem; ``--scaling we
 --batch-size per process, as the course's script does. A global batch that does not divide among
 the ranks is refused with the nearest valid values.
 
+Strategies. ``--strategy ddp`` (the default) replicates the model; ``fsdp`` shards it; ``deepspeed``
+runs ZeRO (``--zero-stage``, ``--offload``, ``--ds-config``); ``--precision bf16`` on GPUs that have it.
+After unfreezing the last block the model is set up again, so its new parameters are synchronised
+(DDP) or partitioned (DeepSpeed); the course's version forgot that step (FACTS §5, bug 1).
+
 Interrupted runs resume from OUT/checkpoints (written every epoch); --no-resume starts afresh.
 """
 
@@ -49,6 +54,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 import gpuscale
+from gpuscale.training import add_arguments, training_options
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 CLASSES = ("cats", "dogs")
@@ -199,24 +205,37 @@ def build_model(backbone: str, image_size: int) -> TransferNet:
 # --- training ---------------------------------------------------------------------------------
 
 
-def evaluate(model: nn.Module, loader: gpuscale.ShardedLoader, meter: gpuscale.Meter, device: torch.device) -> float:
-    """Accuracy over the whole split: each rank scores its share once, the counts are summed."""
-    net = gpuscale.unwrap(model)  # the plain module: no collectives inside forward, whatever the shard sizes
-    net.eval()
+def evaluate(training: gpuscale.Training, loader: gpuscale.ShardedLoader, meter: gpuscale.Meter, device: torch.device) -> float:
+    """Accuracy over the whole split: each rank scores its share once, the counts are summed.
+
+    The shards are padded to equal batch counts and the padding masked out: under fsdp (and
+    ZeRO-3) every forward pass is collective, so every rank must run as many as the others.
+    """
+    training.model.eval()
     correct = gpuscale.Average()
     with meter.phase("eval"), torch.no_grad():
-        for x, y in loader:
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            correct.update(((net(x) > 0.5).float() == y).sum(), len(y))
-    net.train()
+        for (x, y), keep in loader.masked():
+            x, y, keep = x.to(device, non_blocking=True), y.to(device, non_blocking=True), keep.to(device)
+            with training.autocast():
+                prob = training.model(x)
+            correct.update((((prob.float() > 0.5).float() == y) & keep).sum(), keep.sum())
+    training.model.train()
     return correct.compute()
 
 
-def make_optimizer(model: nn.Module, phase: int, args: argparse.Namespace) -> torch.optim.Optimizer:
-    params = [p for p in model.parameters() if p.requires_grad]
+def setup_phase(model: nn.Module, phase: int, plan: gpuscale.BatchPlan, args: argparse.Namespace) -> gpuscale.Training:
+    """The model spread over the ranks with its phase's optimizer (SGD for the head, RMSprop to fine-tune).
+
+    Called again after unfreezing the last block: DDP then synchronises the new parameters, DeepSpeed
+    partitions them; FSDP keeps its shards.
+    """
     if phase == 1:
-        return torch.optim.SGD(params, lr=args.lr, momentum=args.momentum)
-    return torch.optim.RMSprop(params, lr=args.finetune_lr)
+        def optimizer(params):
+            return torch.optim.SGD(params, lr=args.lr, momentum=args.momentum)
+    else:
+        def optimizer(params):
+            return torch.optim.RMSprop(params, lr=args.finetune_lr)
+    return gpuscale.setup(model, optimizer, plan=plan, **training_options(args))
 
 
 def train(args: argparse.Namespace) -> dict:
@@ -231,8 +250,8 @@ def train(args: argparse.Namespace) -> dict:
         plan = gpuscale.plan_batch(args.batch_size, rt.world_size, scaling=args.scaling)
         train_loader = gpuscale.make_loader(train_set, plan, seed=args.seed)
         eval_plan = gpuscale.plan_batch(args.eval_batch_size, rt.world_size, scaling="weak")
-        val_loader = gpuscale.make_loader(val_set, eval_plan, train=False)
-        test_loader = gpuscale.make_loader(test_set, eval_plan, train=False)
+        val_loader = gpuscale.make_loader(val_set, eval_plan, train=False, even=True)
+        test_loader = gpuscale.make_loader(test_set, eval_plan, train=False, even=True)
         log.info(
             "%d train / %d validation / %d test images; %s scaling: global batch %d = %d ranks x %d",
             len(train_set), len(val_set), len(test_set), plan.scaling, plan.global_batch, rt.world_size, plan.per_device_batch,
@@ -249,12 +268,11 @@ def train(args: argparse.Namespace) -> dict:
         total_epochs = args.epochs + args.finetune_epochs
         if start_epoch > args.epochs:
             net.unfreeze_last_block()
-        model = gpuscale.wrap(net, strategy="ddp")
-        optimizer = make_optimizer(model, 2 if start_epoch > args.epochs else 1, args)
+        training = setup_phase(net, 2 if start_epoch > args.epochs else 1, plan, args)
         history: dict = {"train_accuracy": [], "val_accuracy": [], "train_loss": []}
         step, test_before = 0, None
         if saved:
-            ckpt.resume(model=model, optimizer=optimizer, loader=train_loader, path=saved.path)
+            ckpt.resume(model=training.model, optimizer=training.optimizer, loader=train_loader, path=saved.path)
             step, history, test_before = saved.step, saved.extra["history"], saved.extra["test_accuracy_before_finetune"]
             if start_epoch >= total_epochs:
                 log.warning("%s holds a finished run; evaluating it again (use --no-resume or another --out to train anew)", saved.path)
@@ -263,36 +281,35 @@ def train(args: argparse.Namespace) -> dict:
         loss_avg, acc_avg = gpuscale.Average(), gpuscale.Average()
         for epoch in range(start_epoch, total_epochs):
             if epoch == args.epochs:  # phase 2: measure, unfreeze the last block, re-wrap so it syncs
-                test_before = evaluate(model, test_loader, meter, rt.device)
+                test_before = evaluate(training, test_loader, meter, rt.device)
                 log.info("test accuracy before fine-tuning: %.4f; unfreezing the last block", test_before)
                 net.unfreeze_last_block()
-                model = gpuscale.wrap(model)
-                optimizer = make_optimizer(model, 2, args)
+                training = setup_phase(training.model, 2, plan, args)
             loss_avg.reset()
             acc_avg.reset()
             bar = gpuscale.progress(meter.iter(train_loader), desc=f"epoch {epoch + 1}/{total_epochs}", total=len(train_loader))
             for x, y in bar:
                 x, y = x.to(rt.device, non_blocking=True), y.to(rt.device, non_blocking=True)
-                prob = model(x)
+                with training.autocast():
+                    prob = training.model(x)
+                prob = prob.float()  # binary cross-entropy is not autocast-safe: compute it in fp32
                 loss = F.binary_cross_entropy(prob, y)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                step += 1
+                training.backward(loss)
+                step += training.step()
                 loss_avg.update(loss.detach() * len(y), len(y))
                 acc_avg.update(((prob.detach() > 0.5).float() == y).sum(), len(y))
             train_loss, train_acc = loss_avg.compute(), acc_avg.compute()
-            val_acc = evaluate(model, val_loader, meter, rt.device)
+            val_acc = evaluate(training, val_loader, meter, rt.device)
             history["train_loss"].append(train_loss)
             history["train_accuracy"].append(train_acc)
             history["val_accuracy"].append(val_acc)
             log.info("epoch %d/%d: loss %.4f, train accuracy %.4f, validation accuracy %.4f",
                      epoch + 1, total_epochs, train_loss, train_acc, val_acc)
             with meter.phase("checkpoint"):
-                ckpt.save(step=step, epoch=epoch + 1, model=model, optimizer=optimizer, loader=train_loader,
+                ckpt.save(step=step, epoch=epoch + 1, model=training.model, optimizer=training.optimizer, loader=train_loader,
                           extra={"history": history, "test_accuracy_before_finetune": test_before})
 
-        test_after = evaluate(model, test_loader, meter, rt.device)
+        test_after = evaluate(training, test_loader, meter, rt.device)
         if test_before is None:  # no fine-tuning phase was run
             test_before = test_after
         summary = meter.write_summary(
@@ -328,6 +345,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="runs/dogs_vs_cats", help="output folder for summary.json and checkpoints")
     parser.add_argument("--no-resume", action="store_true", help="ignore checkpoints in OUT/checkpoints and start afresh")
+    add_arguments(parser)
     args = parser.parse_args(argv)
     for name in ("image_size", "batch_size", "eval_batch_size"):
         if getattr(args, name) < 1:

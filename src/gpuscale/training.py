@@ -142,8 +142,9 @@ def setup(
 ) -> Training:
     """Spread `model` over the ranks with `strategy` and build its optimizer; see the module docstring.
 
-    optimizer: a function from parameters to a torch optimizer (None only with a DeepSpeed config
-    that has its own 'optimizer' section).
+    optimizer: a function from the trainable parameters to a torch optimizer (None only with a
+    DeepSpeed config that has its own 'optimizer' section). Call `setup` again after unfreezing
+    parameters (with the returned model): DDP re-wraps, DeepSpeed builds a new engine.
     plan: the `BatchPlan` the loaders use; DeepSpeed's batch is set from it.
     precision: 'auto', 'fp32', 'bf16' or 'fp16' (see `gpuscale.precision`).
     zero_stage, offload, ds_config: DeepSpeed only (ds_config: a path to JSON/hjson, or a dict).
@@ -161,7 +162,8 @@ def setup(
             raise ValueError("pass optimizer=, a function from parameters to a torch optimizer")
         resolved = resolve_precision(precision, rt.device)
         wrapped = wrap(model, strategy=strategy, rt=rt, precision=resolved)
-        return Training(model=wrapped, optimizer=optimizer(wrapped.parameters()), plan=plan, precision=resolved,
+        trainable = [p for p in wrapped.parameters() if p.requires_grad]
+        return Training(model=wrapped, optimizer=optimizer(trainable), plan=plan, precision=resolved,
                         strategy=strategy, clip_grad_norm=clip_grad_norm)
     return _setup_deepspeed(model, optimizer, plan=plan, precision=precision, zero_stage=zero_stage,
                             offload=offload, ds_config=ds_config, clip_grad_norm=clip_grad_norm, rt=rt)

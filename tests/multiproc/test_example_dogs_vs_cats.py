@@ -7,6 +7,7 @@ processes train the same problem: the summaries must agree on the global batch, 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 
@@ -98,3 +99,27 @@ def test_resume_continues_into_fine_tuning(tmp_path, data_home):
     assert summary["epochs"] == 1 and summary["steps"] == 62  # only the fine-tuning epoch ran again
     assert summary["history"]["val_accuracy"][:2] == first_history["val_accuracy"]  # the history came along
     assert len(summary["history"]["val_accuracy"]) == 3
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="DeepSpeed is not installed")
+def test_every_strategy_fine_tunes_the_same_model(tmp_path, data_home):
+    """--strategy fsdp and deepspeed train, unfreeze and fine-tune exactly like ddp.
+
+    After unfreezing, the model is set up again: DDP re-wraps, DeepSpeed partitions the new
+    parameters in a new engine, FSDP keeps its shards; all three end on the same loss and accuracies.
+    """
+    summaries = {}
+    for strategy in ("ddp", "fsdp", "deepspeed"):
+        out = tmp_path / strategy
+        result = run(gpuscale_cmd("run", "--nproc-per-node", "2", EXAMPLE, "--out", str(out), "--epochs", "2",
+                                  "--finetune-epochs", "1", "--strategy", strategy), timeout=900, GPUSCALE_DATA=data_home)
+        assert_ok(result)
+        summaries[strategy] = _summary(out)
+        assert summaries[strategy]["strategy"] == strategy
+    reference = summaries["ddp"]
+    assert reference["test_accuracy"] > reference["test_accuracy_before_finetune"] or reference["test_accuracy"] >= 0.9
+    for strategy in ("fsdp", "deepspeed"):
+        got = summaries[strategy]
+        assert got["final_loss"] == pytest.approx(reference["final_loss"], rel=1e-3), strategy
+        assert got["history"]["val_accuracy"] == pytest.approx(reference["history"]["val_accuracy"], abs=0.003), strategy
+        assert got["test_accuracy"] == pytest.approx(reference["test_accuracy"], abs=0.003), strategy
