@@ -33,3 +33,32 @@ def test_one_rank_per_gpu_with_nccl(tmp_path):
         assert {r["backend"] for r in ranks} == {"nccl"}
         mean = 4 * sum(r + 1 for r in range(num_gpus)) / num_gpus
         assert all(r["grad"] == pytest.approx([mean] * 8) for r in ranks)
+
+
+ACCUMULATE = ROOT / "tests" / "multiproc" / "scripts" / "accumulate.py"
+
+
+def _accumulate(out: Path, *args: str) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "gpuscale", "run", "--nproc-per-node", "gpu", str(ACCUMULATE), str(out), *args],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return json.loads((out / "result.json").read_text())
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_auto_precision_is_bf16_and_trains_close_to_fp32(tmp_path, strategy):
+    """On a GPU with bf16, precision 'auto' picks it; the loss curve follows fp32 within bf16 rounding."""
+    fp32 = _accumulate(tmp_path / "fp32", "--strategy", strategy, "--precision", "fp32", "--clip", "0.5")
+    auto = _accumulate(tmp_path / "auto", "--strategy", strategy, "--precision", "auto", "--clip", "0.5")
+    assert auto["precision"] == ("bf16" if torch.cuda.is_bf16_supported() else "fp32")
+    assert auto["losses"] == pytest.approx(fp32["losses"], rel=0.03)
+    assert auto["eval_samples"] == 5
+
+
+def test_fp16_with_loss_scaling_on_gpu(tmp_path):
+    result = _accumulate(tmp_path, "--strategy", "ddp", "--precision", "fp16", "--clip", "0.5")
+    assert result["precision"] == "fp16"
+    assert result["losses"][-1] < result["losses"][0]

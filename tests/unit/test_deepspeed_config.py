@@ -137,3 +137,28 @@ def test_precision_resolution():
     assert resolve_precision("bf16", CPU).trainer_arguments() == {"bf16": True, "fp16": False}
     with pytest.raises(ValueError, match="precision='fp8' is not one of auto, fp32, bf16, fp16"):
         resolve_precision("fp8", CPU)
+
+
+def test_missing_deepspeed_gives_the_install_command(monkeypatch):
+    import sys
+
+    from gpuscale.strategy.deepspeed import import_deepspeed
+
+    monkeypatch.setitem(sys.modules, "deepspeed", None)  # as if it were not installed
+    with pytest.raises(ValueError, match=r"DS_BUILD_OPS=0 pip install 'gpuscale\[deepspeed\]'"):
+        import_deepspeed()
+
+
+def test_setup_refuses_deepspeed_options_for_other_strategies():
+    from types import SimpleNamespace
+
+    from gpuscale.training import setup
+
+    rt = SimpleNamespace(device=CPU, world_size=1, rank=0, is_distributed=False)
+    model = torch.nn.Linear(2, 1)
+    with pytest.raises(ValueError, match="zero_stage, ds_config only apply to strategy 'deepspeed', not 'fsdp'"):
+        setup(model, torch.optim.SGD, plan=plan_batch(4, 1), strategy="fsdp", zero_stage=2, ds_config={}, rt=rt)
+    with pytest.raises(ValueError, match="unknown strategy 'zero'; choose one of: ddp, fsdp, deepspeed"):
+        setup(model, torch.optim.SGD, plan=plan_batch(4, 1), strategy="zero", rt=rt)
+    with pytest.raises(ValueError, match="pass optimizer="):
+        setup(model, None, plan=plan_batch(4, 1), rt=rt)
