@@ -55,8 +55,7 @@ class Training:
     """The model, optimizer and step of one run; built by `setup`."""
 
     def __init__(self, *, model: nn.Module, optimizer: Any, plan: BatchPlan, precision: Precision,
-                 strategy: str, clip_grad_norm: float | None, engine_optimizer: Any = None,
-                 ds_config: dict[str, Any] | None = None) -> None:
+                 strategy: str, clip_grad_norm: float | None, ds_config: dict[str, Any] | None = None) -> None:
         self.model = model
         """What to call for the forward pass (a DDP wrapper, an FSDP module, a DeepSpeed engine)."""
         self.optimizer = optimizer
@@ -69,7 +68,6 @@ class Training:
         """The DeepSpeed config the engine was built with (None for other strategies)."""
         self.grad_norm: float | None = None
         """Gradient norm before clipping at the last step (None when not clipping)."""
-        self._engine_optimizer = engine_optimizer
         self._scaler = precision.grad_scaler() if strategy != "deepspeed" else None
         self._micro = 0
 
@@ -206,7 +204,7 @@ def _setup_deepspeed(model: nn.Module, optimizer: OptimizerFactory | None, *, pl
                  zero["stage"], " with CPU offload" if "offload_optimizer" in zero else "", resolved.name,
                  config["train_batch_size"], plan.world_size, plan.per_device_batch, plan.grad_accum_steps)
     return Training(model=engine, optimizer=torch_optimizer, plan=plan, precision=resolved, strategy="deepspeed",
-                    clip_grad_norm=config["gradient_clipping"] or None, engine_optimizer=engine_optimizer, ds_config=config)
+                    clip_grad_norm=config["gradient_clipping"] or None, ds_config=config)
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, default_strategy: str = "ddp", default_zero_stage: int | None = None) -> None:
