@@ -188,10 +188,11 @@ def train(args: argparse.Namespace) -> dict:
 
         torch.manual_seed(args.seed)
         model = build_model(args.model, num_classes, image_size)
+        num_params = sum(p.numel() for p in model.parameters())  # before setup: ZeRO-3 partitions them
         training = gpuscale.setup(model, lambda params: torch.optim.Adam(params, lr=args.lr), plan=plan,
                                   clip_grad_norm=args.clip_grad_norm or None, **training_options(args))
         log.info("ViT with %.2fM parameters, %d classes, images %dx%d; %d training and %d validation images; "
-                 "strategy %s, %s, global batch %d", sum(p.numel() for p in model.parameters()) / 1e6, num_classes,
+                 "strategy %s, %s, global batch %d", num_params / 1e6, num_classes,
                  image_size, image_size, len(train_set), len(val_set), training.strategy, training.precision.name, plan.global_batch)
 
         ckpt = gpuscale.Checkpointer(out / "checkpoints", keep=2)

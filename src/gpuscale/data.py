@@ -180,6 +180,7 @@ class ShardedLoader:
 
         For evaluation loaders made with even=True; for any other loader the mask is all True.
         """
+        _check_even_batches(self)
         real = self.sampler.num_real if isinstance(self.sampler, EvalShardSampler) else None
         position = 0
         for batch in self._passes():

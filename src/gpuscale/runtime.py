@@ -97,6 +97,10 @@ class Runtime:
     """Name of the strategy the model was wrapped with (set by `gpuscale.wrap`)."""
     collective_forward: bool = False
     """True when every forward pass is a collective (FSDP, ZeRO-3): all ranks must run the same number."""
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    """Seconds a collective may wait before failing."""
+    owns_single_group: bool = False
+    """True when `ensure_process_group` started a one-rank group (always destroyed at teardown)."""
     _restorer: Any = field(default=None, repr=False)
 
     # Short names for what training loops ask most often.
@@ -142,8 +146,12 @@ class Runtime:
                             ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", port)):
             if self._restorer is not None:
                 self._restorer.setenv(name, str(value))
+            else:  # a Runtime built by hand (tests): nothing to restore into
+                os.environ[name] = str(value)
         dist.init_process_group(backend=self.backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
+                                timeout=datetime.timedelta(seconds=self.timeout_s),
                                 device_id=self.device if self.device.type == "cuda" else None)
+        self.owns_single_group = True
 
     def placement(self) -> dict[str, Any]:
         """This rank's placement as a plain dict (the row `gpuscale env` prints)."""
@@ -360,7 +368,7 @@ def init(
             )
         rt = Runtime(
             env=env, device=dev, backend=chosen_backend, binding=plan, cores=tuple(cores),
-            host=socket.gethostname(), started_at=started_at, ready_at=time.time(), _restorer=restorer,
+            host=socket.gethostname(), started_at=started_at, ready_at=time.time(), timeout_s=timeout_s, _restorer=restorer,
         )
         rt.placements = _gather_placements(rt)
         if show_placement and env.world_size > 1 and rt.is_main:
@@ -436,8 +444,8 @@ def _teardown(rt: Runtime | None, failed: bool) -> None:
     """
     if not (dist.is_available() and dist.is_initialized()):
         return
-    if failed and dist.get_backend() == "nccl":
-        return
+    if failed and dist.get_backend() == "nccl" and not (rt is not None and rt.owns_single_group):
+        return  # a one-rank group has no peers to wait for: it is always destroyed
     gc.collect()
     if not failed:
         try:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Iterable
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, ExitStack
 from typing import Any
 
 import torch
@@ -81,8 +81,14 @@ class Training:
         return self.strategy == "deepspeed"
 
     def autocast(self) -> AbstractContextManager[Any]:
-        """Run the forward pass and the loss in this context (mixed precision; no-op for fp32)."""
-        return self.precision.autocast()
+        """Run the forward pass and the loss in this context: mixed precision, and under DDP no
+        gradient all-reduce for micro-batches before the last of a step (DDP decides that in the
+        forward pass, so a forward outside this block synchronises every micro-batch: correct, slower)."""
+        stack = ExitStack()
+        stack.enter_context(self.precision.autocast())
+        if not self.is_deepspeed and not hasattr(self.model, "set_requires_gradient_sync"):  # DDP; FSDP2 decides in backward
+            stack.enter_context(no_sync(self.model, skip=self._micro + 1 < self.plan.grad_accum_steps))
+        return stack
 
     def backward(self, loss: torch.Tensor) -> None:
         """Back-propagate one micro-batch's mean loss; gradients are synchronised on the last one."""
@@ -142,7 +148,9 @@ def setup(
 
     optimizer: a function from the trainable parameters to a torch optimizer (None only with a
     DeepSpeed config that has its own 'optimizer' section). Call `setup` again after unfreezing
-    parameters (with the returned model): DDP re-wraps, DeepSpeed builds a new engine.
+    parameters (with the returned model): DDP re-wraps, FSDP keeps its shards, DeepSpeed ZeRO-1/2
+    builds a new engine (its fp32 master weights restart from the module's, bf16 under bf16);
+    ZeRO-3 refuses (its parameters are partitioned).
     plan: the `BatchPlan` the loaders use; DeepSpeed's batch is set from it.
     precision: 'auto', 'fp32', 'bf16' or 'fp16' (see `gpuscale.precision`).
     zero_stage, offload, ds_config: DeepSpeed only (ds_config: a path to JSON/hjson, or a dict).
@@ -155,7 +163,7 @@ def setup(
     if strategy != "deepspeed":
         given = [name for name, value in (("zero_stage", zero_stage), ("offload", offload or None), ("ds_config", ds_config)) if value is not None]
         if given:
-            raise ValueError(f"{', '.join(given)} only apply to strategy 'deepspeed', not {strategy!r}")
+            raise ValueError(f"{', '.join(given)}: for strategy 'deepspeed' only, not {strategy!r}")
         if optimizer is None:
             raise ValueError("pass optimizer=, a function from parameters to a torch optimizer")
         resolved = resolve_precision(precision, rt.device)
@@ -186,6 +194,9 @@ def _setup_deepspeed(model: nn.Module, optimizer: OptimizerFactory | None, *, pl
     import_deepspeed()  # the install hint before any process-group work
     rt.ensure_process_group()  # DeepSpeed needs one even for a single process
     chosen = get_strategy("deepspeed")
+    if getattr(model, "zero_optimization_stage", lambda: 0)() == 3:
+        raise ValueError("this model's parameters are partitioned by ZeRO-3 and cannot be set up again; choose the "
+                         "trainable parameters before the first gpuscale.setup, or use --zero-stage 1 or 2")
     module = unwrap(model).to(rt.device)
     torch_optimizer = optimizer(p for p in module.parameters() if p.requires_grad) if optimizer is not None else None
     if isinstance(torch_optimizer, ELEMENTWISE_OPTIMIZERS):
@@ -218,19 +229,22 @@ def add_arguments(parser: argparse.ArgumentParser, *, default_strategy: str = "d
                        help="DeepSpeed ZeRO stage (deepspeed only; default: the config's, else 2)")
     group.add_argument("--offload", action="store_true", help="DeepSpeed: keep optimizer states in CPU memory")
     group.add_argument("--ds-config", metavar="FILE", help="your DeepSpeed config (JSON or hjson); gpuscale checks its batch")
+    parser.set_defaults(_default_zero_stage=default_zero_stage)  # tells an explicit --zero-stage from the default
 
 
 def training_options(args: argparse.Namespace) -> dict[str, Any]:
     """The keyword arguments of `setup` from a namespace parsed with `add_arguments`.
 
     DeepSpeed-only options left at their defaults are dropped for the other strategies, so a
-    script's default --zero-stage does not trip the ddp and fsdp runs.
+    script's default --zero-stage does not trip the ddp and fsdp runs; given explicitly, they are refused.
     """
     options: dict[str, Any] = {"strategy": args.strategy, "precision": args.precision}
     if args.strategy == "deepspeed":
         options.update(zero_stage=args.zero_stage, offload=args.offload, ds_config=args.ds_config)
     else:
-        given = [flag for flag, value in (("--offload", args.offload), ("--ds-config", args.ds_config)) if value]
+        explicit_stage = args.zero_stage != getattr(args, "_default_zero_stage", None)
+        given = [flag for flag, value in (("--zero-stage", explicit_stage), ("--offload", args.offload),
+                                          ("--ds-config", args.ds_config)) if value]
         if given:
-            raise ValueError(f"{' and '.join(given)} only apply to --strategy deepspeed")
+            raise ValueError(f"{' and '.join(given)}: for --strategy deepspeed only")
     return options

@@ -60,6 +60,8 @@ def test_accumulated_micro_batches_on_two_ranks_equal_one_big_batch(tmp_path, re
     for name, tensor in expected_weights.items():
         assert torch.allclose(weights[name].float(), tensor, atol=1e-5), f"{strategy}: {name}"
     assert result["eval_samples"] == 5, "the padded evaluation shards count each of the 5 samples once"
+    if strategy == "ddp":  # one bucket (a small model): one all-reduce per step, none for the first micro-batch
+        assert result["ddp_allreduces"] == 4, result["ddp_allreduces"]
 
 
 @pytest.mark.parametrize("strategy, precision", [

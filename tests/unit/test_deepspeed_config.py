@@ -70,6 +70,12 @@ def test_zero_stage_offload_and_conflicts():
         build_config(plan, FP32, zero_stage=4)
 
 
+def test_users_loss_scaling_settings_are_kept():
+    config = build_config(plan_batch(8, 1), resolve_precision("fp16", CPU),
+                          user_config={"fp16": {"enabled": True, "loss_scale": 128, "initial_scale_power": 8}})
+    assert config["fp16"] == {"enabled": True, "loss_scale": 128, "initial_scale_power": 8}
+
+
 def test_precision_sections_and_conflicts():
     plan = plan_batch(8, 1)
     config = build_config(plan, BF16)
@@ -123,8 +129,10 @@ def test_command_line_switch():
     assert training_options(parser.parse_args([])) == {"strategy": "ddp", "precision": "auto"}
     options = training_options(parser.parse_args(["--strategy", "deepspeed", "--offload"]))
     assert options == {"strategy": "deepspeed", "precision": "auto", "zero_stage": 1, "offload": True, "ds_config": None}
-    with pytest.raises(ValueError, match="--offload only apply to --strategy deepspeed"):
+    with pytest.raises(ValueError, match="--offload: for --strategy deepspeed only"):
         training_options(parser.parse_args(["--offload"]))
+    with pytest.raises(ValueError, match="--zero-stage: for --strategy deepspeed only"):
+        training_options(parser.parse_args(["--zero-stage", "3"]))
     with pytest.raises(SystemExit):
         parser.parse_args(["--strategy", "horovod"])
 
@@ -156,7 +164,7 @@ def test_setup_refuses_deepspeed_options_for_other_strategies():
 
     rt = SimpleNamespace(device=CPU, world_size=1, rank=0, is_distributed=False)
     model = torch.nn.Linear(2, 1)
-    with pytest.raises(ValueError, match="zero_stage, ds_config only apply to strategy 'deepspeed', not 'fsdp'"):
+    with pytest.raises(ValueError, match="zero_stage, ds_config: for strategy 'deepspeed' only, not 'fsdp'"):
         setup(model, torch.optim.SGD, plan=plan_batch(4, 1), strategy="fsdp", zero_stage=2, ds_config={}, rt=rt)
     with pytest.raises(ValueError, match="unknown strategy 'zero'; choose one of: ddp, fsdp, deepspeed"):
         setup(model, torch.optim.SGD, plan=plan_batch(4, 1), strategy="zero", rt=rt)

@@ -116,9 +116,11 @@ def full_state_dict(model: nn.Module) -> dict[str, Any]:
 def no_sync(model: nn.Module, skip: bool = True) -> AbstractContextManager[Any]:
     """Within this block, backward passes accumulate gradients without synchronising them.
 
-    Use it for every micro-batch of a gradient-accumulation step except the last:
-    ``with gpuscale.no_sync(model, skip=not last_micro_batch): loss.backward()``. Under DDP the
-    all-reduce waits; under FSDP2 the reduce-scatter waits (gradients stay unsharded meanwhile).
+    Use it for every micro-batch of a gradient-accumulation step except the last, around the
+    forward pass and the backward pass (DDP decides in the forward, FSDP2 in the backward):
+    ``with gpuscale.no_sync(model, skip=not last_micro_batch): loss_fn(model(x), y).backward()``.
+    Under DDP the all-reduce waits; under FSDP2 the reduce-scatter waits (gradients stay unsharded
+    meanwhile). `gpuscale.setup`'s `Training` does this for you.
     """
     if not skip:
         return nullcontext()

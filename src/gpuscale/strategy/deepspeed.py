@@ -40,7 +40,6 @@ SAFE_GLOBALS = frozenset({
     "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
     "deepspeed.runtime.zero.config.ZeroStageEnum",
     "deepspeed.utils.tensor_fragment.fragment_address",
-    "deepspeed.checkpoint.constants.PARAM_SLICE_MAPPINGS",
 })
 
 

@@ -105,7 +105,8 @@ def build_config(
         raise ValueError(f"the DeepSpeed config enables {stated} but the run's precision is {precision.name}; "
                          f"pass --precision {stated} or remove the {stated} section from the config")
     for name, section in precision.deepspeed_config().items():
-        config[name] = {**(config.get(name) or {}), **section} if section["enabled"] else section
+        # gpuscale's loss-scaling settings are defaults: the user's own (loss_scale, ...) win.
+        config[name] = {**section, **(config.get(name) or {}), "enabled": True} if section["enabled"] else section
 
     # DeepSpeed's own default is 1.0 (since 0.1x): left unset, every run would clip silently and
     # train differently from the same script under DDP. 0 turns clipping off.

@@ -35,6 +35,15 @@ with gpuscale.init() as rt:
     options = {"zero_stage": args.zero_stage} if args.strategy == "deepspeed" else {}
     training = gpuscale.setup(net, lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9), plan=plan,
                               strategy=args.strategy, precision=args.precision, clip_grad_norm=args.clip, **options)
+    allreduces = [0]
+    if isinstance(training.model, torch.nn.parallel.DistributedDataParallel):
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        def counting_hook(state, bucket):
+            allreduces[0] += 1
+            return allreduce_hook(state, bucket)
+
+        training.model.register_comm_hook(state=None, hook=counting_hook)
     losses, norms, step, micro = [], [], 0, 0
     step_loss = 0.0
     for x, y in loader:
@@ -68,5 +77,5 @@ with gpuscale.init() as rt:
         torch.save(final, out / "final.pt")
         (out / "result.json").write_text(json.dumps({
             "losses": losses, "grad_norms": norms, "plan": plan.as_dict(), "precision": training.precision.name,
-            "eval_samples": eval_samples,
+            "eval_samples": eval_samples, "ddp_allreduces": allreduces[0],
         }))
