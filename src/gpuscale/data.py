@@ -229,7 +229,7 @@ def _check_even_batches(loader: ShardedLoader) -> None:
     from gpuscale.runtime import current
 
     sampler = loader.sampler
-    if not isinstance(sampler, EvalShardSampler):
+    if not isinstance(sampler, EvalShardSampler) or sampler.even:
         return
     batch = loader.plan.per_device_batch
     most, fewest = math.ceil(sampler.size / sampler.num_replicas), sampler.size // sampler.num_replicas
