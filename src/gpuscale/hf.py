@@ -8,15 +8,16 @@ Trainer run a gpuscale run all the same:
 
     with gpuscale.init() as rt:                      # exports RANK, WORLD_SIZE, ... for the Trainer
         plan = gpuscale.plan_batch(32, rt.world_size, scaling="strong", max_per_device=8)
-        args = TrainingArguments(output_dir=out, learning_rate=2e-5,
+        args = TrainingArguments(output_dir=out, learning_rate=2e-5, eval_strategy="steps", eval_on_start=True,
                                  **trainer_arguments(plan, strategy="deepspeed", precision="auto"))
         meter = gpuscale.Meter(plan)
-        trainer = Trainer(model=model, args=args, ..., callbacks=[MeterCallback(meter)])
+        metered = MeterCallback(meter)
+        trainer = Trainer(model=model, args=args, ..., callbacks=[metered])
         check_trainer(trainer, plan)                 # really distributed, with the planned batch
-        trainer.train()
+        trainer.train()                              # metered.evaluations[0]: the model as training began
         with meter.phase("eval"):
             metrics = trainer.evaluate()
-        meter.write_summary(out, final_loss=..., perplexity=...)   # summary.json on rank 0
+        meter.write_summary(out, final_loss=metered.final_loss, ...)   # summary.json on rank 0
 
 `trainer_arguments` returns the `TrainingArguments` keywords gpuscale owns: the per-device batch
 and gradient accumulation from the `BatchPlan` (so the global batch is exact, FACTS §5 bug 7),
@@ -44,6 +45,10 @@ same keys and meaning as for a hand-written loop. Time in ``Trainer.train`` is s
 - eval: the runtime the Trainer reports for each evaluation during training;
 - checkpoint: from the previous event to ``on_save`` (the Trainer saves right before it);
 - compute: the rest.
+
+Measure the model before training with ``eval_on_start=True`` rather than ``trainer.evaluate()``
+before ``train()``: under DeepSpeed ZeRO-1 and 2 the Trainer cannot evaluate before it has built
+its engine ("ZeRO inference only makes sense with ZeRO Stage 3").
 
 Steps and samples count optimizer steps run in this call (a resumed run counts only its own);
 ``epochs`` is the fraction of an epoch trained in this call, as the Trainer counts it.

