@@ -95,6 +95,8 @@ class Runtime:
     """One entry per rank (host, rank, local_rank, device, cores), the same on every rank."""
     strategy: str | None = None
     """Name of the strategy the model was wrapped with (set by `gpuscale.wrap`)."""
+    gradient_bytes: int | None = None
+    """Bytes of gradients one data-parallel step synchronises (trainable parameters; set by `wrap`/`setup`)."""
     collective_forward: bool = False
     """True when every forward pass is a collective (FSDP, ZeRO-3): all ranks must run the same number."""
     timeout_s: float = DEFAULT_TIMEOUT_S

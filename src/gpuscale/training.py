@@ -38,7 +38,7 @@ from torch import nn
 from gpuscale.data import BatchPlan
 from gpuscale.log import get_logger
 from gpuscale.precision import PRECISIONS, Precision, resolve_precision
-from gpuscale.strategy import STRATEGIES, get_strategy, no_sync, unwrap, wrap
+from gpuscale.strategy import STRATEGIES, get_strategy, gradient_bytes, no_sync, unwrap, wrap
 from gpuscale.strategy.deepspeed_config import ZERO_STAGES, build_config, config_precision, load_config
 
 __all__ = ["Training", "setup", "add_arguments", "training_options"]
@@ -206,6 +206,7 @@ def _setup_deepspeed(model: nn.Module, optimizer: OptimizerFactory | None, *, pl
     engine, engine_optimizer = chosen.initialize(module, torch_optimizer, config)
     engine._gpuscale_strategy = chosen
     rt.strategy = chosen.name
+    rt.gradient_bytes = gradient_bytes(module)
     rt.collective_forward = config["zero_optimization"]["stage"] == 3 and rt.world_size > 1  # ZeRO-3 gathers parameters
     if torch_optimizer is None:  # built by DeepSpeed from the config
         torch_optimizer = getattr(engine_optimizer, "optimizer", engine_optimizer)

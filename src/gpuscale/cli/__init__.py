@@ -12,15 +12,24 @@ from typing import NoReturn
 
 from gpuscale._version import __version__
 from gpuscale.cli import consolidate as consolidate_cmd
+from gpuscale.cli import demo as demo_cmd
 from gpuscale.cli import env as env_cmd
+from gpuscale.cli import predict as predict_cmd
 from gpuscale.cli import profiles as profiles_cmd
+from gpuscale.cli import report as report_cmd
 from gpuscale.cli import run as run_cmd
 from gpuscale.cli import slurm as slurm_cmd
+from gpuscale.cli import study as study_cmd
 from gpuscale.slurm.jobs import SlurmError
+from gpuscale.study.linkbench import MeasureError
 
-VERBS = (run_cmd, env_cmd, slurm_cmd, profiles_cmd, consolidate_cmd)
+VERBS = (demo_cmd, run_cmd, env_cmd, study_cmd, report_cmd, predict_cmd, slurm_cmd, profiles_cmd, consolidate_cmd)
 
 EPILOG = """examples:
+  gpuscale demo                                              # weak and strong scaling of an example, here
+  gpuscale study --nproc 1,2 --out runs/study -- examples/dogs_vs_cats.py --epochs 2
+  gpuscale report runs/study
+  gpuscale predict runs/study/weak-1x1 --profile lumi-g --nproc 1,2,4,8 --nodes 1,2
   gpuscale run --nproc-per-node 2 examples/dogs_vs_cats.py --out runs/dvc
   gpuscale run --nproc-per-node 2 -m gpuscale env
   gpuscale env --json
@@ -60,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except (ValueError, OSError, SlurmError) as exc:  # bad input, an unreadable path, SLURM said no
+    except (ValueError, OSError, SlurmError, MeasureError) as exc:  # bad input, an unreadable path, SLURM said no
         print(f"gpuscale {args.verb}: error: {exc}", file=sys.stderr)
         return 2
 

@@ -28,12 +28,10 @@ EPILOG = """examples:
 """
 
 
-def add_job_options(parser: argparse.ArgumentParser) -> None:
-    """The options that describe a job, shared by `script` and `submit`."""
-    parser.add_argument("--profile", required=True, help="cluster profile: a name (see `gpuscale profiles`) or a .toml path")
+def add_cluster_options(parser: Any, profile_required: bool = True) -> None:
+    """Where and how a job runs (profile, account, time, container, ...): shared by `slurm` and `study`."""
+    parser.add_argument("--profile", required=profile_required, help="cluster profile: a name (see `gpuscale profiles`) or a .toml path")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a single-valued profile key, e.g. gpus_per_node=4 (repeatable)")
-    parser.add_argument("--nodes", type=int, default=1, help="number of nodes (default 1)")
-    parser.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node (default: all of a node's)")
     parser.add_argument("--mode", choices=MODES, default="torchrun", help="torchrun: one task per node; srun: one task per GPU")
     parser.add_argument("--time", default="00:30:00", help="time limit, e.g. 30, 01:00:00, 1-00:00:00 (default 00:30:00)")
     parser.add_argument("--account", default=None, help="project to charge")
@@ -41,25 +39,34 @@ def add_job_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reservation", default=None, help="reservation (courses often have one)")
     parser.add_argument("--mem-per-gpu", default=None, help="memory per GPU, e.g. 60G (default: the profile's)")
     parser.add_argument("--job-name", default="gpuscale", help="job name (default gpuscale)")
-    parser.add_argument("--output", default="%x-%j.out", help="output file pattern (default %%x-%%j.out)")
     parser.add_argument("--container", default=None, help="container image to run Python in")
     parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="export a variable in the job (repeatable)")
     parser.add_argument("--venv", default=None, help="virtual environment to activate in the job")
     parser.add_argument("--exclusive", action="store_true", help="ask for whole nodes")
     parser.add_argument("--cpu-bind", choices=CPU_BINDS, default="auto", help="srun mode: CPU masks next to each GPU (auto: when the node is whole)")
     parser.add_argument("--cpus-per-gpu", type=int, default=None, help="pass --cpus-per-gpu to SLURM (refused on some clusters)")
-    parser.add_argument("--ntasks-per-node", type=int, default=None, help="tasks per node (torchrun: 1; srun: one per GPU)")
     parser.add_argument("--python", default="python3", help="Python interpreter in the job (default python3)")
+
+
+def add_job_options(parser: argparse.ArgumentParser) -> None:
+    """The options that describe a job, shared by `script` and `submit`."""
+    add_cluster_options(parser)
+    parser.add_argument("--nodes", type=int, default=1, help="number of nodes (default 1)")
+    parser.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node (default: all of a node's)")
+    parser.add_argument("--output", default="%x-%j.out", help="output file pattern (default %%x-%%j.out)")
+    parser.add_argument("--ntasks-per-node", type=int, default=None, help="tasks per node (torchrun: 1; srun: one per GPU)")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- SCRIPT [ARGS]", help="the training script and its arguments")
 
 
 def _parse_value(text: str) -> Any:
     if text.lower() in ("true", "false"):
         return text.lower() == "true"
-    try:
-        return int(text)
-    except ValueError:
-        return text
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 def _pairs(items: list[str], option: str) -> list[tuple[str, str]]:
@@ -79,19 +86,31 @@ def job_from_args(args: argparse.Namespace, check_paths: bool = True) -> tuple[A
         command = command[1:]
     if not command:
         raise ValueError("no training script given; put it after --, e.g. `-- train.py --epochs 3`")
+    return cluster_job(args, command, nodes=args.nodes, gpus_per_node=args.gpus_per_node, output=args.output,
+                       tasks_per_node=args.ntasks_per_node, check_paths=check_paths)
+
+
+def cluster_job(args: argparse.Namespace, command: list[str], *, nodes: int, gpus_per_node: int | None, output: str,
+                tasks_per_node: int | None = None, check_paths: bool = True) -> tuple[Any, JobSpec]:
+    """Profile and JobSpec for `command` (script and its arguments) with the cluster options of `args`."""
     script, *script_args = command
     if check_paths and not os.path.isfile(script):
         raise ValueError(f"script {script!r} does not exist; give a path that the job can read")
-    profile = load_profile(args.profile, {k: _parse_value(v) for k, v in _pairs(args.set, "--set")} or None)
+    profile = profile_from_args(args)
     job = JobSpec(
-        script=script, script_args=tuple(script_args), nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+        script=script, script_args=tuple(script_args), nodes=nodes, gpus_per_node=gpus_per_node,
         mode=args.mode, time=args.time, account=args.account, partition=args.partition,
         reservation=args.reservation, mem_per_gpu=args.mem_per_gpu, job_name=args.job_name,
-        output=args.output, container=args.container, env=tuple(_pairs(args.env, "--env")), venv=args.venv,
+        output=output, container=args.container, env=tuple(_pairs(args.env, "--env")), venv=args.venv,
         exclusive=args.exclusive, cpu_bind=args.cpu_bind, cpus_per_gpu=args.cpus_per_gpu,
-        tasks_per_node=args.ntasks_per_node, python=args.python,
+        tasks_per_node=tasks_per_node, python=args.python,
     )
     return profile, job
+
+
+def profile_from_args(args: argparse.Namespace) -> Any:
+    """The --profile with its --set overrides."""
+    return load_profile(args.profile, {k: _parse_value(v) for k, v in _pairs(args.set, "--set")} or None)
 
 
 def add_parser(subparsers: Any) -> None:

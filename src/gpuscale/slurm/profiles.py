@@ -23,6 +23,10 @@ Schema (top level, then tables):
     [env]              NAME = "literal value"         (quoted in the script)
     [env_shell]        NAME = "shell ${EXPRESSION}"   (expanded by the batch shell: trusted profile text)
     setup = ["module load ...", ...]     # optional shell lines run first (trusted profile text)
+    intra_node_gbps = 50.0               # optional: all-reduce bandwidth between GPUs of a node, GB/s per direction
+    intra_node_latency_us = 10.0         #   ... and the latency of one ring step, microseconds
+    inter_node_gbps = 100.0              # optional: a node's bandwidth off the node, GB/s per direction
+    inter_node_latency_us = 20.0         #   (these four feed `gpuscale predict`)
 
 Unknown keys are errors that name the valid ones, so a typo never silently does nothing.
 """
@@ -47,6 +51,7 @@ __all__ = ["Profile", "Partition", "Container", "load_profile", "list_profiles",
 
 BUILTIN_DIR = Path(__file__).with_name("profiles")
 VENDORS = ("amd", "nvidia", "none")
+LINK_KEYS = ("intra_node_gbps", "intra_node_latency_us", "inter_node_gbps", "inter_node_latency_us")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -136,6 +141,10 @@ class Profile:
     env: dict[str, str] = field(default_factory=dict)
     env_shell: dict[str, str] = field(default_factory=dict)
     setup: tuple[str, ...] = ()
+    intra_node_gbps: float | None = None
+    intra_node_latency_us: float | None = None
+    inter_node_gbps: float | None = None
+    inter_node_latency_us: float | None = None
     source: str = "<built-in>"
 
     def __post_init__(self) -> None:
@@ -166,6 +175,10 @@ class Profile:
             for cores in self.gpu_cores:
                 if not parse_cpulist(cores):
                     raise ValueError(f"{where}: gpu_cores entry {cores!r} names no cores; write e.g. \"49-55\"")
+        for key in LINK_KEYS:
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+                raise ValueError(f"{where}: {key}={value!r} must be a positive number")
         for table in ("env", "env_shell"):
             for key in getattr(self, table):
                 if not _ENV_NAME.match(key):

@@ -89,8 +89,17 @@ def wrap(model: nn.Module, strategy: str | None = None, rt: Any = None, precisio
     wrapped = chosen.wrap(module, rt, precision)
     wrapped._gpuscale_strategy = chosen  # type: ignore[assignment]
     rt.strategy = chosen.name
+    rt.gradient_bytes = gradient_bytes(module)
     rt.collective_forward = getattr(chosen, "sharded", False) and rt.is_distributed
     return wrapped
+
+
+def gradient_bytes(module: nn.Module) -> int:
+    """Bytes of the gradients of `module`'s trainable parameters: what data parallelism all-reduces per step.
+
+    Gradients have their parameter's dtype (fp32 also under autocast; bf16 when the weights are bf16).
+    """
+    return sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
 
 
 def unwrap(model: nn.Module) -> nn.Module:

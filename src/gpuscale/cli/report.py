@@ -1,0 +1,50 @@
+"""`gpuscale report DIR`: the scaling table, report.md, report.html and plots of a study, from its saved JSON.
+
+The rows are derived again from each run's summary.json (and the prediction from results.json),
+so a study copied off a cluster, or one whose runs were added to, reports the same way anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from gpuscale.study import analysis
+
+EPILOG = """examples:
+  gpuscale report runs/study
+  gpuscale report runs/study --no-files     # print the table only
+"""
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser("report", help="table, report.md, report.html and plots of a study", description=__doc__,
+                                   epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("study_dir", metavar="DIR", help="the --out directory of `gpuscale study`")
+    parser.add_argument("--no-files", action="store_true", help="print the table; write nothing")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpuscale.files import atomic_write_json
+    from gpuscale.study.report import format_table, write_report
+
+    study_dir = Path(args.study_dir)
+    saved = study_dir / "results.json"
+    prediction = None
+    if saved.is_file():
+        try:
+            prediction = json.loads(saved.read_text()).get("prediction")
+        except ValueError:
+            raise ValueError(f"{saved} is not valid JSON; delete it and run `gpuscale report {study_dir}` again") from None
+    results = analysis.analyse(study_dir, prediction)
+    if not results["rows"]:
+        raise ValueError(f"{study_dir} has no finished runs yet; run `gpuscale study --out {study_dir} -- SCRIPT` first")
+    print(format_table(results))
+    if not args.no_files:
+        atomic_write_json(saved, results)
+        paths = write_report(results, study_dir)
+        print(f"\nreport: {paths['report.html']}  (and report.md, {study_dir / 'plots'})")
+    return 0

@@ -1,0 +1,167 @@
+"""`gpuscale study`: run a training script on 1, 2, ..., N devices, weak and strong, and report the scaling.
+
+    gpuscale study --nproc 1,2 --scaling weak,strong --out runs/study -- examples/dogs_vs_cats.py --epochs 2
+    gpuscale study --launcher slurm --profile lumi-g --nproc 1,2,4,8 --nodes 1,2 --account project_465000 \\
+        --out runs/lumi -- examples/vit.py
+
+Each cell (a scaling and a shape, e.g. weak-1x2: weak scaling, 1 node x 2 processes) runs the
+script with ``--scaling weak|strong --out DIR/<cell>`` appended; the script writes its
+summary.json there (gpuscale.Meter). Cells run one after another; a rerun skips finished cells,
+so an interrupted study continues where it stopped, and a longer --nproc list adds cells.
+
+Weak scaling keeps each device's batch (the work grows with the devices), strong scaling keeps
+the global batch (the work is fixed). Speed-up and efficiency are against the smallest run of
+each scaling: throughput for weak, time for the same epochs for strong; accuracy stands beside
+them, so you see what each did to the model. The table is printed and DIR/results.json,
+report.md, report.html and plots/ are written (`gpuscale report DIR` writes them again).
+
+On a CPU-only machine every process gets the same number of cores in every cell (the cores
+divided by the largest process count), the CPU counterpart of "one GPU per process".
+The prediction of the ring all-reduce model (`gpuscale predict`) stands beside the measurement:
+with a profile's interconnect figures on SLURM, with figures measured here otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from gpuscale.cli.slurm import add_cluster_options, cluster_job, profile_from_args
+from gpuscale.study import analysis, matrix, predict, runner
+from gpuscale.study.linkbench import MeasureError
+
+EPILOG = """examples:
+  gpuscale study --nproc 1,2 --scaling weak,strong --out runs/study -- examples/dogs_vs_cats.py --epochs 2
+  gpuscale study --nproc 1,2 --out runs/large -- examples/dogs_vs_cats.py --swap-train-test   # 22,000 images
+  gpuscale study --launcher slurm --profile local --nproc 1,2 --nodes 1,2 --out runs/slurm -- examples/dogs_vs_cats.py
+  gpuscale report runs/study
+"""
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "study", help="run a script on 1..N devices, weak and strong; table, report and prediction",
+        description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_study_options(parser)
+    parser.add_argument("--out", required=True, help="study directory (created; a rerun skips finished cells)")
+    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- SCRIPT [ARGS]", help="the training script and its arguments")
+    parser.set_defaults(func=run)
+
+
+def add_study_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nproc", default=None, metavar="1,2,4",
+                        help="processes per node to try (default: 1, 2, 4, ... up to the node's GPUs, or its cores without GPUs)")
+    parser.add_argument("--nodes", default="1", metavar="1,2", help="node counts to try (default 1; more need --launcher slurm)")
+    parser.add_argument("--scaling", default="weak,strong", metavar="weak,strong", help="scaling modes (default both)")
+    parser.add_argument("--launcher", choices=("local", "slurm"), default="local", help="run cells here or as SLURM jobs (default local)")
+    parser.add_argument("--overlap", type=float, default=None,
+                        help="share of compute time that hides communication, for the prediction (default 0 on CPU, 0.5 on GPUs)")
+    parser.add_argument("--no-predict", action="store_true", help="skip the prediction (and measuring the interconnect)")
+    parser.add_argument("--cell-timeout", type=float, default=None, metavar="SECONDS", help="give up on a cell after this long")
+    slurm = parser.add_argument_group("SLURM (with --launcher slurm)")
+    add_cluster_options(slurm, profile_required=False)
+
+
+def _node_devices() -> tuple[int, list[int]]:
+    import torch
+
+    from gpuscale.topology import allowed_cores
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return gpus, allowed_cores()
+
+
+def _command(raw: list[str]) -> list[str]:
+    command = raw[1:] if raw and raw[0] == "--" else list(raw)
+    if not command:
+        raise ValueError("no training script given; put it after --, e.g. `-- examples/dogs_vs_cats.py --epochs 2`")
+    if not os.path.isfile(command[0]):
+        raise ValueError(f"script {command[0]!r} does not exist; give the path of a Python file")
+    if any(a in ("--out", "--scaling") or a.startswith(("--out=", "--scaling=")) for a in command[1:]):
+        raise ValueError("leave --out and --scaling out of the script's arguments: the study sets them for each cell")
+    return command
+
+
+def _link(args: argparse.Namespace, out: Path, num_gpus: int, cores: list[int], max_nproc: int) -> predict.Link:
+    """The interconnect figures: the profile's on SLURM, else measured here once (cached in the study)."""
+    from gpuscale.study import linkbench
+
+    if args.launcher == "slurm":
+        return predict.Link.from_profile(profile_from_args(args))
+    path = out / "link.json"
+    if path.is_file():
+        return predict.Link.from_measurement(json.loads(path.read_text()))
+    nproc = 2 if not num_gpus else min(2, num_gpus)
+    per_process = max(len(cores) // max_nproc, 1)
+    bound = None if num_gpus else cores[: min(2 * per_process, len(cores))]
+    return predict.Link.from_measurement(linkbench.measure_local(path, nproc, bound))
+
+
+def execute(args: argparse.Namespace, command: list[str], out: Path, progress: Any = print) -> dict[str, Any]:
+    """Run the study that `args` describe; write results and report; return the results."""
+    from gpuscale.study.report import format_table, write_report
+
+    num_gpus, cores = _node_devices()
+    device_count = num_gpus or len(cores)
+    nproc = matrix.parse_counts(args.nproc, "--nproc") if args.nproc else matrix.default_nproc(device_count)
+    nodes = matrix.parse_counts(args.nodes, "--nodes")
+    cells = matrix.cells(nproc, nodes, matrix.parse_scalings(args.scaling))
+    unit = "GPU" if (num_gpus or args.launcher == "slurm") else "process"
+    if args.launcher == "slurm":
+        if not args.profile:
+            raise ValueError("--launcher slurm needs --profile (see `gpuscale profiles`)")
+        profile_from_args(args)  # a bad profile fails now, not after the first cell
+
+        def job_for(cell: matrix.Cell, argv: list[str], output: str) -> tuple[Any, Any]:
+            return cluster_job(args, argv, nodes=cell.nodes, gpus_per_node=cell.nproc_per_node, output=output)
+
+        for cell in cells:  # every cell's job is checked before the first one runs
+            job_for(cell, matrix.script_argv(cell, command, str(out / cell.name)), str(out / cell.name / runner.LOG_FILE))
+        run_one: Any = runner.SlurmRunner(command, job_for, on_state=lambda s: progress(f"    {s}"), timeout_s=args.cell_timeout)
+    else:
+        if max(nodes) > 1:
+            raise ValueError(f"--nodes {args.nodes} needs --launcher slurm: the local launcher runs on this node only")
+        run_one = runner.LocalRunner(command, max(nproc), num_gpus, cores, timeout_s=args.cell_timeout)
+        if not num_gpus and max(nproc) > len(cores):
+            progress(f"note: {max(nproc)} processes on {len(cores)} cores share them; speed-up cannot pass {len(cores)}")
+
+    runner.record_study(out, command, args.launcher, cells, {})
+    outcomes = runner.run_cells(out, cells, run_one, progress, unit)
+    summaries = {o.cell.name: o.summary for o in outcomes if o.summary is not None}
+    prediction = None
+    if not args.no_predict and any(c.world_size == 1 and c.name in summaries for c in cells) and len(cells) > 1:
+        overlap = args.overlap if args.overlap is not None else (0.5 if unit == "GPU" else 0.0)
+        try:
+            link = _link(args, out, num_gpus, cores, max(nproc))
+            # on CPU a device is the cores one process gets; more processes than that share them
+            devices = None if (num_gpus or args.launcher == "slurm") else max(len(cores) // max(len(cores) // max(nproc), 1), 1)
+            prediction = predict.predict_study(cells, summaries, link, overlap, devices)
+        except (ValueError, MeasureError) as exc:
+            progress(f"no prediction: {exc}")
+    results = analysis.analyse(out, prediction)
+    from gpuscale.files import atomic_write_json
+
+    atomic_write_json(out / "results.json", results)
+    if results["rows"]:
+        progress("")
+        progress(format_table(results))
+        paths = write_report(results, out)
+        progress(f"\nreport: {paths['report.html']}  (and report.md, {out / 'plots'})")
+    failed = [o for o in outcomes if o.status == "failed"]
+    if failed:
+        progress(f"{len(failed)} of {len(cells)} runs failed: {', '.join(o.cell.name for o in failed)}; "
+                 "fix the cause and run the same command again: finished runs are kept")
+    results["failed"] = [o.cell.name for o in failed]
+    return results
+
+
+def run(args: argparse.Namespace) -> int:
+    command = _command(args.command)
+    results = execute(args, command, Path(args.out))
+    sys.stdout.flush()
+    return 1 if results["failed"] else 0

@@ -1,0 +1,97 @@
+"""The cells of a scaling study and the command line of each. Pure: nothing here runs anything.
+
+A cell is one run: a scaling mode and a shape (nodes x processes per node). The script learns its
+cell from two arguments gpuscale appends to its own: ``--scaling weak|strong`` and ``--out DIR``
+(every example takes both; a script of yours needs them too, and must write its summary with
+``gpuscale.Meter.write_summary(args.out, ...)``).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+SCALINGS = ("weak", "strong")
+
+
+@dataclass(frozen=True, order=True)
+class Cell:
+    """One run of a study."""
+
+    scaling: str
+    """'weak' (each device keeps its batch) or 'strong' (the global batch stays)."""
+    nodes: int
+    nproc_per_node: int
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.nproc_per_node
+
+    @property
+    def name(self) -> str:
+        """The cell's folder in the study directory, e.g. 'weak-1x2'."""
+        return f"{self.scaling}-{self.nodes}x{self.nproc_per_node}"
+
+    def describe(self, unit: str = "process") -> str:
+        node = "node" if self.nodes == 1 else "nodes"
+        units = unit if self.nproc_per_node == 1 else unit + "es" if unit.endswith("s") else unit + "s"
+        return f"{self.scaling} scaling, {self.nodes} {node} x {self.nproc_per_node} {units}"
+
+
+def parse_counts(text: str, option: str) -> list[int]:
+    """'1,2,4' -> [1, 2, 4]: positive, distinct, ascending; ValueError naming the option otherwise."""
+    try:
+        counts = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"{option} {text!r} is not a comma-separated list of numbers, e.g. 1,2,4") from None
+    if not counts or any(c < 1 for c in counts):
+        raise ValueError(f"{option} {text!r} must list numbers of at least 1, e.g. 1,2,4")
+    return sorted(set(counts))
+
+
+def parse_scalings(text: str) -> list[str]:
+    """'weak,strong' -> ['weak', 'strong'] (in that order); ValueError for anything else."""
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [n for n in names if n not in SCALINGS]
+    if not names or unknown:
+        raise ValueError(f"--scaling {text!r}: choose from {', '.join(SCALINGS)} (comma-separated)")
+    return [s for s in SCALINGS if s in names]
+
+
+def default_nproc(num_devices: int) -> list[int]:
+    """1, 2, 4, ... up to the devices of a node, and the count itself: 1,2,4,8 for 8 GPUs; 1,2,3 for 3."""
+    counts, n = [], 1
+    while n < num_devices:
+        counts.append(n)
+        n *= 2
+    return [*counts, max(num_devices, 1)]
+
+
+def cells(nproc: list[int], nodes: list[int], scalings: list[str]) -> list[Cell]:
+    """Every combination, smallest first within each scaling."""
+    return [Cell(s, n, p) for s in scalings for n in nodes for p in nproc]
+
+
+def script_argv(cell: Cell, command: list[str], cell_dir: str) -> list[str]:
+    """The script and its arguments for this cell: the user's, then --scaling and --out."""
+    return [*command, "--scaling", cell.scaling, "--out", cell_dir]
+
+
+def local_argv(cell: Cell, command: list[str], cell_dir: str, python: str = sys.executable) -> list[str]:
+    """The local launch of a cell: `gpuscale run` with the cell's processes on this node."""
+    if cell.nodes != 1:
+        raise ValueError(f"{cell.name} needs {cell.nodes} nodes, but --launcher local runs on this node only; "
+                         "use --launcher slurm --profile P for several nodes")
+    return [python, "-m", "gpuscale", "run", "--nproc-per-node", str(cell.nproc_per_node), *script_argv(cell, command, cell_dir)]
+
+
+def cpu_cores_for(cell: Cell, max_nproc: int, cores: list[int]) -> list[int]:
+    """On a CPU-only node, the cores a cell may use: the same number per process in every cell.
+
+    A GPU study compares 1 GPU with 2 GPUs. Its CPU analogue is 1 process on k cores against 2
+    processes on k cores each; giving the single process every core instead would compare the same
+    hardware with itself. k = cores // the largest process count (at least 1); a cell with more
+    processes than cores shares them (its speed-up cannot pass the core count).
+    """
+    per_process = max(len(cores) // max_nproc, 1)
+    return cores[: min(per_process * cell.nproc_per_node, len(cores))]

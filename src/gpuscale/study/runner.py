@@ -1,0 +1,192 @@
+"""Run the cells of a study, one after another, locally or as SLURM jobs; a rerun skips finished cells.
+
+A cell is finished when its folder holds a summary.json of the cell's shape. A cell folder without
+one (a run that failed or was interrupted) is emptied before the cell runs again: a run that
+resumed from its own half-written checkpoints would time only the epochs after the resume.
+Cells run one at a time, so no two runs compete for the same cores, GPUs or network.
+
+`study.json` records the command and launcher; a rerun into the same directory with another command
+is refused, so one table never mixes two experiments.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpuscale.files import atomic_write_json
+from gpuscale.study.matrix import Cell, cpu_cores_for, local_argv, script_argv
+
+STUDY_FILE = "study.json"
+SUMMARY_FILE = "summary.json"
+LOG_FILE = "output.log"
+
+
+@dataclass
+class Outcome:
+    """What became of one cell."""
+
+    cell: Cell
+    status: str
+    """'done' (ran now), 'skipped' (finished before) or 'failed'."""
+    seconds: float = 0.0
+    summary: dict[str, Any] | None = None
+    error: str | None = None
+
+
+def read_summary(cell_dir: Path, cell: Cell) -> dict[str, Any] | None:
+    """The cell's summary if it is complete and of this cell's shape and scaling, else None."""
+    try:
+        summary = json.loads((cell_dir / SUMMARY_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if summary.get("world_size") != cell.world_size or summary.get("scaling") != cell.scaling:
+        return None
+    return summary
+
+
+def record_study(out: Path, command: list[str], launcher: str, cells: list[Cell], extra: dict[str, Any]) -> None:
+    """Write (or check) study.json: a study directory holds one command's runs only."""
+    path = out / STUDY_FILE
+    known: list[dict[str, Any]] = []
+    if path.exists():
+        previous = json.loads(path.read_text())
+        if previous.get("command") != command or previous.get("launcher") != launcher:
+            raise ValueError(
+                f"{out} holds a study of `{' '.join(previous.get('command', []))}` ({previous.get('launcher')}); "
+                "give another --out, or delete that directory to start over"
+            )
+        known = previous.get("cells", [])
+    names = {c["name"] for c in known}
+    for cell in cells:
+        if cell.name not in names:
+            known.append({"name": cell.name, "scaling": cell.scaling, "nodes": cell.nodes, "nproc_per_node": cell.nproc_per_node})
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, {"version": 1, "command": command, "launcher": launcher, "cells": known, **extra})
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "".join(path.read_text(errors="replace").splitlines(keepends=True)[-lines:])
+    except OSError:
+        return ""
+
+
+def _missing_summary(cell_dir: Path) -> str:
+    return (f"the run ended without writing {cell_dir / SUMMARY_FILE}: the script must accept --scaling and --out "
+            "and call gpuscale.Meter(...).write_summary(args.out)")
+
+
+class LocalRunner:
+    """Runs each cell with `gpuscale run` on this node.
+
+    On a CPU-only node every process gets the same number of cores in every cell (see
+    `matrix.cpu_cores_for`); with GPUs each process has its GPU and `gpuscale run` binds the cores.
+    """
+
+    launcher = "local"
+
+    def __init__(self, command: list[str], max_nproc: int, num_gpus: int, cores: list[int], timeout_s: float | None = None) -> None:
+        if num_gpus and max_nproc > num_gpus:
+            raise ValueError(f"--nproc asks for {max_nproc} processes but this node has {num_gpus} GPUs; "
+                             f"use at most {num_gpus}, or --launcher slurm for more nodes")
+        self.command = command
+        self.max_nproc = max_nproc
+        self.num_gpus = num_gpus
+        self.cores = cores
+        self.timeout_s = timeout_s
+
+    def run(self, cell: Cell, cell_dir: Path) -> str | None:
+        """Run one cell; None on success, else why it failed."""
+        argv = local_argv(cell, self.command, str(cell_dir))
+        cores = None if self.num_gpus else cpu_cores_for(cell, self.max_nproc, self.cores)
+        env = dict(os.environ)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        log_path = cell_dir / LOG_FILE
+        with log_path.open("w") as log:
+            log.write(f"$ {' '.join(argv)}\n" + (f"# cores {cores}\n" if cores else ""))
+            log.flush()
+            try:
+                code = subprocess.run(
+                    argv, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=self.timeout_s,
+                    preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None,
+                ).returncode
+            except subprocess.TimeoutExpired:
+                return f"did not finish within {self.timeout_s:.0f} s (see {log_path})"
+        if code != 0:
+            return f"exit code {code}; last lines of {log_path}:\n{tail(log_path)}"
+        return None
+
+
+class SlurmRunner:
+    """Runs each cell as a SLURM job (rendered from a cluster profile) and waits for it to end.
+
+    Jobs are submitted one at a time: a study measures speed, and two of its own jobs sharing a
+    node or a switch would measure each other.
+    """
+
+    launcher = "slurm"
+
+    def __init__(self, command: list[str], job_for: Callable[[Cell, list[str], str], tuple[Any, Any]],
+                 on_state: Callable[[str], None] | None = None, timeout_s: float | None = None) -> None:
+        self.command = command
+        self.job_for = job_for  # (cell, script argv, output path) -> (profile, JobSpec)
+        self.on_state = on_state
+        self.timeout_s = timeout_s
+
+    def run(self, cell: Cell, cell_dir: Path) -> str | None:
+        from gpuscale.slurm import jobs
+        from gpuscale.slurm.render import render_sbatch
+
+        log_path = cell_dir / LOG_FILE
+        profile, job = self.job_for(cell, script_argv(cell, self.command, str(cell_dir)), str(log_path))
+        job_id = jobs.submit(render_sbatch(profile, job), chdir=os.getcwd())
+
+        def changed(info: Any) -> None:
+            if self.on_state:
+                self.on_state(f"job {job_id} {info.state}" + (f" on {info.nodes}" if info.nodes else ""))
+
+        info = jobs.wait(job_id, poll_s=1.0, timeout_s=self.timeout_s, on_change=changed)
+        if not info.succeeded:
+            return f"job {job_id} ended {info.state} (exit code {info.exit_code}); last lines of {log_path}:\n{tail(log_path)}"
+        return None
+
+
+def run_cells(out: Path, cells: list[Cell], runner: Any, progress: Callable[[str], None] = print,
+              unit: str = "process") -> list[Outcome]:
+    """Run every unfinished cell; report each start and end through `progress`."""
+    outcomes = []
+    for index, cell in enumerate(cells, 1):
+        cell_dir = out / cell.name
+        head = f"[{index}/{len(cells)}] {cell.name} ({cell.describe(unit)})"
+        summary = read_summary(cell_dir, cell)
+        if summary is not None:
+            progress(f"{head}: finished before, skipped ({summary['samples_per_s']:.1f} samples/s)")
+            outcomes.append(Outcome(cell, "skipped", summary=summary))
+            continue
+        if cell_dir.exists():
+            shutil.rmtree(cell_dir)  # an unfinished run: start it afresh, not from its checkpoints
+        cell_dir.mkdir(parents=True)
+        progress(f"{head}: running ...")
+        start = time.perf_counter()
+        error = runner.run(cell, cell_dir)
+        seconds = time.perf_counter() - start
+        summary = read_summary(cell_dir, cell) if error is None else None
+        if error is None and summary is None:
+            error = _missing_summary(cell_dir)
+        if error:
+            progress(f"{head}: FAILED after {seconds:.1f} s: {error}")
+            outcomes.append(Outcome(cell, "failed", seconds, error=error))
+        else:
+            progress(f"{head}: done in {seconds:.1f} s ({summary['samples_per_s']:.1f} samples/s)")
+            outcomes.append(Outcome(cell, "done", seconds, summary=summary))
+        sys.stdout.flush()
+    return outcomes

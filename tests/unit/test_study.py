@@ -1,0 +1,186 @@
+"""Scaling studies without processes: the matrix, resumability bookkeeping, the analysis and the cost model."""
+
+import json
+import math
+
+import pytest
+
+from gpuscale.study import analysis, matrix, predict, runner
+from gpuscale.study.linkbench import fit
+from gpuscale.study.matrix import Cell
+
+
+def test_counts_and_scalings_parse_or_say_what_is_wrong():
+    assert matrix.parse_counts("4,1,2,2", "--nproc") == [1, 2, 4]
+    with pytest.raises(ValueError, match=r"--nproc '1,x'.*comma-separated"):
+        matrix.parse_counts("1,x", "--nproc")
+    with pytest.raises(ValueError, match="at least 1"):
+        matrix.parse_counts("0,2", "--nodes")
+    assert matrix.parse_scalings("strong,weak") == ["weak", "strong"]
+    with pytest.raises(ValueError, match="choose from weak, strong"):
+        matrix.parse_scalings("weak,wide")
+
+
+def test_default_process_counts_double_up_to_the_devices():
+    assert matrix.default_nproc(8) == [1, 2, 4, 8]
+    assert matrix.default_nproc(3) == [1, 2, 3]
+    assert matrix.default_nproc(1) == [1]
+    assert matrix.default_nproc(0) == [1]
+
+
+def test_each_cell_gets_scaling_and_out_and_local_runs_refuse_many_nodes():
+    cells = matrix.cells([1, 2], [1], ["weak", "strong"])
+    assert [c.name for c in cells] == ["weak-1x1", "weak-1x2", "strong-1x1", "strong-1x2"]
+    argv = matrix.local_argv(cells[1], ["train.py", "--epochs", "2"], "out/weak-1x2", python="py")
+    assert argv == ["py", "-m", "gpuscale", "run", "--nproc-per-node", "2", "train.py", "--epochs", "2",
+                    "--scaling", "weak", "--out", "out/weak-1x2"]
+    with pytest.raises(ValueError, match="--launcher slurm"):
+        matrix.local_argv(Cell("weak", 2, 1), ["train.py"], "out")
+
+
+def test_cpu_cells_give_every_process_the_same_cores():
+    cores = list(range(8))
+    assert matrix.cpu_cores_for(Cell("weak", 1, 1), 4, cores) == [0, 1]
+    assert matrix.cpu_cores_for(Cell("weak", 1, 4), 4, cores) == cores
+    assert matrix.cpu_cores_for(Cell("weak", 1, 1), 2, [0, 1]) == [0]
+    assert matrix.cpu_cores_for(Cell("weak", 1, 4), 4, [0, 1]) == [0, 1]  # more processes than cores: shared
+
+
+def _summary(world, scaling, sps, time_s, epochs=2, batch=32, acc=0.9, data_wait=0.1, step=0.1, util=None):
+    gb = batch * world if scaling == "weak" else batch
+    return {"world_size": world, "scaling": scaling, "samples_per_s": sps, "train_time_s": time_s, "epochs": epochs,
+            "global_batch": gb, "per_device_batch": gb // world, "steps": 10, "samples": 1000, "step_time_s": step,
+            "accuracy": acc, "final_loss": 0.3, "gradient_bytes": 4_000_000, "grad_accum_steps": 1, "device": "cpu",
+            "time_split_s": {"startup": 3.0, "data_wait": data_wait, "compute": time_s - data_wait, "eval": 0.0, "checkpoint": 0.0},
+            "utilisation": util}
+
+
+def _write_study(tmp_path, summaries):
+    cells = [Cell(s["scaling"], 1, s["world_size"]) for s in summaries]
+    runner.record_study(tmp_path, ["train.py"], "local", cells, {})
+    for cell, summary in zip(cells, summaries):
+        (tmp_path / cell.name).mkdir()
+        (tmp_path / cell.name / "summary.json").write_text(json.dumps(summary))
+
+
+def test_speedup_is_throughput_for_weak_and_time_for_strong(tmp_path):
+    _write_study(tmp_path, [
+        _summary(1, "weak", 100.0, 10.0), _summary(2, "weak", 180.0, 11.0, acc=0.8, step=0.111),
+        _summary(1, "strong", 100.0, 10.0), _summary(2, "strong", 170.0, 6.25),
+    ])
+    results = analysis.analyse(tmp_path)
+    rows = {r["name"]: r for r in results["rows"]}
+    assert results["baseline"] == {"weak": "weak-1x1", "strong": "strong-1x1"}
+    assert rows["weak-1x2"]["speedup"] == pytest.approx(1.8) and rows["weak-1x2"]["efficiency"] == pytest.approx(0.9)
+    assert rows["strong-1x2"]["speedup"] == pytest.approx(1.6) and rows["strong-1x2"]["efficiency"] == pytest.approx(0.8)
+    assert rows["weak-1x2"]["metric"] == "accuracy" and rows["weak-1x2"]["metric_value"] == 0.8
+    # weak scaling doubled the global batch and lost accuracy: the row says so, and why
+    assert any("global batch is 64 instead of 32" in f for f in rows["weak-1x2"]["flags"])
+    assert not rows["strong-1x2"]["flags"]
+
+
+def test_strong_scaling_compares_time_per_epoch_when_epochs_differ(tmp_path):
+    _write_study(tmp_path, [_summary(1, "strong", 100.0, 10.0, epochs=2), _summary(2, "strong", 190.0, 10.0, epochs=4)])
+    rows = analysis.analyse(tmp_path)["rows"]
+    assert rows[1]["speedup"] == pytest.approx(2.0)
+
+
+def test_unfinished_or_mismatched_cells_are_not_rows(tmp_path):
+    _write_study(tmp_path, [_summary(1, "weak", 100.0, 10.0), _summary(2, "weak", 180.0, 11.0)])
+    (tmp_path / "weak-1x2" / "summary.json").write_text(json.dumps(_summary(4, "weak", 1.0, 1.0)))  # another shape
+    assert [r["name"] for r in analysis.analyse(tmp_path)["rows"]] == ["weak-1x1"]
+    (tmp_path / "weak-1x2" / "summary.json").write_text("{not json")
+    assert [r["name"] for r in analysis.analyse(tmp_path)["rows"]] == ["weak-1x1"]
+
+
+def test_a_study_directory_holds_one_command(tmp_path):
+    runner.record_study(tmp_path, ["a.py"], "local", [Cell("weak", 1, 1)], {})
+    runner.record_study(tmp_path, ["a.py"], "local", [Cell("weak", 1, 2)], {})  # more cells: fine
+    assert [c["name"] for c in json.loads((tmp_path / "study.json").read_text())["cells"]] == ["weak-1x1", "weak-1x2"]
+    with pytest.raises(ValueError, match="holds a study of `a.py`.*another --out"):
+        runner.record_study(tmp_path, ["b.py"], "local", [Cell("weak", 1, 1)], {})
+    with pytest.raises(ValueError, match="not a study directory"):
+        analysis.analyse(tmp_path / "nowhere")
+
+
+def test_flags_name_a_starving_loader_and_an_idle_device(tmp_path):
+    util = {"devices": [{"rank": 0, "device": "cuda:0", "host": "n1", "util_mean": 95.0},
+                        {"rank": 1, "device": "cuda:1", "host": "n1", "util_mean": 20.0}]}
+    _write_study(tmp_path, [_summary(1, "weak", 100.0, 10.0, data_wait=4.0), _summary(2, "weak", 190.0, 10.0, util=util)])
+    rows = analysis.analyse(tmp_path)["rows"]
+    assert any("waited for data 40%" in f for f in rows[0]["flags"])
+    assert any(f.startswith("rank 1 (cuda:1 on n1) was busy 20%") for f in rows[1]["flags"])
+
+
+def test_ring_allreduce_time_follows_the_formula():
+    # 2 (N-1) alpha + 2 (N-1)/N S/B, one bucket
+    assert predict.allreduce_seconds(1e6, 4, bandwidth=1e9, latency=1e-5) == pytest.approx(6e-5 + 1.5e-3)
+    assert predict.allreduce_seconds(1e6, 1, 1e9, 1e-5) == 0.0
+    # 100 MiB go in 4 buckets of 25 MiB, each paying the latency
+    assert predict.allreduce_seconds(100 * 2**20, 2, 1e12, 1e-3) == pytest.approx(2 * 1e-3 * 4 + 100 * 2**20 / 1e12)
+
+
+def test_prediction_weak_strong_and_the_batch_sweet_spot():
+    base = predict.Baseline(step_time_s=0.1, per_device_batch=32, grad_accum_steps=1, gradient_bytes=100_000_000)
+    link = predict.Link(intra_bandwidth=10e9, intra_latency=0.0, source="test")
+    cells = matrix.cells([1, 2, 4], [1], ["weak", "strong"])
+    p = predict.predict(cells, base, link, overlap=0.0, base_global_batch=32).to_dict()
+    by = {c["name"]: c for c in p["cells"]}
+    comm4 = 2 * 3 / 4 * 1e8 / 10e9  # 15 ms
+    assert by["weak-1x1"]["samples_per_s"] == pytest.approx(320.0)
+    assert by["weak-1x4"]["step_time_s"] == pytest.approx(0.1 + comm4)
+    assert by["weak-1x4"]["efficiency"] == pytest.approx(0.1 / (0.1 + comm4))
+    assert by["strong-1x4"]["per_device_batch"] == 8
+    assert by["strong-1x4"]["step_time_s"] == pytest.approx(0.025 + comm4)
+    # communication outlasts compute below comm / per-sample time
+    assert p["comm_dominates_below_batch"]["1x4"] == pytest.approx(comm4 / (0.1 / 32))
+    # overlap hides communication behind compute, never more than all of it
+    hidden = predict.predict(cells, base, link, overlap=1.0, base_global_batch=32).to_dict()
+    assert {c["name"]: c for c in hidden["cells"]}["weak-1x4"]["exposed_comm_s"] == 0.0
+    with pytest.raises(ValueError, match="between 0"):
+        predict.predict(cells, base, link, overlap=1.5, base_global_batch=32)
+
+
+def test_prediction_across_nodes_needs_and_uses_the_inter_node_link():
+    base = predict.Baseline(step_time_s=0.1, per_device_batch=32, grad_accum_steps=1, gradient_bytes=10**8)
+    fast = predict.Link(intra_bandwidth=100e9, intra_latency=1e-5, source="p")
+    with pytest.raises(ValueError, match="inter_node_gbps"):
+        predict.predict([Cell("weak", 2, 4)], base, fast, 0.0, 32)
+    link = predict.Link(intra_bandwidth=100e9, intra_latency=1e-5, inter_bandwidth=10e9, inter_latency=2e-5, source="p")
+    two = predict.predict([Cell("weak", 1, 8), Cell("weak", 2, 4)], base, link, 0.0, 32).cells
+    assert two[1]["comm_s"] > 5 * two[0]["comm_s"]  # the ring's slowest link is off the node
+
+
+def test_more_processes_than_devices_share_them():
+    base = predict.Baseline(step_time_s=0.1, per_device_batch=32, grad_accum_steps=1, gradient_bytes=1)
+    link = predict.Link(intra_bandwidth=1e12, intra_latency=0.0, source="t")
+    cell = predict.predict_cell(Cell("weak", 1, 4), base, link, 0.0, 32, devices_per_node=2)
+    assert cell["compute_s"] == pytest.approx(0.2)
+
+
+def test_baseline_must_be_a_single_device_run_with_gradient_bytes():
+    summary = _summary(1, "weak", 100.0, 10.0)
+    assert predict.Baseline.from_summary(summary).gradient_bytes == 4_000_000
+    with pytest.raises(ValueError, match="single-device run"):
+        predict.Baseline.from_summary({**summary, "world_size": 2})
+    with pytest.raises(ValueError, match="no gradient_bytes"):
+        predict.Baseline.from_summary({**summary, "gradient_bytes": None})
+
+
+def test_profiles_carry_interconnect_figures():
+    from gpuscale.slurm.profiles import load_profile
+
+    link = predict.Link.from_profile(load_profile("lumi-g"))
+    assert link.intra_bandwidth == 50e9 and link.inter_bandwidth == 100e9
+    with pytest.raises(ValueError, match="no interconnect figures"):
+        predict.Link.from_profile(load_profile("local"))
+    with pytest.raises(ValueError, match="must be a positive number"):
+        load_profile("lumi-g", {"inter_node_gbps": -1})
+
+
+def test_link_fit_recovers_latency_and_bandwidth():
+    alpha, bandwidth, n = 5e-5, 2e9, 4
+    sizes = [8e3, 1e5, 1e6, 1e7]
+    seconds = [2 * (n - 1) * alpha + 2 * (n - 1) / n * s / bandwidth for s in sizes]
+    got_alpha, got_bw = fit(sizes, seconds, n)
+    assert math.isclose(got_alpha, alpha, rel_tol=1e-6) and math.isclose(got_bw, bandwidth, rel_tol=1e-6)
