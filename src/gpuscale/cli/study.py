@@ -36,7 +36,8 @@ from gpuscale.study.linkbench import MeasureError
 
 EPILOG = """examples:
   gpuscale study --nproc 1,2 --scaling weak,strong --out runs/study -- examples/dogs_vs_cats.py --epochs 2
-  gpuscale study --nproc 1,2 --out runs/large -- examples/dogs_vs_cats.py --swap-train-test   # 22,000 images
+  gpuscale study --nproc 1,2 --variant small= --variant large=--swap-train-test --out runs/data-size \
+      -- examples/dogs_vs_cats.py                    # the course's 2,000 vs 22,000 training images
   gpuscale study --launcher slurm --profile local --nproc 1,2 --nodes 1,2 --out runs/slurm -- examples/dogs_vs_cats.py
   gpuscale report runs/study
 """
@@ -58,6 +59,9 @@ def add_study_options(parser: argparse.ArgumentParser) -> None:
                         help="processes per node to try (default: 1, 2, 4, ... up to the node's GPUs, or its cores without GPUs)")
     parser.add_argument("--nodes", default="1", metavar="1,2", help="node counts to try (default 1; more need --launcher slurm)")
     parser.add_argument("--scaling", default="weak,strong", metavar="weak,strong", help="scaling modes (default both)")
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME=ARGS",
+                        help="a variant of the command: ARGS added to the script's (repeatable), e.g. "
+                        "--variant small= --variant large=--swap-train-test; each variant gets its own baseline")
     parser.add_argument("--launcher", choices=("local", "slurm"), default="local", help="run cells here or as SLURM jobs (default local)")
     parser.add_argument("--overlap", type=float, default=None,
                         help="share of compute time that hides communication, for the prediction (default 0 on CPU, 0.5 on GPUs)")
@@ -82,9 +86,13 @@ def _command(raw: list[str]) -> list[str]:
         raise ValueError("no training script given; put it after --, e.g. `-- examples/dogs_vs_cats.py --epochs 2`")
     if not os.path.isfile(command[0]):
         raise ValueError(f"script {command[0]!r} does not exist; give the path of a Python file")
-    if any(a in ("--out", "--scaling") or a.startswith(("--out=", "--scaling=")) for a in command[1:]):
-        raise ValueError("leave --out and --scaling out of the script's arguments: the study sets them for each cell")
+    _check_script_args(command[1:])
     return command
+
+
+def _check_script_args(args: list[str] | tuple[str, ...]) -> None:
+    if any(a in ("--out", "--scaling") or a.startswith(("--out=", "--scaling=")) for a in args):
+        raise ValueError("leave --out and --scaling out of the script's arguments: the study sets them for each cell")
 
 
 def _link(args: argparse.Namespace, out: Path, num_gpus: int, cores: list[int], max_nproc: int) -> predict.Link:
@@ -110,7 +118,10 @@ def execute(args: argparse.Namespace, command: list[str], out: Path, progress: A
     device_count = num_gpus or len(cores)
     nproc = matrix.parse_counts(args.nproc, "--nproc") if args.nproc else matrix.default_nproc(device_count)
     nodes = matrix.parse_counts(args.nodes, "--nodes")
-    cells = matrix.cells(nproc, nodes, matrix.parse_scalings(args.scaling))
+    variants = [matrix.parse_variant(v) for v in getattr(args, "variant", [])]
+    cells = matrix.cells(nproc, nodes, matrix.parse_scalings(args.scaling), variants or None)
+    for _, extra in variants:
+        _check_script_args(extra)
     unit = "GPU" if (num_gpus or args.launcher == "slurm") else "process"
     if args.launcher == "slurm":
         if not args.profile:

@@ -44,7 +44,7 @@ def row_from_summary(cell: Cell, summary: dict[str, Any], study_dir: Path) -> di
     metric, value = _metric(summary)
     timeline = Path(cell.name) / "timeline.json"
     return {
-        "name": cell.name, "scaling": cell.scaling, "nodes": cell.nodes, "nproc_per_node": cell.nproc_per_node,
+        "name": cell.name, "variant": cell.variant, "scaling": cell.scaling, "nodes": cell.nodes, "nproc_per_node": cell.nproc_per_node,
         "world_size": summary["world_size"], "global_batch": summary.get("global_batch"),
         "per_device_batch": summary.get("per_device_batch"), "epochs": summary.get("epochs"),
         "steps": summary.get("steps"), "samples": summary.get("samples"),
@@ -102,14 +102,16 @@ def _flags(row: dict[str, Any], base: dict[str, Any], device: str) -> list[str]:
 
 
 def analyse_rows(rows: list[dict[str, Any]], device: str = "cpu") -> dict[str, str]:
-    """Fill in speed-up, efficiency and flags (in place); return the baseline run of each scaling."""
+    """Fill in speed-up, efficiency and flags (in place); return the baseline run of each scaling (and variant).
+
+    Baselines are keyed 'weak' / 'strong', or 'VARIANT/weak' when the study has variants.
+    """
     baselines: dict[str, str] = {}
-    for scaling in ("weak", "strong"):
-        group = sorted((r for r in rows if r["scaling"] == scaling), key=lambda r: (r["world_size"], r["nodes"]))
-        if not group:
-            continue
+    for variant, scaling in sorted({(r.get("variant", ""), r["scaling"]) for r in rows}):
+        group = sorted((r for r in rows if r["scaling"] == scaling and r.get("variant", "") == variant),
+                       key=lambda r: (r["world_size"], r["nodes"]))
         base = group[0]
-        baselines[scaling] = base["name"]
+        baselines[f"{variant}/{scaling}" if variant else scaling] = base["name"]
         for row in group:
             row["speedup"] = _speedup(row, base)
             row["efficiency"] = row["speedup"] / (row["world_size"] / base["world_size"])
@@ -125,7 +127,8 @@ def load_cells(study_dir: Path) -> tuple[dict[str, Any], list[tuple[Cell, dict[s
     study = json.loads(path.read_text())
     finished = []
     for entry in study.get("cells", []):
-        cell = Cell(entry["scaling"], entry["nodes"], entry["nproc_per_node"])
+        cell = Cell(entry["scaling"], entry["nodes"], entry["nproc_per_node"], entry.get("variant", ""),
+                    tuple(entry.get("variant_args", ())))
         summary = read_summary(study_dir / cell.name, cell)
         if summary is not None:
             finished.append((cell, summary))
@@ -136,7 +139,8 @@ def analyse(study_dir: Path, prediction: dict[str, Any] | None = None) -> dict[s
     """The study's results (gpuscale.study's schema) from what is on disk."""
     study, finished = load_cells(study_dir)
     rows = [row_from_summary(cell, summary, study_dir) for cell, summary in finished]
-    rows.sort(key=lambda r: (("weak", "strong").index(r["scaling"]), r["world_size"], r["nodes"]))
+    variants = list(dict.fromkeys(c.variant for c, _ in finished))  # in the order they were asked for
+    rows.sort(key=lambda r: (variants.index(r["variant"]), ("weak", "strong").index(r["scaling"]), r["world_size"], r["nodes"]))
     first = finished[0][1] if finished else {}
     device = first.get("device", "cpu")
     baselines = analyse_rows(rows, device)

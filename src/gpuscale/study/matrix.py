@@ -8,6 +8,8 @@ cell from two arguments gpuscale appends to its own: ``--scaling weak|strong`` a
 
 from __future__ import annotations
 
+import re
+import shlex
 import sys
 from dataclasses import dataclass
 
@@ -22,6 +24,10 @@ class Cell:
     """'weak' (each device keeps its batch) or 'strong' (the global batch stays)."""
     nodes: int
     nproc_per_node: int
+    variant: str = ""
+    """Name of a variant of the command ('' for none), e.g. 'large' for a larger dataset."""
+    variant_args: tuple[str, ...] = ()
+    """Arguments the variant adds to the script's."""
 
     @property
     def world_size(self) -> int:
@@ -29,13 +35,15 @@ class Cell:
 
     @property
     def name(self) -> str:
-        """The cell's folder in the study directory, e.g. 'weak-1x2'."""
-        return f"{self.scaling}-{self.nodes}x{self.nproc_per_node}"
+        """The cell's folder in the study directory, e.g. 'weak-1x2', or 'large-weak-1x2' for a variant."""
+        shape = f"{self.scaling}-{self.nodes}x{self.nproc_per_node}"
+        return f"{self.variant}-{shape}" if self.variant else shape
 
     def describe(self, unit: str = "process") -> str:
         node = "node" if self.nodes == 1 else "nodes"
         units = unit if self.nproc_per_node == 1 else unit + "es" if unit.endswith("s") else unit + "s"
-        return f"{self.scaling} scaling, {self.nodes} {node} x {self.nproc_per_node} {units}"
+        what = f"{self.scaling} scaling, {self.nodes} {node} x {self.nproc_per_node} {units}"
+        return f"{what}, variant {self.variant}: {shlex.join(self.variant_args) or 'as given'}" if self.variant else what
 
 
 def parse_counts(text: str, option: str) -> list[int]:
@@ -67,14 +75,29 @@ def default_nproc(num_devices: int) -> list[int]:
     return [*counts, max(num_devices, 1)]
 
 
-def cells(nproc: list[int], nodes: list[int], scalings: list[str]) -> list[Cell]:
-    """Every combination, smallest first within each scaling."""
-    return [Cell(s, n, p) for s in scalings for n in nodes for p in nproc]
+def parse_variant(text: str) -> tuple[str, tuple[str, ...]]:
+    """'large=--swap-train-test' -> ('large', ('--swap-train-test',)); 'small=' -> ('small', ())."""
+    name, sep, args = text.partition("=")
+    if not sep or not re.fullmatch(r"[A-Za-z0-9_.]+", name):
+        raise ValueError(f"--variant {text!r} is not NAME=ARGS (NAME of letters, digits, _ and .), e.g. large=--swap-train-test")
+    try:
+        return name, tuple(shlex.split(args))
+    except ValueError as exc:
+        raise ValueError(f"--variant {text!r}: its arguments do not parse as a shell would ({exc})") from None
+
+
+def cells(nproc: list[int], nodes: list[int], scalings: list[str],
+          variants: list[tuple[str, tuple[str, ...]]] | None = None) -> list[Cell]:
+    """Every combination, smallest first within each variant and scaling."""
+    names = [name for name, _ in variants or []]
+    if len(set(names)) != len(names):
+        raise ValueError(f"--variant names must differ; got {', '.join(names)}")
+    return [Cell(s, n, p, name, args) for name, args in (variants or [("", ())]) for s in scalings for n in nodes for p in nproc]
 
 
 def script_argv(cell: Cell, command: list[str], cell_dir: str) -> list[str]:
-    """The script and its arguments for this cell: the user's, then --scaling and --out."""
-    return [*command, "--scaling", cell.scaling, "--out", cell_dir]
+    """The script and its arguments for this cell: the user's, the variant's, then --scaling and --out."""
+    return [*command, *cell.variant_args, "--scaling", cell.scaling, "--out", cell_dir]
 
 
 def local_argv(cell: Cell, command: list[str], cell_dir: str, python: str = sys.executable) -> list[str]:

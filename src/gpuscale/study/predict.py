@@ -167,15 +167,18 @@ def predict(cells: list[Cell], base: Baseline, link: Link, overlap: float, base_
 
 def predict_study(cells: list[Cell], summaries: dict[str, dict[str, Any]], link: Link, overlap: float,
                   devices_per_node: int | None = None) -> dict[str, Any] | None:
-    """The prediction for a study's cells from its single-device runs (one per scaling), as a dict; None without one."""
+    """The prediction for a study's cells from its single-device runs (one per scaling and variant), as a dict.
+
+    None when no group has a single-device run. The batch sweet spot is the first group's.
+    """
     combined: dict[str, Any] | None = None
-    for scaling in ("weak", "strong"):
-        base_summary = next((summaries[c.name] for c in cells if c.scaling == scaling and c.world_size == 1 and c.name in summaries), None)
+    for group in dict.fromkeys((c.variant, c.scaling) for c in cells):
+        members = [c for c in cells if (c.variant, c.scaling) == group]
+        base_summary = next((summaries[c.name] for c in members if c.world_size == 1 and c.name in summaries), None)
         if base_summary is None:
             continue
         base = Baseline.from_summary(base_summary)
-        part = predict([c for c in cells if c.scaling == scaling], base, link, overlap, base_summary["global_batch"],
-                       devices_per_node).to_dict()
+        part = predict(members, base, link, overlap, base_summary["global_batch"], devices_per_node).to_dict()
         if combined is None:
             combined = part
         else:

@@ -68,7 +68,8 @@ def record_study(out: Path, command: list[str], launcher: str, cells: list[Cell]
     names = {c["name"] for c in known}
     for cell in cells:
         if cell.name not in names:
-            known.append({"name": cell.name, "scaling": cell.scaling, "nodes": cell.nodes, "nproc_per_node": cell.nproc_per_node})
+            known.append({"name": cell.name, "scaling": cell.scaling, "nodes": cell.nodes, "nproc_per_node": cell.nproc_per_node,
+                          "variant": cell.variant, "variant_args": list(cell.variant_args)})
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, {"version": 1, "command": command, "launcher": launcher, "cells": known, **extra})
 

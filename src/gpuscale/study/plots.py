@@ -1,0 +1,276 @@
+"""The scaling report's PNG plots, drawn with matplotlib (Agg: no display needed) from results.json.
+
+    from gpuscale.study.plots import write_plots
+    write_plots(results, Path("runs/study"))   # -> {"plots/throughput.png": Path(...), ...}
+
+What each plot shows, and why it is drawn that way:
+
+- `throughput_plot` (plots/throughput.png): one panel per scaling present, devices on x. Weak
+  scaling plots samples/s, with the ideal line baseline samples/s x (devices / baseline devices):
+  each device keeps its batch, so perfect scaling multiplies throughput. Strong scaling plots the
+  speed-up the table reports (baseline time / run time for the same epochs) with the ideal y = x
+  (relative to the baseline's devices): samples/s would hide the fixed costs (evaluation,
+  checkpoints) that strong scaling does not shrink. Predictions, where the study made them, are
+  dotted. Axes start at 0 so that a gap to the ideal is not exaggerated.
+- `efficiency_plot` (plots/efficiency.png): efficiency in % vs devices, one line per scaling,
+  the 100% line dashed.
+- `time_breakdown_plot` (plots/time_breakdown.png): one horizontal stacked bar per run, in
+  seconds: startup, data wait, compute, eval, checkpoint.
+- `utilisation_plot` (plots/utilisation-<run>.png): per run with a timeline, util % vs seconds
+  since training started (the timeline's t; samples before it, at t < 0, are startup, left of a
+  dashed line), one line per series ("rank R device").
+
+Values that are None (no baseline, no prediction, no timeline) are skipped, never drawn as 0.
+Every figure is closed after saving, so a long study does not accumulate them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # before pyplot: no display on clusters and in tests
+
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+from gpuscale.log import get_logger  # noqa: E402
+
+__all__ = ["PHASES", "devices_label", "plot_paths", "throughput_plot", "efficiency_plot",
+           "time_breakdown_plot", "utilisation_plot", "write_plots"]
+
+PHASES = ("startup", "data_wait", "compute", "eval", "checkpoint")
+"""The keys of a row's time_split_s, in the order they are stacked and tabulated."""
+
+_PHASE_COLOURS = ("#9e9e9e", "#e3a32b", "#3b75af", "#59a14f", "#b07aa1")
+_SCALING_STYLE = {"weak": ("#3b75af", "o"), "strong": ("#d1603d", "s")}
+_DPI = 110
+log = get_logger(__name__)
+
+
+def devices_label(results: dict[str, Any]) -> str:
+    """The x-axis label for device counts: GPUs for CUDA studies, CPU processes for CPU ones."""
+    device = results.get("device")
+    if device == "cuda":
+        return "devices (GPUs)"
+    if device == "cpu":
+        return "devices (CPU processes)"
+    return "devices (GPUs, or CPU processes)"
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name)
+
+
+def plot_paths(results: dict[str, Any]) -> dict[str, str]:
+    """The plots a report of `results` links, relative to the study directory, keyed by kind.
+
+    Keys: "throughput", "efficiency", "time_breakdown", and "utilisation-<run>" for each row
+    with a timeline (`write_plots` leaves out those whose file turns out missing or empty).
+    """
+    paths = {"throughput": "plots/throughput.png"}
+    if any(row.get("efficiency") is not None for row in results["rows"]):
+        paths["efficiency"] = "plots/efficiency.png"
+    paths["time_breakdown"] = "plots/time_breakdown.png"
+    for row in results["rows"]:
+        if row.get("timeline"):
+            paths[f"utilisation-{row['name']}"] = f"plots/utilisation-{_safe(row['name'])}.png"
+    return paths
+
+
+def _by_scaling(results: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for row in results["rows"]:
+        groups.setdefault(row["scaling"], []).append(row)
+    return {s: sorted(rows, key=lambda r: r["world_size"]) for s, rows in sorted(groups.items())}
+
+
+def _baseline(results: dict[str, Any], scaling: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The row named in results["baseline"], else the smallest run of that scaling."""
+    name = (results.get("baseline") or {}).get(scaling)
+    return next((r for r in rows if r["name"] == name), rows[0])
+
+
+def _integer_ticks(ax: Any, sizes: list[int]) -> None:
+    """Ticks at the device counts measured (integers only when there are too many to label)."""
+    if len(set(sizes)) <= 12:
+        ax.set_xticks(sorted(set(sizes)))
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlim(0, max(sizes) * 1.08 + 0.5)
+
+
+def _points(rows: list[dict[str, Any]], value: Any) -> tuple[list[int], list[float]]:
+    """(world sizes, values) for rows where `value(row)` is not None."""
+    pairs = [(r["world_size"], value(r)) for r in rows]
+    pairs = [(w, v) for w, v in pairs if v is not None and math.isfinite(v)]
+    return [w for w, _ in pairs], [v for _, v in pairs]
+
+
+def _save(fig: Any, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fig.tight_layout()
+        fig.savefig(path, dpi=_DPI, format="png", bbox_inches="tight")  # keeps outside legends
+    finally:
+        plt.close(fig)
+    return path
+
+
+def throughput_plot(results: dict[str, Any], path: Path) -> Path:
+    """Weak scaling: samples/s vs devices with the ideal line; strong scaling: speed-up vs devices with y = x."""
+    groups = _by_scaling(results)
+    fig, axes = plt.subplots(1, len(groups), figsize=(5.2 * len(groups), 4.0), squeeze=False)
+    for ax, (scaling, rows) in zip(axes[0], groups.items()):
+        colour, marker = _SCALING_STYLE.get(scaling, ("#555555", "^"))
+        base = _baseline(results, scaling, rows)
+        sizes = [r["world_size"] for r in rows]
+        ideal_x = sorted(set(sizes) | {base["world_size"]})
+        if scaling == "weak":
+            ideal = [base["samples_per_s"] * w / base["world_size"] for w in ideal_x]
+            xs, ys = _points(rows, lambda r: r["samples_per_s"])
+            px, py = _points(rows, lambda r: r.get("predicted_samples_per_s"))
+            ax.set_ylabel("throughput (samples/s)")
+            ax.set_title(f"Weak scaling: throughput (ideal from {base['name']})")
+        else:
+            ideal = [w / base["world_size"] for w in ideal_x]
+            xs, ys = _points(rows, lambda r: r.get("speedup"))
+            px, py = _points(rows, lambda r, w0=base["world_size"]: None if r.get("predicted_efficiency") is None
+                             else r["predicted_efficiency"] * r["world_size"] / w0)
+            ax.set_ylabel(f"speed-up (x, time of {base['name']} / time)")
+            ax.set_title(f"{scaling.capitalize()} scaling: speed-up")
+        ax.plot(ideal_x, ideal, "--", color="#777777", label="ideal (linear)")
+        if xs:
+            ax.plot(xs, ys, marker=marker, color=colour, label="measured")
+        if px:
+            ax.plot(px, py, ":", marker=".", color=colour, alpha=0.7, label="predicted")
+        _integer_ticks(ax, sizes)
+        ax.set_ylim(0, max([*ideal, *ys, *py, 0.0]) * 1.1 or 1.0)
+        ax.set_xlabel(devices_label(results))
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper left")
+    return _save(fig, path)
+
+
+def efficiency_plot(results: dict[str, Any], path: Path) -> Path | None:
+    """Efficiency (%) vs devices per scaling with the 100% line; None (nothing written) if no row has one."""
+    groups = _by_scaling(results)
+    if not any(r.get("efficiency") is not None for rows in groups.values() for r in rows):
+        return None
+    fig, ax = plt.subplots(figsize=(6.0, 4.0))
+    sizes = [r["world_size"] for r in results["rows"]]
+    ax.axhline(100, linestyle="--", color="#777777", label="ideal (100%)")
+    top = 100.0
+    for scaling, rows in groups.items():
+        colour, marker = _SCALING_STYLE.get(scaling, ("#555555", "^"))
+        xs, ys = _points(rows, lambda r: None if r.get("efficiency") is None else 100 * r["efficiency"])
+        px, py = _points(rows, lambda r: None if r.get("predicted_efficiency") is None
+                         else 100 * r["predicted_efficiency"])
+        if xs:
+            ax.plot(xs, ys, marker=marker, color=colour, label=f"{scaling}")
+        if px:
+            ax.plot(px, py, ":", marker=".", color=colour, alpha=0.7, label=f"{scaling} (predicted)")
+        top = max([top, *ys, *py])
+    _integer_ticks(ax, sizes)
+    ax.set_ylim(0, top * 1.1)
+    ax.set_xlabel(devices_label(results))
+    ax.set_ylabel("efficiency (%, speed-up / devices)")
+    ax.set_title("Scaling efficiency")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower left")
+    return _save(fig, path)
+
+
+def time_breakdown_plot(results: dict[str, Any], path: Path) -> Path:
+    """One horizontal stacked bar per run (first run on top): seconds in each phase of PHASES."""
+    rows = results["rows"]
+    fig, ax = plt.subplots(figsize=(7.5, 1.2 + 0.45 * len(rows)))
+    names = [r["name"] for r in rows]
+    left = [0.0] * len(rows)
+    for phase, colour in zip(PHASES, _PHASE_COLOURS):
+        widths = [float((r.get("time_split_s") or {}).get(phase) or 0.0) for r in rows]
+        ax.barh(names, widths, left=left, color=colour, label=phase.replace("_", " "))
+        left = [a + b for a, b in zip(left, widths)]
+    ax.invert_yaxis()
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("run")
+    ax.set_title("Where each run's time went")
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False, fontsize="small")
+    return _save(fig, path)
+
+
+def _read_timeline(file: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(file.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        log.warning("skipping the utilisation plot of %s: cannot read it (%s)", file, e)
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("series"), list):
+        log.warning("skipping the utilisation plot of %s: no 'series' list (timeline version 1 expected)", file)
+        return None
+    return data
+
+
+def utilisation_plot(row: dict[str, Any], study_dir: Path, path: Path) -> Path | None:
+    """Util % vs time for each series of the row's timeline; None (nothing written) without samples.
+
+    Reads ``study_dir / row["timeline"]``. A row without a timeline, a missing or unreadable file
+    (logged), and series without samples are skipped rather than failing the whole report.
+    """
+    if not row.get("timeline"):
+        return None
+    timeline = _read_timeline(Path(study_dir) / row["timeline"])
+    if timeline is None:
+        return None
+    series = []
+    for s in timeline["series"]:
+        t, util = s.get("t") or [], s.get("util_pct") or []
+        pairs = [(a, b) for a, b in zip(t, util) if a is not None and b is not None]
+        if pairs:
+            series.append((s, pairs))
+    if not series:
+        return None
+    fig, ax = plt.subplots(figsize=(7.5, 3.6))
+    hosts = {s.get("host") for s, _ in series}
+    for s, pairs in series:
+        label = f"rank {s.get('rank')} {s.get('device')}"
+        if len(hosts) > 1:
+            label += f" on {s.get('host')}"
+        ax.plot([a for a, _ in pairs], [b for _, b in pairs], label=label, linewidth=1.2)
+    ax.set_ylim(0, max([105.0, *(1.05 * b for _, pairs in series for _, b in pairs)]))  # CPU % may pass 100
+    if min(a for _, pairs in series for a, _ in pairs) < 0:  # samples before the first batch: startup
+        ax.axvline(0, color="#777777", linestyle="--", linewidth=1, label="training starts")
+    ax.set_xlabel("time since training started (s)")
+    ax.set_ylabel("utilisation (%)")
+    ax.set_title(f"Utilisation: {row['name']}")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize="small", ncol=2 if len(series) > 4 else 1)
+    return _save(fig, path)
+
+
+def write_plots(results: dict[str, Any], study_dir: Path) -> dict[str, Path]:
+    """Draw every plot of `plot_paths(results)` under study_dir/plots; return those written.
+
+    Keys are the paths relative to study_dir ("plots/throughput.png", ...).
+    """
+    study_dir = Path(study_dir)
+    planned = plot_paths(results)
+    written: dict[str, Path | None] = {
+        planned["throughput"]: throughput_plot(results, study_dir / planned["throughput"]),
+    }
+    if "efficiency" in planned:
+        written[planned["efficiency"]] = efficiency_plot(results, study_dir / planned["efficiency"])
+    written[planned["time_breakdown"]] = time_breakdown_plot(results, study_dir / planned["time_breakdown"])
+    for row in results["rows"]:
+        key = f"utilisation-{row['name']}"
+        if key in planned:
+            written[planned[key]] = utilisation_plot(row, study_dir, study_dir / planned[key])
+    return {rel: p for rel, p in written.items() if p is not None}

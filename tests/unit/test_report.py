@@ -1,0 +1,212 @@
+"""The scaling report: formatted numbers, report.md, a self-contained escaped report.html, valid PNG plots."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import struct
+from pathlib import Path
+
+import pytest
+
+from gpuscale.study.plots import plot_paths, utilisation_plot
+from gpuscale.study.report import DASH, format_markdown, format_table, render_html, write_report
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _timeline(world: int, busy: float) -> dict:
+    t = [0.5 * i - 1.0 for i in range(20)]  # t < 0: sampled before training started
+    return {"version": 1, "interval_s": 0.5, "started": 1_700_000_000.0, "series": [
+        {"rank": r, "host": "h", "device": "cpu", "name": "cpu", "source": "proc", "t": t,
+         "util_pct": [min(100.0, busy + 3 * r + (i % 4)) for i in range(len(t))],
+         "mem_bytes": [2**30] * len(t), "power_w": [None] * len(t)} for r in range(world)]}
+
+
+def make_results(study: Path) -> dict:
+    """Two scalings x 1, 2, 4 processes, as analysis.analyse would write them, timelines on disk."""
+    rows = []
+    for scaling in ("strong", "weak"):
+        for world, sps, time_s in ((1, 101.25, 40.0), (2, 190.04, 21.5), (4, 351.66, 12.25)):
+            name = f"{scaling}-1x{world}"
+            batch = 32 * world if scaling == "weak" else 64
+            (study / name).mkdir(parents=True)
+            (study / name / "timeline.json").write_text(json.dumps(_timeline(world, 60 + 5 * world)))
+            speedup = sps / 101.25 if scaling == "weak" else 40.0 / time_s
+            rows.append({
+                "name": name, "scaling": scaling, "nodes": 1, "nproc_per_node": world, "world_size": world,
+                "global_batch": batch, "per_device_batch": batch // world, "epochs": 2, "steps": 125,
+                "samples": 4000, "samples_per_s": sps, "train_time_s": time_s, "step_time_s": time_s / 125,
+                "time_split_s": {"startup": 2.0, "data_wait": 0.5 * world, "compute": time_s - 1.5 - 0.5 * world,
+                                 "eval": 1.0, "checkpoint": 0.5},
+                "speedup": speedup, "efficiency": speedup / world, "metric": "accuracy",
+                "metric_value": 0.9 + 0.01 * world, "final_loss": 0.2,
+                "predicted_samples_per_s": 101.25 * world * 0.97, "predicted_efficiency": 0.97,
+                "utilisation": {"mean_util_pct": 70.0}, "timeline": f"{name}/timeline.json",
+                "flags": [f"rank 1 (cpu) used 12% of its cores while rank 0 used 95% ({scaling})"] if world == 4 else [],
+            })
+    return {"version": 1, "command": ["python", "examples/dogs_vs_cats.py", "--epochs", "2"], "launcher": "local",
+            "device": "cpu", "device_name": "cpu", "created": "2026-11-21T08:00:00+00:00", "rows": rows,
+            "baseline": {"weak": "weak-1x1", "strong": "strong-1x1"},
+            "prediction": {"link": {"bandwidth_gb_s": 12.5, "latency_s": 2e-05}, "overlap": 0.5, "gradient_bytes": 4_000_000,
+                           "cells": [{"name": f"weak-1x{w}", "world_size": w, "samples_per_s": 101.25 * w * 0.97,
+                                      "efficiency": 0.97} for w in (1, 2, 4)],
+                           "comm_dominates_below_batch": {"1x2": 12.25, "1x4": 18.5}, "batch_sweet_spot": 256}}
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == PNG_SIGNATURE, f"{path} is not a PNG"
+    assert data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+@pytest.fixture
+def study(tmp_path: Path) -> tuple[Path, dict]:
+    return tmp_path, make_results(tmp_path)
+
+
+def test_write_report_writes_markdown_html_and_valid_pngs(study):
+    study_dir, results = study
+    files = write_report(results, study_dir)
+    expected_plots = {"plots/throughput.png", "plots/efficiency.png", "plots/time_breakdown.png",
+                      *(f"plots/utilisation-{r['name']}.png" for r in results["rows"])}
+    assert set(files) == {"report.md", "report.html", *expected_plots}
+    for rel, path in files.items():
+        assert path == study_dir / rel and path.is_file() and path.stat().st_size > 0
+    for rel in expected_plots:
+        width, height = png_size(files[rel])
+        assert 300 <= width <= 3000 and 200 <= height <= 3000, (rel, width, height)
+        assert files[rel].stat().st_size > 5000, f"{rel} looks empty"
+    width, _ = png_size(files["plots/throughput.png"])
+    assert width > png_size(files["plots/efficiency.png"])[0], "two scalings: two throughput panels"
+
+
+def test_markdown_holds_every_rows_formatted_numbers(study):
+    study_dir, results = study
+    write_report(results, study_dir)
+    md = (study_dir / "report.md").read_text()
+    for row in results["rows"]:
+        line = next(line for line in md.splitlines() if line.startswith(f"| {row['name']} |") and "x" in line)
+        assert f"| {row['samples_per_s']:.1f} |" in line
+        assert f"| {row['train_time_s']:.1f}s |" in line
+        assert f"| {row['speedup']:.2f}x |" in line
+        assert f"| {round(100 * row['efficiency'])}% |" in line
+        assert f"| {row['metric_value']:.3f} |" in line
+        assert f"| {row['nodes']}x{row['nproc_per_node']} ({row['world_size']}) |" in line
+    assert "| accuracy |" in md.splitlines()[next(i for i, l in enumerate(md.splitlines()) if l == "## Runs") + 2]
+    assert "python examples/dogs_vs_cats.py --epochs 2" in md
+    assert "- **weak-1x4**: rank 1 (cpu) used 12%" in md
+    assert "## Prediction" in md and "| batch sweet spot | 256 |" in md
+    assert "| communication outlasts compute below a per-device batch of | 1x2: 12.25; 1x4: 18.5 |" in md
+    assert "| link | bandwidth_gb_s: 12.5; latency_s: 2e-05 |" in md
+    assert "### cells" in md and "| weak-1x4 | 4 | 392.8 | 0.97 |" in md
+    # startup 2.0 s of strong-1x1's 40.0 s
+    assert re.search(r"^\| strong-1x1 \| 2\.0s \(5%\) \|", md, re.M)
+    for rel in plot_paths(results).values():
+        assert f"]({rel})" in md and (study_dir / rel).is_file()
+
+
+def test_format_table_is_deterministic_aligned_and_lists_flags(study):
+    _, results = study
+    text = format_table(results)
+    assert text == format_table(json.loads(json.dumps(results)))
+    lines = text.splitlines()
+    assert lines[0].split()[:2] == ["run", "scaling"] and "accuracy" in lines[0] and "predicted samples/s" in lines[0]
+    body = lines[2:2 + len(results["rows"])]
+    assert [line.split()[0] for line in body] == [r["name"] for r in results["rows"]]
+    assert len({len(line) for line in lines[:2]}) == 1, "the rule spans the header"
+    weak4 = next(line for line in body if line.startswith("weak-1x4"))
+    assert "351.7" in weak4 and "12.2s" in weak4 and "3.47x" in weak4 and "87%" in weak4 and "0.940" in weak4
+    assert "  strong-1x4: rank 1 (cpu) used 12%" in text and "  weak-1x4: rank 1" in text
+
+
+def test_prediction_columns_only_when_a_row_has_one(study):
+    _, results = study
+    for row in results["rows"]:
+        row["predicted_samples_per_s"] = row["predicted_efficiency"] = None
+    results["prediction"] = None
+    text = format_table(results)
+    assert "predicted" not in text
+    md = format_markdown(results)
+    assert "## Prediction" not in md and "predicted" not in md
+
+
+def test_none_values_render_as_a_dash(study):
+    study_dir, results = study
+    row = results["rows"][1]
+    for key in ("speedup", "efficiency", "metric_value", "metric", "predicted_samples_per_s",
+                "predicted_efficiency", "utilisation", "timeline"):
+        row[key] = None
+    results["rows"][2]["timeline"] = "strong-1x4/missing.json"
+    files = write_report(results, study_dir)
+    line = next(line for line in format_table(results).splitlines() if line.startswith(row["name"]))
+    assert line.count(DASH) == 5, line
+    assert "plots/utilisation-strong-1x2.png" not in files and "plots/utilisation-strong-1x4.png" not in files
+    page = (study_dir / "report.html").read_text()
+    for key in ("speedup", "efficiency", "metric_value", "predicted_efficiency"):
+        assert f'data-key="{key}" data-row="{row["name"]}">{DASH}</td>' in page
+
+
+def test_script_in_command_and_flags_is_escaped_in_html(study):
+    study_dir, results = study
+    results["command"] = ["python", "train.py", "--note", "<script>alert(1)</script>"]
+    results["rows"][0]["flags"] = ['<img src=x onerror="alert(2)"> & friends']
+    results["rows"][0]["name"] = 'strong-"1x1"'
+    write_report(results, study_dir)
+    page = (study_dir / "report.html").read_text()
+    assert "<script" not in page.lower() and "<img src=x" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "&lt;img src=x onerror=&quot;alert(2)&quot;&gt; &amp; friends" in page
+    assert 'data-row="strong-&quot;1x1&quot;"' in page
+
+
+def test_html_is_self_contained(study):
+    study_dir, results = study
+    files = write_report(results, study_dir)
+    page = files["report.html"].read_text()
+    srcs = re.findall(r'<img src="([^"]*)"', page)
+    assert len(srcs) == len(files) - 2
+    for src in srcs:
+        assert src.startswith("data:image/png;base64,")
+        assert base64.b64decode(src.split(",", 1)[1])[:8] == PNG_SIGNATURE
+    assert not re.search(r"(href|src)=\"(?!data:)", page), "nothing is fetched"
+    assert "<link" not in page and "http://" not in page and "https://" not in page
+    assert len(re.findall(r'<tr data-row=', page.split('id="runs"')[1].split("</table>")[0])) == len(results["rows"])
+
+
+def test_empty_rows_are_a_value_error(tmp_path):
+    results = make_results(tmp_path)
+    results["rows"] = []
+    for call in (lambda: format_table(results), lambda: format_markdown(results),
+                 lambda: render_html(results, {}), lambda: write_report(results, tmp_path)):
+        with pytest.raises(ValueError, match="no finished runs; run `gpuscale study` first"):
+            call()
+    assert not (tmp_path / "report.md").exists()
+
+
+def test_utilisation_plot_skips_empty_series_and_missing_files(tmp_path):
+    timeline = _timeline(2, 50)
+    timeline["series"][0].update(t=[], util_pct=[])
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "timeline.json").write_text(json.dumps(timeline))
+    row = {"name": "run", "timeline": "run/timeline.json"}
+    assert utilisation_plot(row, tmp_path, tmp_path / "one.png") == tmp_path / "one.png"
+    timeline["series"][1].update(t=[], util_pct=[])
+    (tmp_path / "run" / "timeline.json").write_text(json.dumps(timeline))
+    assert utilisation_plot(row, tmp_path, tmp_path / "none.png") is None
+    assert utilisation_plot({**row, "timeline": "run/absent.json"}, tmp_path, tmp_path / "x.png") is None
+    (tmp_path / "run" / "timeline.json").write_text("{truncated")
+    assert utilisation_plot(row, tmp_path, tmp_path / "x.png") is None
+    assert not (tmp_path / "none.png").exists() and not (tmp_path / "x.png").exists()
+
+
+def test_single_scaling_without_baseline_values(tmp_path):
+    results = make_results(tmp_path)
+    results["rows"] = [r for r in results["rows"] if r["scaling"] == "weak"]
+    for row in results["rows"]:
+        row["speedup"] = row["efficiency"] = None
+    files = write_report(results, tmp_path)
+    assert "plots/efficiency.png" not in files and "plots/throughput.png" in files
+    assert "efficiency.png" not in files["report.md"].read_text()
