@@ -12,12 +12,18 @@ over the whole dataset, identical on every rank:
 `Meter` times a run: startup (launch to the first batch), waiting for data, computing, evaluation
 and checkpoints, counts samples and steps, and writes the summary that `gpuscale study` and
 `report` read. Its methods that end in a reduction are collective: call them on every rank.
+
+A Meter also samples each rank's device while it lives (`gpuscale.monitor`: GPU utilisation,
+memory and power, or CPU use of the rank's cores): `write_summary` stops the sampling, writes every
+rank's series to ``timeline.json`` and adds their means and peaks to the summary under
+``"utilisation"``. ``GPUSCALE_MONITOR=0`` or ``Meter(plan, monitor=False)`` turns it off.
 """
 
 from __future__ import annotations
 
 import resource
 import time
+import weakref
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -30,6 +36,7 @@ import torch.distributed as dist
 from gpuscale._version import __version__
 from gpuscale.data import BatchPlan, batch_len as _batch_len
 from gpuscale.files import atomic_write_json
+from gpuscale.monitor import Monitor, device_stats, make_timeline, monitor_enabled
 
 __all__ = ["Average", "Meter", "all_reduce_sum", "all_reduce_max", "SUMMARY_KEYS", "PHASES"]
 
@@ -111,16 +118,26 @@ class Meter:
     Compute time is the training wall time minus the time spent waiting for data, evaluating
     and checkpointing. On a GPU the meter synchronises the device at phase boundaries, so
     queued kernels are charged to the phase that issued them.
+
+    monitor: sample this rank's device from now until `write_summary` (see `gpuscale.monitor`;
+    GPUSCALE_MONITOR=0 turns it off too). The sampling thread is a daemon and also stops when
+    the Meter is garbage-collected or the process exits. Pass the same value on every rank.
     """
 
-    def __init__(self, plan: BatchPlan, rt: Any = None) -> None:
+    def __init__(self, plan: BatchPlan, rt: Any = None, monitor: bool = True) -> None:
         self.rt = _runtime(rt)
         self.plan = plan
         self.seconds = {"data_wait": 0.0, "eval": 0.0, "checkpoint": 0.0}
         self.batches = 0
         self.samples = 0
         self.epochs = 0
+        self.created = time.time()
         self.train_started: float | None = None  # wall clock of the first batch request
+        self.monitor: Monitor | None = None
+        if monitor and monitor_enabled():
+            self.monitor = Monitor(self.rt).start()
+            # Stops the thread when this Meter goes away (or at exit) without write_summary.
+            weakref.finalize(self, self.monitor.stop, False)
 
     def _sync(self) -> None:
         if self.rt.device.type == "cuda":
@@ -195,6 +212,8 @@ class Meter:
             "samples": int(samples),
             "train_time_s": wall,
             "samples_per_s": samples / train_only,
+            "step_time_s": train_only / self.steps if self.steps else None,
+            "gradient_bytes": getattr(self.rt, "gradient_bytes", None),
             "final_loss": None,
             "peak_memory_bytes": int(peak),
             "time_split_s": {
@@ -208,13 +227,54 @@ class Meter:
             "torch_version": torch.__version__,
             "gpuscale_version": __version__,
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "utilisation": self._utilisation(),
         }
         summary.update(metrics)
         return summary
 
+    def _series(self) -> dict[str, Any] | None:
+        zero = self.train_started if self.train_started is not None else self.created
+        return self.monitor.series(zero) if self.monitor is not None else None
+
+    def _utilisation(self) -> dict[str, Any] | None:
+        """Every rank's means and peaks so far (collective: small objects, gathered on every rank)."""
+        series = self._series()
+        stats = [device_stats(series)] if series is not None else []
+        if self.rt.is_distributed:
+            gathered: list[Any] = [None] * self.rt.world_size
+            dist.all_gather_object(gathered, stats)
+            stats = [s for rank in gathered for s in rank]
+        if not stats:
+            return None
+        sources = sorted({s["source"] for s in stats if s["source"]})
+        return {"source": ",".join(sources) or None, "interval_s": self.monitor.interval_s if self.monitor else None,
+                "devices": sorted(stats, key=lambda s: s["rank"])}
+
+    def _timeline(self) -> dict[str, Any] | None:
+        """Every rank's series, on rank 0 only (collective: the series can be long, so not on every rank)."""
+        mine = (self.monitor.started, self._series()) if self.monitor is not None else None
+        gathered = [mine]
+        if self.rt.is_distributed:
+            gathered = [None] * self.rt.world_size if self.rt.is_main else None
+            dist.gather_object(mine, gathered, dst=0)
+        if not self.rt.is_main or not any(gathered):
+            return None
+        starts = [g[0] for g in gathered if g is not None and g[0] is not None]
+        return make_timeline([g[1] for g in gathered if g is not None], self.monitor.interval_s if self.monitor else None,
+                             min(starts) if starts else None)
+
     def write_summary(self, out_dir: str | Path, **metrics: Any) -> dict[str, Any]:
-        """Compute the summary (collective) and write ``out_dir/summary.json`` on rank 0."""
+        """Stop the monitor, compute the summary (collective), and write on rank 0 ``out_dir/summary.json``
+        and ``out_dir/timeline.json`` (removed, when the monitor is off, so that it never describes
+        another run than the summary). Call `summary` for numbers mid-run: it keeps the monitor going."""
+        if self.monitor is not None:
+            self.monitor.stop()
         summary = self.summary(**metrics)
+        timeline = self._timeline()
         if self.rt.is_main:
+            if timeline is not None:
+                atomic_write_json(Path(out_dir) / "timeline.json", timeline)
+            else:
+                (Path(out_dir) / "timeline.json").unlink(missing_ok=True)
             atomic_write_json(Path(out_dir) / "summary.json", summary)
         return summary

@@ -72,7 +72,7 @@ def test_prediction_agrees_with_measurement_within_15_percent(mlp_study):
         error = row["predicted_samples_per_s"] / row["samples_per_s"] - 1
         report.append(f"{row['name']}: measured {row['samples_per_s']:.0f}, predicted {row['predicted_samples_per_s']:.0f} ({100 * error:+.0f}%)")
     print("\n".join(report))
-    for row, line in zip(results["rows"], report):
+    for row in results["rows"]:
         assert abs(row["predicted_samples_per_s"] / row["samples_per_s"] - 1) <= TOLERANCE, "\n".join(report)
     # the all-reduce is a real share of the 2-process step here, so the agreement is not just "no communication"
     two = next(c for c in results["prediction"]["cells"] if c["name"] == "weak-1x2")

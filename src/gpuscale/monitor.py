@@ -1,0 +1,412 @@
+"""Watch the hardware: each rank samples its own device's utilisation, memory and power during a run.
+
+`gpuscale.Meter` starts a `Monitor` when it is created and `Meter.write_summary` stops it, so a
+training run measured by a Meter gets, next to ``summary.json``, a ``timeline.json`` and a
+``"utilisation"`` entry in the summary (mean and peak per device). Each rank samples only its own
+device, every ``interval_s`` (0.5 s) in a daemon thread, so this works the same on one node, on
+many and under SLURM. What is sampled, and from where:
+
+- NVIDIA GPU: NVML (the ``pynvml`` module of nvidia-ml-py). The torch device is matched to its
+  NVML device by UUID, else PCI bus id, so CUDA_VISIBLE_DEVICES remapping cannot mix GPUs up.
+  ``util_pct`` is NVML's GPU utilisation: the share of time at least one kernel was running, not
+  how busy the SMs were. Memory is the device's used memory (all processes), power the board's
+  draw. Without NVML: ``nvidia-smi --query-gpu=...`` once a second or slower.
+- AMD GPU (a ROCm build of torch): the ``amdsmi`` module (GFX activity, VRAM used, socket power),
+  else ``rocm-smi --json`` once a second or slower; the device is matched by PCI bus id.
+- CPU: this process and its child processes (DataLoader workers; not their children): CPU time
+  (user + system, all threads, from /proc) over wall time, in % of the cores the rank is bound to
+  (``rt.cores``), so 100 means every one of its cores was busy. Memory is this process's resident
+  set (/proc/self/statm); power is not known (None). A child that exits loses its last interval.
+
+A sampler that fails (no driver, no command, a device it cannot find) never stops training: the
+rank warns once and stops sampling; the series keeps what it had and its ``source``.
+
+timeline.json (version 1), one series per rank, sorted by rank::
+
+    {"version": 1, "interval_s": 0.5, "started": <unix time of the first sample>,
+     "series": [{"rank": 0, "host": "h", "device": "cuda:0", "name": "NVIDIA H100 80GB HBM3",
+                 "source": "nvml",            # "amdsmi", "rocm-smi", "nvidia-smi", "proc" or null
+                 "t": [0.5, 1.0, ...],        # s since the rank's Meter started training (< 0 before)
+                 "util_pct": [...], "mem_bytes": [...], "power_w": [... or null]}]}
+
+The summary's entry, the same on every rank (None with the monitor off)::
+
+    "utilisation": {"source": "nvml", "interval_s": 0.5, "devices": [{"rank": 0, "host": "h",
+        "device": "cuda:0", "name": "...", "source": "nvml", "util_mean": 93.1, "util_max": 100.0,
+        "mem_peak_bytes": 61203283968, "power_mean_w": 611.4}]}
+
+Means and the utilisation maximum are over the samples taken while training (t >= 0), the memory
+peak over the whole series; None where a value is unknown. A Meter that never trained counts t
+from its creation. Wall-clock times: t is only as steady as the node's clock.
+
+A series holds at most MAX_SAMPLES samples: when full, every second sample is dropped and the
+interval doubles, so a long run keeps its whole span at a coarser step.
+
+Turn it off with ``GPUSCALE_MONITOR=0`` in the environment or ``gpuscale.Meter(plan, monitor=False)``.
+By hand: ``m = Monitor(rt).start(); ...; m.stop(); m.series(zero=t0)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+import subprocess
+import threading
+import time
+from typing import Any
+
+import torch
+
+from gpuscale.log import get_logger
+from gpuscale.topology import format_cpulist
+
+__all__ = ["Monitor", "open_sampler", "nvidia_sampler", "amd_sampler", "monitor_enabled", "device_stats", "make_timeline", "parse_nvidia_smi",
+           "parse_rocm_smi", "ProcSampler", "NvmlSampler", "AmdSmiSampler", "CommandSampler",
+           "TIMELINE_VERSION", "MAX_SAMPLES"]
+
+TIMELINE_VERSION = 1
+MAX_SAMPLES = 10_000
+SMI_INTERVAL_S = 1.0  # the *-smi commands start a process per sample: not more often than this
+NVIDIA_SMI = ["nvidia-smi", "--query-gpu=uuid,utilization.gpu,memory.used,power.draw", "--format=csv,noheader,nounits"]
+ROCM_SMI = ["rocm-smi", "--showuse", "--showmeminfo", "vram", "--showpower", "--showbus", "--json"]
+Sample = tuple  # (util %, memory bytes, power W), each None where unknown
+
+log = get_logger("monitor")
+
+
+def monitor_enabled() -> bool:
+    """False when GPUSCALE_MONITOR=0; True when it is 1 or unset."""
+    value = os.environ.get("GPUSCALE_MONITOR", "").strip()
+    if value not in ("", "0", "1"):
+        raise ValueError(f"GPUSCALE_MONITOR={value!r} is not 0 or 1; set GPUSCALE_MONITOR=0 to turn the monitor off")
+    return value != "0"
+
+
+def _num(value: Any) -> float | None:
+    """A number from a tool's field; None for "N/A", "[N/A]", "[Not Supported]" and the like."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _uuid(text: Any) -> str:
+    text = text.decode() if isinstance(text, bytes) else str(text)
+    text = text.strip().lower()
+    return text[4:] if text.startswith("gpu-") else text
+
+
+def _bus(text: Any) -> tuple[int, int, int]:
+    """(domain, bus, device) from "0000:65:00.0" or NVML's "00000000:65:00.0"."""
+    text = text.decode() if isinstance(text, bytes) else str(text)
+    domain, bus, rest = text.strip().split(":")
+    return int(domain, 16), int(bus, 16), int(rest.split(".")[0], 16)
+
+
+def _run(cmd: list[str]) -> str:
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=False)
+    if done.returncode != 0:
+        lines = (done.stderr or done.stdout).strip().splitlines()
+        raise RuntimeError(f"{cmd[0]} exited with {done.returncode}: {lines[-1] if lines else 'no output'}")
+    return done.stdout
+
+
+def _proc_ticks(pid: str) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime (fields 14, 15), all threads
+
+
+class ProcSampler:
+    """CPU time of this process and its children over wall time, in % of `cores`; RSS in bytes."""
+
+    source, min_interval_s = "proc", 0.0
+
+    def __init__(self, cores: tuple[int, ...]) -> None:
+        self.num_cores = max(len(cores), 1)
+        self._tick = os.sysconf("SC_CLK_TCK")
+        self._page = os.sysconf("SC_PAGE_SIZE")
+        self._last, self._wall = self._ticks(), time.monotonic()
+
+    def _ticks(self) -> dict[str, int]:
+        ticks = {"self": _proc_ticks("self")}
+        for path in glob.glob("/proc/self/task/*/children"):  # absent without CONFIG_PROC_CHILDREN: self only
+            try:
+                with open(path) as f:
+                    children = f.read().split()
+            except OSError:  # the thread just ended
+                continue
+            for child in children:
+                with contextlib.suppress(OSError, ValueError, IndexError):  # the child just exited
+                    ticks[child] = _proc_ticks(child)
+        return ticks
+
+    def sample(self) -> Sample:
+        ticks, now = self._ticks(), time.monotonic()
+        used = sum(max(t - self._last.get(pid, 0), 0) for pid, t in ticks.items()) / self._tick
+        wall, self._last, self._wall = now - self._wall, ticks, now
+        with open("/proc/self/statm") as f:
+            rss = int(f.read().split()[1]) * self._page
+        return (100.0 * used / wall / self.num_cores if wall > 0 else None), rss, None
+
+    def close(self) -> None:
+        pass
+
+
+class NvmlSampler:
+    """An NVIDIA GPU through NVML, found by UUID or PCI bus id."""
+
+    source, min_interval_s = "nvml", 0.0
+
+    def __init__(self, uuid: str | None, bus: tuple[int, int, int] | None) -> None:
+        import pynvml
+
+        self.nvml = pynvml
+        pynvml.nvmlInit()
+        try:
+            self.handle = self._find(uuid, bus)
+        except BaseException:
+            pynvml.nvmlShutdown()
+            raise
+
+    def _find(self, uuid: str | None, bus: tuple[int, int, int] | None) -> Any:
+        nvml = self.nvml
+        for i in range(nvml.nvmlDeviceGetCount()):
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(i)
+                if uuid and _uuid(nvml.nvmlDeviceGetUUID(handle)) == uuid:
+                    return handle
+                if bus and _bus(nvml.nvmlDeviceGetPciInfo(handle).busId) == bus:
+                    return handle
+            except nvml.NVMLError:  # a GPU this job's cgroup hides from it
+                continue
+        raise RuntimeError(f"NVML lists no GPU with UUID {uuid} or PCI bus id {bus}")
+
+    def _optional(self, read: Any) -> Any:
+        try:
+            return read(self.handle)
+        except self.nvml.NVMLError_NotSupported:  # MIG slices have no utilisation; some boards no power
+            return None
+
+    def sample(self) -> Sample:
+        util = self._optional(lambda h: self.nvml.nvmlDeviceGetUtilizationRates(h).gpu)
+        power = self._optional(self.nvml.nvmlDeviceGetPowerUsage)  # milliwatts
+        mem = int(self.nvml.nvmlDeviceGetMemoryInfo(self.handle).used)
+        return _num(util), mem, (power / 1000.0 if power is not None else None)
+
+    def close(self) -> None:
+        self.nvml.nvmlShutdown()
+
+
+def parse_nvidia_smi(text: str, uuid: str) -> Sample:
+    """The sample of GPU `uuid` from ``nvidia-smi --query-gpu=uuid,utilization.gpu,memory.used,power.draw`` CSV."""
+    for line in text.splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) >= 4 and _uuid(fields[0]) == _uuid(uuid):
+            mem = _num(fields[2])  # MiB (nounits)
+            return _num(fields[1]), (int(mem * 2**20) if mem is not None else None), _num(fields[3])
+    raise RuntimeError(f"nvidia-smi lists no GPU with UUID {uuid}")
+
+
+class AmdSmiSampler:
+    """An AMD GPU through the amdsmi module, found by PCI bus id."""
+
+    source, min_interval_s = "amdsmi", 0.0
+
+    def __init__(self, bus: tuple[int, int, int]) -> None:
+        import amdsmi
+
+        self.amdsmi = amdsmi
+        amdsmi.amdsmi_init()
+        self.handle = next((h for h in amdsmi.amdsmi_get_processor_handles()
+                            if _bus(amdsmi.amdsmi_get_gpu_device_bdf(h)) == bus), None)
+        if self.handle is None:
+            amdsmi.amdsmi_shut_down()
+            raise RuntimeError(f"amdsmi lists no GPU with PCI bus id {bus}")
+
+    def sample(self) -> Sample:
+        smi, h = self.amdsmi, self.handle
+        vram = _num(smi.amdsmi_get_gpu_vram_usage(h).get("vram_used"))  # MiB
+        power = smi.amdsmi_get_power_info(h)  # W; MI300 fills current_socket_power, older boards the average
+        watts = next((w for w in map(_num, (power.get("current_socket_power"), power.get("average_socket_power")))
+                      if w is not None), None)
+        return _num(smi.amdsmi_get_gpu_activity(h).get("gfx_activity")), (int(vram * 2**20) if vram is not None else None), watts
+
+    def close(self) -> None:
+        self.amdsmi.amdsmi_shut_down()
+
+
+def parse_rocm_smi(text: str, bus: tuple[int, int, int]) -> Sample:
+    """The sample of the GPU at PCI `bus` from ``rocm-smi --showuse --showmeminfo vram --showpower --showbus --json``.
+
+    Key names vary between ROCm releases ("Average Graphics Package Power (W)", "Current Socket
+    Graphics Package Power (W)"), so fields are found by their stable parts.
+    """
+    data = json.loads(text[text.index("{"): text.rindex("}") + 1])  # some releases print warnings around it
+    for card, fields in data.items():
+        if not (card.startswith("card") and isinstance(fields, dict)):
+            continue
+        try:
+            if _bus(fields.get("PCI Bus", "")) != bus:
+                continue
+        except ValueError:
+            continue
+        util = next((_num(v) for k, v in fields.items() if k.startswith("GPU use")), None)
+        mem = next((_num(v) for k, v in fields.items() if "Used Memory (B)" in k), None)
+        power = next((p for p in (_num(v) for k, v in fields.items() if k.endswith("Power (W)")) if p is not None), None)
+        return util, (int(mem) if mem is not None else None), power
+    raise RuntimeError(f"rocm-smi lists no GPU with PCI bus id {bus}")
+
+
+class CommandSampler:
+    """A GPU through a command line tool, run once per sample (so at most once a second)."""
+
+    min_interval_s = SMI_INTERVAL_S
+
+    def __init__(self, source: str, cmd: list[str], parse: Any, key: Any) -> None:
+        self.source, self.cmd, self.parse, self.key = source, cmd, parse, key
+        self.sample()  # fail now, not at the first interval, when the command or the GPU is missing
+
+    def sample(self) -> Sample:
+        return self.parse(_run(self.cmd), self.key)
+
+    def close(self) -> None:
+        pass
+
+
+def _fallback(first: Any, second: Any) -> Any:
+    try:
+        return first()
+    except Exception as exc:
+        try:
+            return second()
+        except Exception as exc2:
+            raise RuntimeError(f"{exc}; and then {exc2}") from None
+
+
+def nvidia_sampler(uuid: str | None, bus: tuple[int, int, int] | None) -> Any:
+    """NVML, else nvidia-smi (which needs the UUID)."""
+    return _fallback(lambda: NvmlSampler(uuid, bus), lambda: CommandSampler("nvidia-smi", NVIDIA_SMI, parse_nvidia_smi, uuid))
+
+
+def amd_sampler(bus: tuple[int, int, int] | None) -> Any:
+    """amdsmi, else rocm-smi."""
+    return _fallback(lambda: AmdSmiSampler(bus), lambda: CommandSampler("rocm-smi", ROCM_SMI, parse_rocm_smi, bus))
+
+
+def open_sampler(rt: Any) -> Any:
+    """The sampler of `rt.device`: NVML or nvidia-smi, amdsmi or rocm-smi, or /proc for a CPU."""
+    if rt.device.type != "cuda":
+        return ProcSampler(tuple(rt.cores) or tuple(os.sched_getaffinity(0)))
+    props = torch.cuda.get_device_properties(rt.device)
+    bus = (props.pci_domain_id, props.pci_bus_id, props.pci_device_id) if hasattr(props, "pci_bus_id") else None
+    if torch.version.hip:
+        return amd_sampler(bus)
+    return nvidia_sampler(_uuid(getattr(props, "uuid", "") or "") or None, bus)
+
+
+class Monitor:
+    """Samples `rt.device` every `interval_s` in a daemon thread between `start()` and `stop()`."""
+
+    def __init__(self, rt: Any, interval_s: float = 0.5) -> None:
+        if not interval_s > 0:
+            raise ValueError(f"interval_s={interval_s} must be a positive number of seconds")
+        self.rt, self.interval_s = rt, float(interval_s)
+        cuda = rt.device.type == "cuda"
+        self.name = torch.cuda.get_device_name(rt.device) if cuda else f"cores {format_cpulist(rt.cores or os.sched_getaffinity(0))}"
+        self.source: str | None = None
+        self.error: str | None = None
+        self.times: list[float] = []  # unix time of each sample
+        self.samples: list[Sample] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> Monitor:
+        """Start sampling (again, after `stop`, appending to the same series); returns self."""
+        if self._thread is None or not self._thread.is_alive():
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name="gpuscale-monitor", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, wait: bool = True) -> None:
+        """Take a last sample and stop; ``wait=False`` only tells the thread to stop (for finalizers)."""
+        self._stop.set()
+        if wait and self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def _run(self) -> None:
+        try:
+            sampler = open_sampler(self.rt)
+        except Exception as exc:
+            return self._fail(exc)
+        self.source = sampler.source
+        interval, last = max(self.interval_s, sampler.min_interval_s), time.time()
+        try:
+            while not self._stop.wait(interval):
+                last = self._record(sampler.sample())
+                if len(self.times) >= MAX_SAMPLES:  # keep the whole run at half the resolution
+                    with self._lock:
+                        self.times, self.samples = self.times[::2], self.samples[::2]
+                    interval *= 2
+            if time.time() - last >= interval / 2:  # a last sample, unless the previous one is that recent
+                self._record(sampler.sample())
+        except Exception as exc:
+            self._fail(exc)
+        finally:
+            with contextlib.suppress(Exception):
+                sampler.close()
+
+    def _record(self, sample: Sample) -> float:
+        now = time.time()
+        with self._lock:
+            self.times.append(now)
+            self.samples.append(sample)
+        return now
+
+    def _fail(self, exc: Exception) -> None:
+        if self.error is None:
+            log.warning("the utilisation monitor of %s stopped sampling (source %s): %s: %s; training goes on "
+                        "(GPUSCALE_MONITOR=0 turns the monitor off)", self.rt.device, self.source, type(exc).__name__, exc)
+        self.error = f"{type(exc).__name__}: {exc}"
+
+    @property
+    def started(self) -> float | None:
+        """Unix time of the first sample, None before it."""
+        return self.times[0] if self.times else None
+
+    def series(self, zero: float | None = None) -> dict[str, Any]:
+        """This rank's series in the timeline format, `t` in seconds since `zero` (default: the first sample)."""
+        with self._lock:
+            times, samples = list(self.times), list(self.samples)
+        zero = zero if zero is not None else (times[0] if times else 0.0)
+        columns = list(zip(*samples)) or [(), (), ()]
+        return {"rank": self.rt.rank, "host": self.rt.host, "device": str(self.rt.device), "name": self.name,
+                "source": self.source, "t": [round(t - zero, 3) for t in times],
+                "util_pct": list(columns[0]), "mem_bytes": list(columns[1]), "power_w": list(columns[2])}
+
+
+def _mean(values: list[Any]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
+
+
+def device_stats(series: dict[str, Any]) -> dict[str, Any]:
+    """One device's line of the summary: utilisation and power over t >= 0 (training), peak memory over all."""
+    training = [i for i, t in enumerate(series["t"]) if t >= 0]
+    util = [series["util_pct"][i] for i in training if series["util_pct"][i] is not None]
+    mems = [m for m in series["mem_bytes"] if m is not None]
+    return {key: series[key] for key in ("rank", "host", "device", "name", "source")} | {
+        "util_mean": _mean(util), "util_max": max(util) if util else None,
+        "mem_peak_bytes": max(mems) if mems else None,
+        "power_mean_w": _mean([series["power_w"][i] for i in training]),
+    }
+
+
+def make_timeline(series: list[dict[str, Any]], interval_s: float, started: float | None) -> dict[str, Any]:
+    """The timeline.json document from every rank's series."""
+    return {"version": TIMELINE_VERSION, "interval_s": interval_s, "started": started,
+            "series": sorted(series, key=lambda s: s["rank"])}
