@@ -108,7 +108,7 @@ def test_flags_name_a_starving_loader_and_an_idle_device(tmp_path):
                         {"rank": 1, "device": "cuda:1", "host": "n1", "util_mean": 20.0}]}
     _write_study(tmp_path, [_summary(1, "weak", 100.0, 10.0, data_wait=4.0), _summary(2, "weak", 190.0, 10.0, util=util)])
     rows = analysis.analyse(tmp_path)["rows"]
-    assert any("waited for data 40%" in f for f in rows[0]["flags"])
+    assert any("spent 40% of its training time loading data" in f for f in rows[0]["flags"])
     assert any(f.startswith("rank 1 (cuda:1 on n1) was busy 20%") for f in rows[1]["flags"])
 
 

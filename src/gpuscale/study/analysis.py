@@ -68,13 +68,21 @@ def _speedup(row: dict[str, Any], base: dict[str, Any]) -> float:
     return base_time / time
 
 
+def _devices(n: int) -> str:
+    return f"{n} device" if n == 1 else f"{n} devices"
+
+
 def _flags(row: dict[str, Any], base: dict[str, Any], device: str) -> list[str]:
     flags = []
     split = row["time_split_s"] or {}
     training = split.get("data_wait", 0.0) + split.get("compute", 0.0)
-    if training > 0 and split.get("data_wait", 0.0) / training > STARVED_FRACTION:
-        flags.append(f"waited for data {100 * split['data_wait'] / training:.0f}% of its training time: the loader starves "
-                     "the device; give the DataLoader more workers (num_workers), pin memory, or read faster storage")
+    waited = split.get("data_wait", 0.0) / training if training > 0 else 0.0
+    if waited > STARVED_FRACTION and device == "cpu":
+        flags.append(f"spent {100 * waited:.0f}% of its training time loading data: on CPUs the loader shares the cores "
+                     "with training; keep small data sets decoded in memory, or give loading cores of its own")
+    elif waited > STARVED_FRACTION:
+        flags.append(f"waited for data {100 * waited:.0f}% of its training time: the loader starves the GPU; give the "
+                     "DataLoader more workers (num_workers, cores next to the GPU), pin memory, or read faster storage")
     devices = [d for d in ((row.get("utilisation") or {}).get("devices") or []) if d.get("util_mean") is not None]
     if len(devices) > 1:
         busiest = max(devices, key=lambda d: d["util_mean"])
@@ -87,17 +95,21 @@ def _flags(row: dict[str, Any], base: dict[str, Any], device: str) -> list[str]:
     elif len(devices) == 1 and device == "cuda" and devices[0]["util_mean"] < BUSY_PCT:
         flags.append(f"the GPU was busy only {devices[0]['util_mean']:.0f}% of the time: a larger batch, more loader "
                      "workers, or less host-side work per step")
-    if row is not base and row.get("step_time_s") and base.get("step_time_s") and row["scaling"] == "weak":
+    if row is base:
+        return flags
+    if row["scaling"] == "weak" and row.get("step_time_s") and base.get("step_time_s"):
         growth = row["step_time_s"] / base["step_time_s"] - 1
         if growth > 0.1:
-            flags.append(f"a step took {100 * growth:.0f}% longer than with {base['world_size']} device(s) for the same "
-                         "per-device batch: gradient synchronisation not hidden behind compute (see `gpuscale predict`)")
-    if (row is not base and row["metric"] == "accuracy" and base["metric_value"] is not None and row["metric_value"] is not None
-            and base["metric_value"] - row["metric_value"] > ACCURACY_DROP):
-        flags.append(f"accuracy {row['metric_value']:.3f} against {base['metric_value']:.3f} with {base['world_size']} "
-                     f"device(s): the global batch is {row['global_batch']} instead of {base['global_batch']}; scale the "
-                     "learning rate with it or train more epochs" if row["global_batch"] != base["global_batch"] else
-                     f"accuracy {row['metric_value']:.3f} against {base['metric_value']:.3f} with {base['world_size']} device(s)")
+            flags.append(f"a step took {100 * growth:.0f}% longer than on {_devices(base['world_size'])} for the same "
+                         "per-device batch: synchronisation not hidden behind compute, or devices sharing memory "
+                         "bandwidth (see the prediction)")
+    if row["metric"] == "accuracy" and base["metric_value"] is not None and row["metric_value"] is not None \
+            and base["metric_value"] - row["metric_value"] > ACCURACY_DROP:
+        text = f"accuracy {row['metric_value']:.3f} against {base['metric_value']:.3f} on {_devices(base['world_size'])}"
+        if row["global_batch"] != base["global_batch"]:
+            text += (f": the global batch is {row['global_batch']} instead of {base['global_batch']}, so there are fewer "
+                     "steps; scale the learning rate with the batch, train more epochs, or use strong scaling")
+        flags.append(text)
     return flags
 
 

@@ -74,11 +74,15 @@ def record_study(out: Path, command: list[str], launcher: str, cells: list[Cell]
     atomic_write_json(path, {"version": 1, "command": command, "launcher": launcher, "cells": known, **extra})
 
 
-def tail(path: Path, lines: int = 15) -> str:
+def tail(path: Path, lines: int = 12) -> str:
+    """The last lines of a run's output, indented; torchrun's failure banner is cut off (gpuscale run's
+    one-line summary of it stays), so what the script itself printed last is what is shown."""
     try:
-        return "".join(path.read_text(errors="replace").splitlines(keepends=True)[-lines:])
+        text = path.read_text(errors="replace").splitlines()
     except OSError:
         return ""
+    end = next((i + 1 for i, line in enumerate(text) if line.startswith("gpuscale run: rank ")), len(text))
+    return "\n".join("    " + line for line in text[:end][-lines:])
 
 
 def _missing_summary(cell_dir: Path) -> str:
