@@ -184,3 +184,24 @@ def test_link_fit_recovers_latency_and_bandwidth():
     seconds = [2 * (n - 1) * alpha + 2 * (n - 1) / n * s / bandwidth for s in sizes]
     got_alpha, got_bw = fit(sizes, seconds, n)
     assert math.isclose(got_alpha, alpha, rel_tol=1e-6) and math.isclose(got_bw, bandwidth, rel_tol=1e-6)
+
+
+def test_variants_get_their_own_cells_arguments_and_baselines(tmp_path):
+    variants = [matrix.parse_variant("small="), matrix.parse_variant("large=--swap-train-test --lr '0.1'")]
+    assert variants[1] == ("large", ("--swap-train-test", "--lr", "0.1"))
+    cells = matrix.cells([1, 2], [1], ["weak"], variants)
+    assert [c.name for c in cells] == ["small-weak-1x1", "small-weak-1x2", "large-weak-1x1", "large-weak-1x2"]
+    assert matrix.script_argv(cells[2], ["dvc.py"], "d") == ["dvc.py", "--swap-train-test", "--lr", "0.1", "--scaling", "weak", "--out", "d"]
+    with pytest.raises(ValueError, match="NAME=ARGS"):
+        matrix.parse_variant("large")
+    with pytest.raises(ValueError, match="must differ"):
+        matrix.cells([1], [1], ["weak"], [("a", ()), ("a", ("-x",))])
+    runner.record_study(tmp_path, ["dvc.py"], "local", cells, {})
+    for cell, sps in zip(cells, [100.0, 150.0, 50.0, 95.0]):
+        (tmp_path / cell.name).mkdir()
+        (tmp_path / cell.name / "summary.json").write_text(json.dumps(_summary(cell.world_size, "weak", sps, 10.0)))
+    results = analysis.analyse(tmp_path)
+    assert results["baseline"] == {"small/weak": "small-weak-1x1", "large/weak": "large-weak-1x1"}
+    rows = {r["name"]: r for r in results["rows"]}
+    assert [r["name"] for r in results["rows"]] == [c.name for c in cells]
+    assert rows["small-weak-1x2"]["speedup"] == pytest.approx(1.5) and rows["large-weak-1x2"]["speedup"] == pytest.approx(1.9)
