@@ -43,7 +43,6 @@ def test_cpu_cells_give_every_process_the_same_cores():
     assert matrix.cpu_cores_for(Cell("weak", 1, 1), 4, cores) == [0, 1]
     assert matrix.cpu_cores_for(Cell("weak", 1, 4), 4, cores) == cores
     assert matrix.cpu_cores_for(Cell("weak", 1, 1), 2, [0, 1]) == [0]
-    assert matrix.cpu_cores_for(Cell("weak", 1, 4), 4, [0, 1]) == [0, 1]  # more processes than cores: shared
 
 
 def _summary(world, scaling, sps, time_s, epochs=2, batch=32, acc=0.9, data_wait=0.1, step=0.1, util=None):
@@ -116,8 +115,8 @@ def test_ring_allreduce_time_follows_the_formula():
     # 2 (N-1) alpha + 2 (N-1)/N S/B, one bucket
     assert predict.allreduce_seconds(1e6, 4, bandwidth=1e9, latency=1e-5) == pytest.approx(6e-5 + 1.5e-3)
     assert predict.allreduce_seconds(1e6, 1, 1e9, 1e-5) == 0.0
-    # 100 MiB go in 4 buckets of 25 MiB, each paying the latency
-    assert predict.allreduce_seconds(100 * 2**20, 2, 1e12, 1e-3) == pytest.approx(2 * 1e-3 * 4 + 100 * 2**20 / 1e12)
+    # 100 MiB go in DDP's buckets: 1 MiB first, then 4 of up to 25 MiB, each paying the latency
+    assert predict.allreduce_seconds(100 * 2**20, 2, 1e12, 1e-3) == pytest.approx(2 * 1e-3 * 5 + 100 * 2**20 / 1e12)
 
 
 def test_prediction_weak_strong_and_the_batch_sweet_spot():
@@ -149,13 +148,6 @@ def test_prediction_across_nodes_needs_and_uses_the_inter_node_link():
     link = predict.Link(intra_bandwidth=100e9, intra_latency=1e-5, inter_bandwidth=10e9, inter_latency=2e-5, source="p")
     two = predict.predict([Cell("weak", 1, 8), Cell("weak", 2, 4)], base, link, 0.0, 32).cells
     assert two[1]["comm_s"] > 5 * two[0]["comm_s"]  # the ring's slowest link is off the node
-
-
-def test_more_processes_than_devices_share_them():
-    base = predict.Baseline(step_time_s=0.1, per_device_batch=32, grad_accum_steps=1, gradient_bytes=1)
-    link = predict.Link(intra_bandwidth=1e12, intra_latency=0.0, source="t")
-    cell = predict.predict_cell(Cell("weak", 1, 4), base, link, 0.0, 32, devices_per_node=2)
-    assert cell["compute_s"] == pytest.approx(0.2)
 
 
 def test_baseline_must_be_a_single_device_run_with_gradient_bytes():
@@ -205,3 +197,25 @@ def test_variants_get_their_own_cells_arguments_and_baselines(tmp_path):
     rows = {r["name"]: r for r in results["rows"]}
     assert [r["name"] for r in results["rows"]] == [c.name for c in cells]
     assert rows["small-weak-1x2"]["speedup"] == pytest.approx(1.5) and rows["large-weak-1x2"]["speedup"] == pytest.approx(1.9)
+
+
+def test_repeats_run_in_rounds_and_the_row_is_the_median_run(tmp_path):
+    cells = matrix.cells([1, 2], [1], ["weak"], repeats=3)
+    assert [c.name for c in cells] == ["weak-1x1", "weak-1x2", "weak-1x1.r2", "weak-1x2.r2", "weak-1x1.r3", "weak-1x2.r3"]
+    with pytest.raises(ValueError, match="--repeat 0"):
+        matrix.cells([1], [1], ["weak"], repeats=0)
+    runner.record_study(tmp_path, ["t.py"], "local", cells, {})
+    throughput = {"weak-1x1": 100.0, "weak-1x1.r2": 104.0, "weak-1x1.r3": 98.0,
+                  "weak-1x2": 150.0, "weak-1x2.r2": 190.0, "weak-1x2.r3": 170.0}
+    for cell in cells:
+        (tmp_path / cell.name).mkdir()
+        summary = _summary(cell.world_size, "weak", throughput[cell.name], 10.0)
+        summary["run_marker"] = cell.name
+        (tmp_path / cell.name / "summary.json").write_text(json.dumps(summary))
+    rows = {r["name"]: r for r in analysis.analyse(tmp_path)["rows"]}
+    assert set(rows) == {"weak-1x1", "weak-1x2"}
+    assert rows["weak-1x2"]["run"] == "weak-1x2.r3" and rows["weak-1x2"]["samples_per_s"] == 170.0
+    assert rows["weak-1x2"]["repeats"] == 3 and rows["weak-1x2"]["samples_per_s_runs"] == [150.0, 170.0, 190.0]
+    assert rows["weak-1x2"]["speedup"] == pytest.approx(1.7)
+    assert any("3 runs spread over 24%" in f for f in rows["weak-1x2"]["flags"])
+    assert not any("spread" in f for f in rows["weak-1x1"]["flags"])

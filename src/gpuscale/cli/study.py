@@ -62,6 +62,8 @@ def add_study_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=ARGS",
                         help="a variant of the command: ARGS added to the script's (repeatable), e.g. "
                         "--variant small= --variant large=--swap-train-test; each variant gets its own baseline")
+    parser.add_argument("--repeat", type=int, default=1, metavar="K",
+                        help="run every cell K times, in rounds, and show the median run (default 1; 3 on noisy or shared machines)")
     parser.add_argument("--launcher", choices=("local", "slurm"), default="local", help="run cells here or as SLURM jobs (default local)")
     parser.add_argument("--overlap", type=float, default=None,
                         help="share of compute time that hides communication, for the prediction (default 0 on CPU, 0.5 on GPUs)")
@@ -119,7 +121,7 @@ def execute(args: argparse.Namespace, command: list[str], out: Path, progress: A
     nproc = matrix.parse_counts(args.nproc, "--nproc") if args.nproc else matrix.default_nproc(device_count)
     nodes = matrix.parse_counts(args.nodes, "--nodes")
     variants = [matrix.parse_variant(v) for v in getattr(args, "variant", [])]
-    cells = matrix.cells(nproc, nodes, matrix.parse_scalings(args.scaling), variants or None)
+    cells = matrix.cells(nproc, nodes, matrix.parse_scalings(args.scaling), variants or None, getattr(args, "repeat", 1))
     for _, extra in variants:
         _check_script_args(extra)
     unit = "GPU" if (num_gpus or args.launcher == "slurm") else "process"
@@ -138,20 +140,18 @@ def execute(args: argparse.Namespace, command: list[str], out: Path, progress: A
         if max(nodes) > 1:
             raise ValueError(f"--nodes {args.nodes} needs --launcher slurm: the local launcher runs on this node only")
         run_one = runner.LocalRunner(command, max(nproc), num_gpus, cores, timeout_s=args.cell_timeout)
-        if not num_gpus and max(nproc) > len(cores):
-            progress(f"note: {max(nproc)} processes on {len(cores)} cores share them; speed-up cannot pass {len(cores)}")
 
     runner.record_study(out, command, args.launcher, cells, {})
     outcomes = runner.run_cells(out, cells, run_one, progress, unit)
-    summaries = {o.cell.name: o.summary for o in outcomes if o.summary is not None}
+    medians = analysis.median_runs([(o.cell, o.summary) for o in outcomes if o.summary is not None])
+    summaries = {cell.base_name: summary for cell, summary, _ in medians}
+    shapes = [c for c in cells if c.repeat == 1]
     prediction = None
-    if not args.no_predict and any(c.world_size == 1 and c.name in summaries for c in cells) and len(cells) > 1:
+    if not args.no_predict and any(c.world_size == 1 and c.name in summaries for c in shapes) and len(shapes) > 1:
         overlap = args.overlap if args.overlap is not None else (0.5 if unit == "GPU" else 0.0)
         try:
             link = _link(args, out, num_gpus, cores, max(nproc))
-            # on CPU a device is the cores one process gets; more processes than that share them
-            devices = None if (num_gpus or args.launcher == "slurm") else max(len(cores) // max(len(cores) // max(nproc), 1), 1)
-            prediction = predict.predict_study(cells, summaries, link, overlap, devices)
+            prediction = predict.predict_study(shapes, summaries, link, overlap)
         except (ValueError, MeasureError) as exc:
             progress(f"no prediction: {exc}")
     results = analysis.analyse(out, prediction)

@@ -7,6 +7,7 @@ A study directory holds:
 
     study.json              what was asked: the command, the launcher, the cells (written first)
     <cell>/summary.json     each run's summary (gpuscale.Meter), e.g. weak-1x2/ = weak scaling, 1 node x 2 processes
+                            (weak-1x2.r2/ is its second run with --repeat; large-weak-1x2/ a --variant's)
     <cell>/timeline.json    each run's utilisation timeline (gpuscale.monitor)
     <cell>/output.log       what the run printed
     results.json            the analysed table (`analysis.analyse`), re-derived by `gpuscale report`
@@ -21,7 +22,9 @@ results.json, the contract between analysis and report (version 1):
     {"version": 1, "command": [...], "launcher": "local"|"slurm", "device": "cpu"|"cuda",
      "device_name": str|None, "created": iso time,
      "rows": [ {                      # one per finished cell, sorted by scaling then world size
-        "name": "weak-1x2", "scaling": "weak"|"strong", "nodes": 1, "nproc_per_node": 2, "world_size": 2,
+        "name": "weak-1x2", "variant": ""|"large", "scaling": "weak"|"strong", "nodes": 1, "nproc_per_node": 2, "world_size": 2,
+        "run": "weak-1x2.r2",            # the folder of the run shown: the median of --repeat runs
+        "repeats": 3, "samples_per_s_runs": [118.0, 123.4, 125.1],
         "global_batch": 64, "per_device_batch": 32, "epochs": 2, "steps": 125, "samples": 4000,
         "samples_per_s": 123.4, "train_time_s": 10.2, "step_time_s": 0.08,
         "time_split_s": {"startup": .., "data_wait": .., "compute": .., "eval": .., "checkpoint": ..},

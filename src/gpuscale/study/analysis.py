@@ -30,6 +30,8 @@ UNDERUSED_RATIO = 0.5
 BUSY_PCT = 30.0
 """...provided the busiest device is above this, so that a uniformly idle run is not misread."""
 ACCURACY_DROP = 0.02
+SPREAD = 0.1
+"""Repeated runs whose throughput spreads over more than this share of the median are flagged."""
 
 
 def _metric(summary: dict[str, Any]) -> tuple[str | None, float | None]:
@@ -39,12 +41,30 @@ def _metric(summary: dict[str, Any]) -> tuple[str | None, float | None]:
     return None, None
 
 
-def row_from_summary(cell: Cell, summary: dict[str, Any], study_dir: Path) -> dict[str, Any]:
+def median_runs(finished: list[tuple[Cell, dict[str, Any]]]) -> list[tuple[Cell, dict[str, Any], list[float]]]:
+    """One entry per cell over its repeats: the run with the median throughput, and every run's throughput.
+
+    The median run stands for the cell whole (its time split, accuracy and timeline belong to one
+    real run); with an even count the slower of the two middle runs is taken.
+    """
+    groups: dict[str, list[tuple[Cell, dict[str, Any]]]] = {}
+    for cell, summary in finished:
+        groups.setdefault(cell.base_name, []).append((cell, summary))
+    chosen = []
+    for runs in groups.values():
+        ordered = sorted(runs, key=lambda run: run[1]["samples_per_s"])
+        cell, summary = ordered[(len(ordered) - 1) // 2]
+        chosen.append((cell, summary, [run[1]["samples_per_s"] for run in ordered]))
+    return chosen
+
+
+def row_from_summary(cell: Cell, summary: dict[str, Any], study_dir: Path, runs: list[float] | None = None) -> dict[str, Any]:
     """One table row from a run's summary (speed-up and efficiency filled in later)."""
     metric, value = _metric(summary)
     timeline = Path(cell.name) / "timeline.json"
     return {
-        "name": cell.name, "variant": cell.variant, "scaling": cell.scaling, "nodes": cell.nodes, "nproc_per_node": cell.nproc_per_node,
+        "name": cell.base_name, "run": cell.name, "repeats": len(runs or [0]),
+        "samples_per_s_runs": runs or [summary["samples_per_s"]], "variant": cell.variant, "scaling": cell.scaling, "nodes": cell.nodes, "nproc_per_node": cell.nproc_per_node,
         "world_size": summary["world_size"], "global_batch": summary.get("global_batch"),
         "per_device_batch": summary.get("per_device_batch"), "epochs": summary.get("epochs"),
         "steps": summary.get("steps"), "samples": summary.get("samples"),
@@ -83,6 +103,10 @@ def _flags(row: dict[str, Any], base: dict[str, Any], device: str) -> list[str]:
     elif waited > STARVED_FRACTION:
         flags.append(f"waited for data {100 * waited:.0f}% of its training time: the loader starves the GPU; give the "
                      "DataLoader more workers (num_workers, cores next to the GPU), pin memory, or read faster storage")
+    runs = row.get("samples_per_s_runs") or []
+    if len(runs) > 1 and (max(runs) - min(runs)) / row["samples_per_s"] > SPREAD:
+        flags.append(f"its {len(runs)} runs spread over {100 * (max(runs) - min(runs)) / row['samples_per_s']:.0f}% of the median "
+                     "throughput: the machine is noisy (shared nodes, frequency scaling); trust only larger differences")
     devices = [d for d in ((row.get("utilisation") or {}).get("devices") or []) if d.get("util_mean") is not None]
     if len(devices) > 1:
         busiest = max(devices, key=lambda d: d["util_mean"])
@@ -140,7 +164,7 @@ def load_cells(study_dir: Path) -> tuple[dict[str, Any], list[tuple[Cell, dict[s
     finished = []
     for entry in study.get("cells", []):
         cell = Cell(entry["scaling"], entry["nodes"], entry["nproc_per_node"], entry.get("variant", ""),
-                    tuple(entry.get("variant_args", ())))
+                    tuple(entry.get("variant_args", ())), entry.get("repeat", 1))
         summary = read_summary(study_dir / cell.name, cell)
         if summary is not None:
             finished.append((cell, summary))
@@ -150,7 +174,7 @@ def load_cells(study_dir: Path) -> tuple[dict[str, Any], list[tuple[Cell, dict[s
 def analyse(study_dir: Path, prediction: dict[str, Any] | None = None) -> dict[str, Any]:
     """The study's results (gpuscale.study's schema) from what is on disk."""
     study, finished = load_cells(study_dir)
-    rows = [row_from_summary(cell, summary, study_dir) for cell, summary in finished]
+    rows = [row_from_summary(cell, summary, study_dir, runs) for cell, summary, runs in median_runs(finished)]
     variants = list(dict.fromkeys(c.variant for c, _ in finished))  # in the order they were asked for
     rows.sort(key=lambda r: (variants.index(r["variant"]), ("weak", "strong").index(r["scaling"]), r["world_size"], r["nodes"]))
     first = finished[0][1] if finished else {}

@@ -24,10 +24,17 @@ MIN_REPEATS, MAX_REPEATS, BUDGET_S = 5, 50, 0.5
 
 
 def fit(sizes: list[float], seconds: list[float], world_size: int) -> tuple[float, float]:
-    """(latency alpha in s, bandwidth B in bytes/s) from all-reduce times, least squares."""
-    n = len(sizes)
-    mean_s, mean_t = sum(sizes) / n, sum(seconds) / n
-    slope = sum((s - mean_s) * (t - mean_t) for s, t in zip(sizes, seconds)) / sum((s - mean_s) ** 2 for s in sizes)
+    """(latency alpha in s, bandwidth B in bytes/s) from all-reduce times.
+
+    Least squares on relative errors (weights 1/t^2), so that the small and middle sizes where
+    gradients of real models fall are fitted as well as the largest one.
+    """
+    weights = [1.0 / t**2 for t in seconds]
+    total = sum(weights)
+    mean_s = sum(w * s for w, s in zip(weights, sizes)) / total
+    mean_t = sum(w * t for w, t in zip(weights, seconds)) / total
+    slope = sum(w * (s - mean_s) * (t - mean_t) for w, s, t in zip(weights, sizes, seconds)) / \
+        sum(w * (s - mean_s) ** 2 for w, s in zip(weights, sizes))
     intercept = max(mean_t - slope * mean_s, 0.0)
     steps = 2 * (world_size - 1)
     return intercept / steps, steps / world_size / slope

@@ -28,6 +28,8 @@ class Cell:
     """Name of a variant of the command ('' for none), e.g. 'large' for a larger dataset."""
     variant_args: tuple[str, ...] = ()
     """Arguments the variant adds to the script's."""
+    repeat: int = 1
+    """Which run of the same cell this is (1, 2, ... with --repeat); the table shows the median run."""
 
     @property
     def world_size(self) -> int:
@@ -36,6 +38,11 @@ class Cell:
     @property
     def name(self) -> str:
         """The cell's folder in the study directory, e.g. 'weak-1x2', or 'large-weak-1x2' for a variant."""
+        return self.base_name + (f".r{self.repeat}" if self.repeat > 1 else "")
+
+    @property
+    def base_name(self) -> str:
+        """The name of the cell without its repeat: the table's row name."""
         shape = f"{self.scaling}-{self.nodes}x{self.nproc_per_node}"
         return f"{self.variant}-{shape}" if self.variant else shape
 
@@ -43,6 +50,7 @@ class Cell:
         node = "node" if self.nodes == 1 else "nodes"
         units = unit if self.nproc_per_node == 1 else unit + "es" if unit.endswith("s") else unit + "s"
         what = f"{self.scaling} scaling, {self.nodes} {node} x {self.nproc_per_node} {units}"
+        what += f", run {self.repeat}" if self.repeat > 1 else ""
         return f"{what}, variant {self.variant}: {shlex.join(self.variant_args) or 'as given'}" if self.variant else what
 
 
@@ -87,12 +95,19 @@ def parse_variant(text: str) -> tuple[str, tuple[str, ...]]:
 
 
 def cells(nproc: list[int], nodes: list[int], scalings: list[str],
-          variants: list[tuple[str, tuple[str, ...]]] | None = None) -> list[Cell]:
-    """Every combination, smallest first within each variant and scaling."""
+          variants: list[tuple[str, tuple[str, ...]]] | None = None, repeats: int = 1) -> list[Cell]:
+    """Every combination, smallest first within each variant and scaling.
+
+    With repeats > 1 the whole matrix runs that many times in rounds (all cells once, then all
+    again), so that a machine that gets slower or faster over time affects every cell alike.
+    """
     names = [name for name, _ in variants or []]
     if len(set(names)) != len(names):
         raise ValueError(f"--variant names must differ; got {', '.join(names)}")
-    return [Cell(s, n, p, name, args) for name, args in (variants or [("", ())]) for s in scalings for n in nodes for p in nproc]
+    if repeats < 1:
+        raise ValueError(f"--repeat {repeats} must be at least 1")
+    return [Cell(s, n, p, name, args, r) for r in range(1, repeats + 1)
+            for name, args in (variants or [("", ())]) for s in scalings for n in nodes for p in nproc]
 
 
 def script_argv(cell: Cell, command: list[str], cell_dir: str) -> list[str]:

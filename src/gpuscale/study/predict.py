@@ -32,6 +32,8 @@ from typing import Any
 from gpuscale.study.matrix import Cell
 
 DDP_BUCKET_BYTES = 25 * 1024 * 1024
+DDP_FIRST_BUCKET_BYTES = 1024 * 1024
+"""DDP sends the last layers' gradients early in a small first bucket, then 25 MiB buckets."""
 SHARDED_TRAFFIC = 1.5
 """FSDP and ZeRO-3 gather parameters and reduce-scatter gradients: about 1.5x DDP's bytes."""
 
@@ -98,26 +100,20 @@ class Baseline:
                    sharded=summary.get("strategy") == "fsdp")
 
 
-def allreduce_seconds(num_bytes: float, world_size: int, bandwidth: float, latency: float, bucket_bytes: int = DDP_BUCKET_BYTES) -> float:
-    """Ring all-reduce time of `num_bytes` over `world_size` ranks, sent in buckets."""
+def allreduce_seconds(num_bytes: float, world_size: int, bandwidth: float, latency: float) -> float:
+    """Ring all-reduce time of `num_bytes` over `world_size` ranks, sent in DDP's buckets (1 MiB, then 25 MiB)."""
     if world_size <= 1 or num_bytes <= 0:
         return 0.0
-    buckets = max(1, math.ceil(num_bytes / bucket_bytes))
+    buckets = 1 + math.ceil(max(0.0, num_bytes - DDP_FIRST_BUCKET_BYTES) / DDP_BUCKET_BYTES)
     return 2 * (world_size - 1) * latency * buckets + 2 * (world_size - 1) / world_size * num_bytes / bandwidth
 
 
-def predict_cell(cell: Cell, base: Baseline, link: Link, overlap: float, base_global_batch: int,
-                 devices_per_node: int | None = None) -> dict[str, Any]:
-    """Predicted step time, throughput and efficiency of one cell.
-
-    With more processes per node than `devices_per_node`, processes take turns on the devices
-    (CPU cores shared by more processes than there are): compute time grows by that ratio.
-    """
+def predict_cell(cell: Cell, base: Baseline, link: Link, overlap: float, base_global_batch: int) -> dict[str, Any]:
+    """Predicted step time, throughput and efficiency of one cell."""
     world = cell.world_size
     # weak: each device keeps its batch; strong: the global batch is shared (micro-batches as in the baseline)
     batch = base.per_device_batch if cell.scaling == "weak" else base_global_batch / (world * base.grad_accum_steps)
-    shared = max(1.0, cell.nproc_per_node / devices_per_node) if devices_per_node else 1.0
-    compute = base.step_time_s * batch / base.per_device_batch * shared
+    compute = base.step_time_s * batch / base.per_device_batch
     bandwidth, latency = link.for_nodes(cell.nodes)
     traffic = base.gradient_bytes * (SHARDED_TRAFFIC if base.sharded else 1.0)
     comm = allreduce_seconds(traffic, world, bandwidth, latency)  # once per optimizer step, not per micro-batch
@@ -148,12 +144,11 @@ class Prediction:
         return asdict(self)
 
 
-def predict(cells: list[Cell], base: Baseline, link: Link, overlap: float, base_global_batch: int,
-            devices_per_node: int | None = None) -> Prediction:
+def predict(cells: list[Cell], base: Baseline, link: Link, overlap: float, base_global_batch: int) -> Prediction:
     """Predict every cell; find where communication starts to dominate for each shape."""
     if not 0.0 <= overlap <= 1.0:
         raise ValueError(f"--overlap {overlap} must be between 0 (no overlap) and 1 (all of the compute time)")
-    predicted = [predict_cell(c, base, link, overlap, base_global_batch, devices_per_node) for c in cells]
+    predicted = [predict_cell(c, base, link, overlap, base_global_batch) for c in cells]
     per_sample = base.step_time_s / base.per_device_batch
     dominates = {}
     for cell in sorted({(c.nodes, c.nproc_per_node) for c in cells if c.world_size > 1}):
@@ -165,8 +160,7 @@ def predict(cells: list[Cell], base: Baseline, link: Link, overlap: float, base_
                       comm_dominates_below_batch=dominates)
 
 
-def predict_study(cells: list[Cell], summaries: dict[str, dict[str, Any]], link: Link, overlap: float,
-                  devices_per_node: int | None = None) -> dict[str, Any] | None:
+def predict_study(cells: list[Cell], summaries: dict[str, dict[str, Any]], link: Link, overlap: float) -> dict[str, Any] | None:
     """The prediction for a study's cells from its single-device runs (one per scaling and variant), as a dict.
 
     None when no group has a single-device run. The batch sweet spot is the first group's.
@@ -178,7 +172,7 @@ def predict_study(cells: list[Cell], summaries: dict[str, dict[str, Any]], link:
         if base_summary is None:
             continue
         base = Baseline.from_summary(base_summary)
-        part = predict(members, base, link, overlap, base_summary["global_batch"], devices_per_node).to_dict()
+        part = predict(members, base, link, overlap, base_summary["global_batch"]).to_dict()
         if combined is None:
             combined = part
         else:

@@ -69,7 +69,7 @@ def record_study(out: Path, command: list[str], launcher: str, cells: list[Cell]
     for cell in cells:
         if cell.name not in names:
             known.append({"name": cell.name, "scaling": cell.scaling, "nodes": cell.nodes, "nproc_per_node": cell.nproc_per_node,
-                          "variant": cell.variant, "variant_args": list(cell.variant_args)})
+                          "variant": cell.variant, "variant_args": list(cell.variant_args), "repeat": cell.repeat})
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, {"version": 1, "command": command, "launcher": launcher, "cells": known, **extra})
 
@@ -103,6 +103,11 @@ class LocalRunner:
         if num_gpus and max_nproc > num_gpus:
             raise ValueError(f"--nproc asks for {max_nproc} processes but this node has {num_gpus} GPUs; "
                              f"use at most {num_gpus}, or --launcher slurm for more nodes")
+        if not num_gpus and max_nproc > len(cores):
+            # measured here: 4 gloo processes on 2 cores ran 7x slower than 2, so such a cell measures nothing
+            raise ValueError(f"--nproc asks for {max_nproc} processes but this process may use {len(cores)} cores; on CPUs "
+                             f"every process needs a core of its own (processes sharing cores spin in gloo's waits): "
+                             f"use at most {len(cores)}")
         self.command = command
         self.max_nproc = max_nproc
         self.num_gpus = num_gpus
