@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from types import SimpleNamespace
 
 import pytest
@@ -13,9 +12,6 @@ from gpuscale.hf import MeterCallback, check_checkpoint, check_trainer, trainer_
 from gpuscale.metrics import SUMMARY_KEYS
 
 CPU = torch.device("cpu")
-LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                 "TORCHELASTIC_RUN_ID", "GROUP_RANK", "OMP_NUM_THREADS", "GPUSCALE_BIND", "GPUSCALE_LAUNCH_TIME",
-                 "GPUSCALE_OMP_FROM_LAUNCHER")
 
 
 def _rt(world_size: int) -> SimpleNamespace:
@@ -147,16 +143,6 @@ def test_truncated_checkpoint_is_refused(tmp_path):
 # MeterCallback
 
 
-@pytest.fixture
-def single_process(monkeypatch):
-    for name in list(os.environ):
-        if name in LAUNCHER_VARS or name.startswith("SLURM_"):
-            monkeypatch.delenv(name)
-    affinity, threads = os.sched_getaffinity(0), torch.get_num_threads()
-    yield
-    os.sched_setaffinity(0, affinity)
-    torch.set_num_threads(threads)
-    gpuscale.log._placement = None
 
 
 def test_meter_callback_feeds_the_summary(single_process, tmp_path, monkeypatch):

@@ -25,16 +25,6 @@ LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER
 UUID0, UUID1 = "GPU-5d1c8a7e-0b2f-4c3d-9e8f-111111111111", "GPU-7a2b3c4d-5e6f-4a8b-9c0d-222222222222"
 
 
-@pytest.fixture
-def single_process(monkeypatch):
-    for name in list(os.environ):
-        if name in LAUNCHER_VARS or name.startswith("SLURM_"):
-            monkeypatch.delenv(name)
-    affinity, threads = os.sched_getaffinity(0), torch.get_num_threads()
-    yield
-    os.sched_setaffinity(0, affinity)
-    torch.set_num_threads(threads)
-    gpuscale.log._placement = None
 
 
 @pytest.fixture

@@ -13,21 +13,11 @@ from gpuscale import runtime
 from gpuscale.metrics import SUMMARY_KEYS
 from gpuscale.strategy import strategy_of
 
-LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                 "TORCHELASTIC_RUN_ID", "GROUP_RANK", "OMP_NUM_THREADS", "TOKENIZERS_PARALLELISM",
-                 "GPUSCALE_BIND", "GPUSCALE_TIMEOUT", "GPUSCALE_OMP_FROM_LAUNCHER", "GPUSCALE_LAUNCH_TIME")
 
 
 @pytest.fixture(autouse=True)
-def single_process(monkeypatch):
-    for name in list(os.environ):
-        if name in LAUNCHER_VARS or name.startswith("SLURM_"):
-            monkeypatch.delenv(name)
-    affinity, threads = os.sched_getaffinity(0), torch.get_num_threads()
-    yield
-    os.sched_setaffinity(0, affinity)
-    torch.set_num_threads(threads)
-    gpuscale.log._placement = None
+def _single_process(single_process):
+    """Every test here runs as a plain single process (tests/unit/conftest.py)."""
 
 
 def test_single_process_setup_and_full_restore():

@@ -1,0 +1,25 @@
+"""Fixtures of the unit tests."""
+
+import os
+
+import pytest
+import torch
+
+import gpuscale
+
+LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                 "TORCHELASTIC_RUN_ID", "GROUP_RANK", "OMP_NUM_THREADS", "TOKENIZERS_PARALLELISM",
+                 "GPUSCALE_BIND", "GPUSCALE_TIMEOUT", "GPUSCALE_OMP_FROM_LAUNCHER", "GPUSCALE_LAUNCH_TIME")
+
+
+@pytest.fixture
+def single_process(monkeypatch):
+    """A plain single process: no launcher or SLURM variables; affinity, threads and the placement log restored after."""
+    for name in list(os.environ):
+        if name in LAUNCHER_VARS or name.startswith("SLURM_"):
+            monkeypatch.delenv(name)
+    affinity, threads = os.sched_getaffinity(0), torch.get_num_threads()
+    yield
+    os.sched_setaffinity(0, affinity)
+    torch.set_num_threads(threads)
+    gpuscale.log._placement = None
