@@ -210,3 +210,20 @@ def test_single_scaling_without_baseline_values(tmp_path):
     files = write_report(results, tmp_path)
     assert "plots/efficiency.png" not in files and "plots/throughput.png" in files
     assert "efficiency.png" not in files["report.md"].read_text()
+
+
+def test_monitored_devices_get_a_utilisation_table(tmp_path):
+    results = make_results(tmp_path)
+    results["rows"][1]["utilisation"] = {"source": "nvml", "interval_s": 0.5, "devices": [
+        {"rank": 0, "host": "n1", "device": "cuda:0", "name": "H100", "source": "nvml", "util_mean": 93.4,
+         "util_max": 100.0, "mem_peak_bytes": 3 * 2**30, "power_mean_w": 611.6},
+        {"rank": 1, "host": "n1", "device": "cuda:1", "name": "H100", "source": "nvml", "util_mean": 12.0,
+         "util_max": 40.0, "mem_peak_bytes": None, "power_mean_w": None}]}
+    markdown = format_markdown(results)
+    assert "## Utilisation" in markdown
+    assert "| strong-1x2 | 0 | cuda:0 | n1 | nvml | 93% | 100% | 3.00 GiB | 612 W |" in markdown
+    assert f"| strong-1x2 | 1 | cuda:1 | n1 | nvml | 12% | 40% | {DASH} | {DASH} |" in markdown
+    page = render_html(results, {})
+    assert '<table id="utilisation">' in page and '>93%</td>' in page
+    without = make_results(tmp_path / "other")
+    assert "## Utilisation" not in format_markdown(without) and 'id="utilisation"' not in render_html(without, {})

@@ -167,6 +167,25 @@ def _split(row: dict[str, Any]) -> list[str]:
     return cells + [f"{total:.1f}s" if split else DASH]
 
 
+_UTIL_HEADER = ["run", "rank", "device", "host", "source", "busy (mean)", "busy (max)", "memory peak", "power (mean)"]
+
+
+def _utilisation(results: dict[str, Any]) -> list[list[str]]:
+    """One line per run and device from the summaries' utilisation (empty when no run was monitored)."""
+    def pct(v: Any) -> str:
+        return DASH if v is None else f"{v:.0f}%"
+
+    lines = []
+    for row in results["rows"]:
+        for d in (row.get("utilisation") or {}).get("devices") or []:
+            mem = d.get("mem_peak_bytes")
+            power = d.get("power_mean_w")
+            lines.append([row["name"], str(d.get("rank", DASH)), str(d.get("device") or DASH), str(d.get("host") or DASH),
+                          str(d.get("source") or DASH), pct(d.get("util_mean")), pct(d.get("util_max")),
+                          DASH if mem is None else f"{mem / 2**30:.2f} GiB", DASH if power is None else f"{power:.0f} W"])
+    return lines
+
+
 def _value(value: Any) -> str:
     """A prediction value, rendered generically: floats to 4 digits, a dict as "key: value; ..."."""
     if value is None:
@@ -239,6 +258,10 @@ def format_markdown(results: dict[str, Any], plots: Iterable[str] | None = None)
     out += ["", "## Time split", "", "Seconds and % of the run (the sum of the phases).", ""]
     out += _md_table(["run", *_PHASE_NAMES.values(), "total"],
                      ([r["name"], *_split(r)] for r in results["rows"]), [False] + [True] * (len(PHASES) + 1))
+    util = _utilisation(results)
+    if util:
+        out += ["", "## Utilisation", "", "Each rank's device while it trained (CPU: % of the rank's cores).", ""]
+        out += _md_table(_UTIL_HEADER, util, [False] * 5 + [True] * 4)
     out += ["", "## Flags", ""]
     out += [f"- **{name}**: {flag}" for name, flag in _flags(results)] or ["None."]
     entries, tables = _prediction(results)
@@ -308,7 +331,17 @@ def render_html(results: dict[str, Any], images: Mapping[str, bytes]) -> str:
         texts = _split(row)
         out.append(f'<tr data-row="{e(row["name"])}">' + _td(row["name"], "name", row["name"], False)
                    + "".join(_td(t, k, row["name"], True) for k, t in zip([*PHASES, "total"], texts)) + '</tr>')
-    out += ['</tbody>', '</table></div>', '<h2>Flags</h2>']
+    out += ['</tbody>', '</table></div>']
+    util = _utilisation(results)
+    if util:
+        out += ['<h2>Utilisation</h2>', "<p>Each rank's device while it trained (CPU: % of the rank's cores).</p>",
+                '<div class="scroll"><table id="utilisation">', '<thead><tr>']
+        out += [f'<th>{e(h)}</th>' for h in _UTIL_HEADER] + ['</tr></thead>', '<tbody>']
+        for line in util:
+            out.append(f'<tr data-row="{e(line[0])}">' + "".join(
+                _td(t, k, line[0], i >= 5) for i, (k, t) in enumerate(zip(_UTIL_HEADER, line))) + '</tr>')
+        out += ['</tbody>', '</table></div>']
+    out += ['<h2>Flags</h2>']
     flags = _flags(results)
     if flags:
         out.append('<ul id="flags">')
