@@ -117,7 +117,12 @@ def execute(args: argparse.Namespace, command: list[str], out: Path, progress: A
     from gpuscale.study.report import format_table, write_report
 
     num_gpus, cores = _node_devices()
-    device_count = num_gpus or len(cores)
+    if args.launcher == "slurm":
+        if not args.profile:
+            raise ValueError("--launcher slurm needs --profile (see `gpuscale profiles`)")
+        device_count = profile_from_args(args).gpus_per_node  # the cluster's nodes, not this login node
+    else:
+        device_count = num_gpus or len(cores)
     nproc = matrix.parse_counts(args.nproc, "--nproc") if args.nproc else matrix.default_nproc(device_count)
     nodes = matrix.parse_counts(args.nodes, "--nodes")
     variants = [matrix.parse_variant(v) for v in getattr(args, "variant", [])]
@@ -126,9 +131,6 @@ def execute(args: argparse.Namespace, command: list[str], out: Path, progress: A
         _check_script_args(extra)
     unit = "GPU" if (num_gpus or args.launcher == "slurm") else "process"
     if args.launcher == "slurm":
-        if not args.profile:
-            raise ValueError("--launcher slurm needs --profile (see `gpuscale profiles`)")
-        profile_from_args(args)  # a bad profile fails now, not after the first cell
 
         def job_for(cell: matrix.Cell, argv: list[str], output: str) -> tuple[Any, Any]:
             return cluster_job(args, argv, nodes=cell.nodes, gpus_per_node=cell.nproc_per_node, output=output)
