@@ -27,6 +27,9 @@ On exit, always, even after an exception: the process group is destroyed in an o
 gloo's abort at interpreter exit, and environment variables, affinity and thread count are put
 back. If the block raised, the failing rank logs its rank, host and traceback (and hands them to
 torchrun's error file, so torchrun's summary names the root cause) before the exception goes on.
+Under `gpuscale run` it also leaves a note of when it failed and whether the error is only the
+symptom of a peer that died first (a closed connection), so that `gpuscale run` names the rank
+that failed first, not the one whose report happened to come first.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import os
 import socket
 import sys
 import time
+from pathlib import Path
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -64,6 +68,11 @@ DEFAULT_TIMEOUT_S = 600.0
 # Set by `gpuscale run` when it, not the user, put OMP_NUM_THREADS=1 there to quiet torchrun.
 OMP_FROM_LAUNCHER = "GPUSCALE_OMP_FROM_LAUNCHER"
 LAUNCH_TIME = "GPUSCALE_LAUNCH_TIME"
+FAILURE_DIR = "GPUSCALE_FAILURE_DIR"
+"""Set by `gpuscale run`: where each failing rank writes rank-N.json (time, symptom, message)."""
+PEER_SYMPTOMS = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing", "Broken pipe",
+                 "NCCL communicator was aborted", "ProcessGroupNCCL is aborted")
+"""Error texts of a collective whose peer went away: a rank failing so is a victim, not the cause."""
 GIL_DRAIN_S = 0.1  # see _teardown
 GPU_CORES = "GPUSCALE_GPU_CORES"  # the cluster profile's GPU-to-cores map, exported by gpuscale's batch scripts
 
@@ -420,6 +429,7 @@ def _report_failure(env: DistEnv, exc: BaseException) -> None:
     else:
         sys.stderr.write(f"{where}:\n" + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
     sys.stderr.flush()
+    _note_failure(env, exc)
     if os.environ.get("TORCHELASTIC_ERROR_FILE"):
         try:
             from torch.distributed.elastic.multiprocessing.errors import get_error_handler
@@ -427,6 +437,25 @@ def _report_failure(env: DistEnv, exc: BaseException) -> None:
             get_error_handler().record_exception(exc)
         except Exception:  # the report above already went out; the error file is a courtesy
             pass
+
+
+def is_peer_symptom(exc: BaseException) -> bool:
+    """True if `exc` says a collective lost its peer (the peer failed first), not what went wrong."""
+    text = str(exc)
+    return isinstance(exc, (RuntimeError, OSError)) and any(s in text for s in PEER_SYMPTOMS)
+
+
+def _note_failure(env: DistEnv, exc: BaseException) -> None:
+    directory = os.environ.get(FAILURE_DIR)
+    if not directory:
+        return
+    try:
+        from gpuscale.files import atomic_write_json
+
+        atomic_write_json(Path(directory) / f"rank-{env.rank}.json",
+                          {"rank": env.rank, "time": time.time(), "symptom": is_peer_symptom(exc), "message": str(exc)[:500]})
+    except Exception:  # a courtesy for the launcher's summary; the report above went out
+        pass
 
 
 def _teardown(rt: Runtime | None, failed: bool) -> None:

@@ -237,3 +237,23 @@ def test_cli_argparse_type_error_exits_2(clean_environ, capsys, script):
         gpuscale.cli.main(["run", "--nnodes", "two", script])
     assert info.value.code == 2
     assert "'two'" in capsys.readouterr().err
+
+
+def test_the_first_failure_is_the_cause_not_the_peer_that_lost_it():
+    from types import SimpleNamespace
+
+    from gpuscale.cli.run import first_failure
+    from gpuscale.runtime import is_peer_symptom
+
+    failures = {0: SimpleNamespace(timestamp=100), 1: SimpleNamespace(timestamp=100)}
+    # torchrun's whole seconds tie; rank 0 only lost its peer, rank 1 raised
+    notes = {0: {"rank": 0, "time": 100.2, "symptom": True}, 1: {"rank": 1, "time": 100.3, "symptom": False}}
+    assert first_failure(failures, notes) == 1
+    # a rank that vanished (os._exit, a kill) leaves no note: it is the cause, not the symptom
+    assert first_failure(failures, {0: notes[0]}) == 1
+    # two real failures: the earlier one
+    assert first_failure(failures, {0: {"time": 100.1, "symptom": False}, 1: {"time": 100.05, "symptom": False}}) == 1
+    # no notes at all (not launched by gpuscale run): torchrun's order, ties to the lower rank
+    assert first_failure({0: SimpleNamespace(timestamp=101), 1: SimpleNamespace(timestamp=100)}, {}) == 1
+    gloo = RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:1770. This is typically caused by a remote worker crashing.")
+    assert is_peer_symptom(gloo) and not is_peer_symptom(ValueError("planted failure on rank 1"))

@@ -17,15 +17,18 @@ A script that calls `gpuscale.init()` prints, on rank 0, where every rank runs.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import socket
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from gpuscale.env import check_one_launcher_per_node, port_from_job_id
-from gpuscale.runtime import LAUNCH_TIME, OMP_FROM_LAUNCHER
+from gpuscale.runtime import FAILURE_DIR, LAUNCH_TIME, OMP_FROM_LAUNCHER
 from gpuscale.topology import allowed_cores
 
 EPILOG = """examples:
@@ -103,6 +106,35 @@ def torchrun_argv(args: argparse.Namespace, nproc: int, environ: dict[str, str])
     return [*argv, args.script, *args.script_args]
 
 
+def first_failure(failures: dict[int, Any], notes: dict[int, dict[str, Any]]) -> int:
+    """The rank that failed first. Pure.
+
+    torchrun orders failures by whole-second timestamps, and a rank whose collective lost its
+    peer fails within the same second as the peer: on ties it would name rank 0, the victim. The
+    ranks' own notes (precise time, and whether the error is only a lost peer) decide instead: a
+    real failure before a symptom, then the earliest; a rank without a note (killed, os._exit)
+    counts as a real failure at torchrun's time.
+    """
+    def key(rank: int) -> tuple[bool, float, int]:
+        note = notes.get(rank)
+        if note is None:
+            return False, float(failures[rank].timestamp), rank
+        return bool(note.get("symptom")), float(note.get("time", failures[rank].timestamp)), rank
+
+    return min(failures, key=key)
+
+
+def _read_notes(directory: Path) -> dict[int, dict[str, Any]]:
+    notes = {}
+    for path in directory.glob("rank-*.json"):
+        try:
+            note = json.loads(path.read_text())
+            notes[int(note["rank"])] = note
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return notes
+
+
 def _gpu_count() -> int:
     import torch
 
@@ -127,10 +159,13 @@ def run(args: argparse.Namespace) -> int:
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+    notes_dir = tempfile.TemporaryDirectory(prefix="gpuscale-failures-")
+    os.environ[FAILURE_DIR] = notes_dir.name
     try:
         torchrun.run(torchrun.parse_args(argv))
     except ChildFailedError as exc:
-        rank, failure = exc.get_first_failure()
+        rank = first_failure(exc.failures, _read_notes(Path(notes_dir.name)))
+        failure = exc.failures[rank]
         code = failure.exitcode
         where = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
         print(
@@ -139,4 +174,6 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 128 - code if code < 0 else (code or 1)
+    finally:
+        notes_dir.cleanup()
     return 0
