@@ -120,15 +120,35 @@ class Checkpointer:
         return found[-1] if found else None
 
     def peek(self, path: str | Path | None = None) -> ResumeState | None:
-        """What the newest checkpoint (or `path`) holds: step, epoch, extra; None if there is none.
+        """What the newest readable checkpoint (or `path`) holds: step, epoch, extra; None if there is none.
+
+        An unreadable newest checkpoint is skipped with a warning for the one before it; if none
+        can be read, ValueError. Resume from the returned state's `path`.
 
         Use it to rebuild what the checkpoint needs before `resume` (a later training phase with
         other trainable parameters and another optimizer, say).
         """
-        source = Path(path) if path is not None else self.latest()
-        if source is None:
-            return None
-        return _resume_state(source, self._load(source))
+        if path is not None:
+            return _resume_state(Path(path), self._load(Path(path)))
+        # Newest first; one that cannot be read (truncated by a full disk, damaged by hand) is
+        # reported in one line and the one before it is used: a run never restarts from zero
+        # while a readable checkpoint exists, and never trusts an unreadable one.
+        found = self.checkpoints()
+        first_error: ValueError | None = None
+        for source in reversed(found):
+            try:
+                state = _resume_state(source, self._load(source))
+            except ValueError as exc:
+                first_error = first_error or exc
+                log.warning("skipping %s: %s", source.name, exc)
+                continue
+            if first_error is not None:
+                log.warning("resuming from %s, the newest readable checkpoint", source.name)
+            return state
+        if first_error is not None:
+            raise ValueError(f"no checkpoint in {self.directory} can be read ({first_error}); "
+                             "move the directory away to start afresh") from None
+        return None
 
     @staticmethod
     def _load(source: Path) -> dict[str, Any]:
@@ -228,8 +248,11 @@ class Checkpointer:
         loader: Any = None,
         path: str | Path | None = None,
     ) -> ResumeState | None:
-        """Restore the newest checkpoint (or `path`) into the given objects; None if there is none."""
-        source = Path(path) if path is not None else self.latest()
+        """Restore the newest readable checkpoint (or `path`) into the given objects; None if there is none."""
+        if path is None:
+            newest = self.peek()
+            path = newest.path if newest is not None else None
+        source = Path(path) if path is not None else None
         if source is None:
             return None
         payload = self._load(source)

@@ -125,7 +125,10 @@ def test_checkpointer_rotates_atomically_and_loads_only_weights(tmp_path):
         evil = tmp_path / "step-000000009.pt"
         evil.write_bytes(pickle.dumps({"format": "gpuscale-checkpoint-1", "model": Evil()}, protocol=2))
         with pytest.raises(ValueError, match="refusing to load it"):
-            ckpt.resume(model=model)
+            ckpt.resume(model=model, path=evil)
+        assert not marker.exists()
+        # found as the newest, it is skipped (with a warning) for the newest readable one, still unrun
+        assert ckpt.resume(model=model).step == 3
         assert not marker.exists()
 
 
