@@ -245,7 +245,7 @@ def test_the_first_failure_is_the_cause_not_the_peer_that_lost_it():
     from gpuscale.cli.run import first_failure
     from gpuscale.runtime import is_peer_symptom
 
-    failures = {0: SimpleNamespace(timestamp=100), 1: SimpleNamespace(timestamp=100)}
+    failures = {0: SimpleNamespace(timestamp=100, exitcode=1), 1: SimpleNamespace(timestamp=100, exitcode=1)}
     # torchrun's whole seconds tie; rank 0 only lost its peer, rank 1 raised
     notes = {0: {"rank": 0, "time": 100.2, "symptom": True}, 1: {"rank": 1, "time": 100.3, "symptom": False}}
     assert first_failure(failures, notes) == 1
@@ -254,6 +254,10 @@ def test_the_first_failure_is_the_cause_not_the_peer_that_lost_it():
     # two real failures: the earlier one
     assert first_failure(failures, {0: {"time": 100.1, "symptom": False}, 1: {"time": 100.05, "symptom": False}}) == 1
     # no notes at all (not launched by gpuscale run): torchrun's order, ties to the lower rank
-    assert first_failure({0: SimpleNamespace(timestamp=101), 1: SimpleNamespace(timestamp=100)}, {}) == 1
+    assert first_failure({0: SimpleNamespace(timestamp=101, exitcode=1), 1: SimpleNamespace(timestamp=100, exitcode=1)}, {}) == 1
+    # the agent stopped rank 0 with SIGTERM after rank 1 failed: rank 1 is named, and its exit code used
+    stopped = {0: SimpleNamespace(timestamp=100, exitcode=-15), 1: SimpleNamespace(timestamp=100, exitcode=2)}
+    assert first_failure(stopped, {1: {"time": 100.4, "symptom": False}}) == 1
+    assert first_failure(stopped, {0: {"time": 100.1, "symptom": False}, 1: {"time": 100.4, "symptom": False}}) == 1
     gloo = RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:1770. This is typically caused by a remote worker crashing.")
     assert is_peer_symptom(gloo) and not is_peer_symptom(ValueError("planted failure on rank 1"))

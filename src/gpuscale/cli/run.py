@@ -113,13 +113,17 @@ def first_failure(failures: dict[int, Any], notes: dict[int, dict[str, Any]]) ->
     peer fails within the same second as the peer: on ties it would name rank 0, the victim. The
     ranks' own notes (precise time, and whether the error is only a lost peer) decide instead: a
     real failure before a symptom, then the earliest; a rank without a note (killed, os._exit)
-    counts as a real failure at torchrun's time.
+    counts as a real failure at torchrun's time; one ended by SIGTERM, which is how the agent
+    stops the survivors, comes last even with a note (it may have noted its own error first).
     """
-    def key(rank: int) -> tuple[bool, float, int]:
+    def key(rank: int) -> tuple[int, float, int]:
         note = notes.get(rank)
+        if failures[rank].exitcode == -signal.SIGTERM:
+            # how the agent stops the survivors once one rank failed (even one already on its way out)
+            return 3, float(failures[rank].timestamp), rank
         if note is None:
-            return False, float(failures[rank].timestamp), rank
-        return bool(note.get("symptom")), float(note.get("time", failures[rank].timestamp)), rank
+            return 0, float(failures[rank].timestamp), rank
+        return (2 if note.get("symptom") else 0), float(note.get("time", failures[rank].timestamp)), rank
 
     return min(failures, key=key)
 
