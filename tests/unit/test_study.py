@@ -56,7 +56,7 @@ def _summary(world, scaling, sps, time_s, epochs=2, batch=32, acc=0.9, data_wait
 
 def _write_study(tmp_path, summaries):
     cells = [Cell(s["scaling"], 1, s["world_size"]) for s in summaries]
-    runner.record_study(tmp_path, ["train.py"], "local", cells, {})
+    runner.record_study(tmp_path, ["train.py"], "local", cells)
     for cell, summary in zip(cells, summaries):
         (tmp_path / cell.name).mkdir()
         (tmp_path / cell.name / "summary.json").write_text(json.dumps(summary))
@@ -93,11 +93,11 @@ def test_unfinished_or_mismatched_cells_are_not_rows(tmp_path):
 
 
 def test_a_study_directory_holds_one_command(tmp_path):
-    runner.record_study(tmp_path, ["a.py"], "local", [Cell("weak", 1, 1)], {})
-    runner.record_study(tmp_path, ["a.py"], "local", [Cell("weak", 1, 2)], {})  # more cells: fine
+    runner.record_study(tmp_path, ["a.py"], "local", [Cell("weak", 1, 1)])
+    runner.record_study(tmp_path, ["a.py"], "local", [Cell("weak", 1, 2)])  # more cells: fine
     assert [c["name"] for c in json.loads((tmp_path / "study.json").read_text())["cells"]] == ["weak-1x1", "weak-1x2"]
     with pytest.raises(ValueError, match="holds a study of `a.py`.*another --out"):
-        runner.record_study(tmp_path, ["b.py"], "local", [Cell("weak", 1, 1)], {})
+        runner.record_study(tmp_path, ["b.py"], "local", [Cell("weak", 1, 1)])
     with pytest.raises(ValueError, match="not a study directory"):
         analysis.analyse(tmp_path / "nowhere")
 
@@ -188,7 +188,7 @@ def test_variants_get_their_own_cells_arguments_and_baselines(tmp_path):
         matrix.parse_variant("large")
     with pytest.raises(ValueError, match="must differ"):
         matrix.cells([1], [1], ["weak"], [("a", ()), ("a", ("-x",))])
-    runner.record_study(tmp_path, ["dvc.py"], "local", cells, {})
+    runner.record_study(tmp_path, ["dvc.py"], "local", cells)
     for cell, sps in zip(cells, [100.0, 150.0, 50.0, 95.0]):
         (tmp_path / cell.name).mkdir()
         (tmp_path / cell.name / "summary.json").write_text(json.dumps(_summary(cell.world_size, "weak", sps, 10.0)))
@@ -204,7 +204,7 @@ def test_repeats_run_in_rounds_and_the_row_is_the_median_run(tmp_path):
     assert [c.name for c in cells] == ["weak-1x1", "weak-1x2", "weak-1x1.r2", "weak-1x2.r2", "weak-1x1.r3", "weak-1x2.r3"]
     with pytest.raises(ValueError, match="--repeat 0"):
         matrix.cells([1], [1], ["weak"], repeats=0)
-    runner.record_study(tmp_path, ["t.py"], "local", cells, {})
+    runner.record_study(tmp_path, ["t.py"], "local", cells)
     throughput = {"weak-1x1": 100.0, "weak-1x1.r2": 104.0, "weak-1x1.r3": 98.0,
                   "weak-1x2": 150.0, "weak-1x2.r2": 190.0, "weak-1x2.r3": 170.0}
     for cell in cells:

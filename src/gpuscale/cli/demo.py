@@ -40,11 +40,9 @@ def example_script() -> Path:
 
 def run(args: argparse.Namespace) -> int:
     script = example_script()
-    study_args = argparse.Namespace(
-        nproc=None, nodes="1", scaling="weak,strong", launcher="local", overlap=None, no_predict=False, cell_timeout=None,
-        profile=None,
-    )
-    if study_cmd._node_devices()[0] == 0:  # CPU: 1 vs 2 processes, as the course's 1 vs 2 GPUs
-        study_args.nproc = "1,2"
+    options = argparse.ArgumentParser()
+    study_cmd.add_study_options(options)  # the study's own defaults: weak and strong, local, predicted
+    cpu_only = study_cmd._node_devices()[0] == 0
+    study_args = options.parse_args(["--nproc", "1,2"] if cpu_only else [])  # CPU: 1 vs 2 processes, as 1 vs 2 GPUs
     results = study_cmd.execute(study_args, [str(script), *DEMO_ARGS], Path(args.out))
     return 1 if results["failed"] else 0

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuscale.cli.slurm import add_cluster_options, cluster_job, profile_from_args
+from gpuscale.files import atomic_write_json
 from gpuscale.study import analysis, matrix, predict, runner
 from gpuscale.study.linkbench import MeasureError
 
@@ -107,8 +108,8 @@ def _link(args: argparse.Namespace, out: Path, num_gpus: int, cores: list[int], 
     if path.is_file():
         return predict.Link.from_measurement(json.loads(path.read_text()))
     nproc = 2 if not num_gpus else min(2, num_gpus)
-    per_process = max(len(cores) // max_nproc, 1)
-    bound = None if num_gpus else cores[: min(2 * per_process, len(cores))]
+    # on CPU the benchmark's processes get the cores a 2-process cell gets
+    bound = None if num_gpus else matrix.cpu_cores_for(matrix.Cell("weak", 1, nproc), max_nproc, cores)
     return predict.Link.from_measurement(linkbench.measure_local(path, nproc, bound))
 
 
@@ -125,8 +126,8 @@ def execute(args: argparse.Namespace, command: list[str], out: Path, progress: A
         device_count = num_gpus or len(cores)
     nproc = matrix.parse_counts(args.nproc, "--nproc") if args.nproc else matrix.default_nproc(device_count)
     nodes = matrix.parse_counts(args.nodes, "--nodes")
-    variants = [matrix.parse_variant(v) for v in getattr(args, "variant", [])]
-    cells = matrix.cells(nproc, nodes, matrix.parse_scalings(args.scaling), variants or None, getattr(args, "repeat", 1))
+    variants = [matrix.parse_variant(v) for v in args.variant]
+    cells = matrix.cells(nproc, nodes, matrix.parse_scalings(args.scaling), variants or None, args.repeat)
     for _, extra in variants:
         _check_script_args(extra)
     unit = "GPU" if (num_gpus or args.launcher == "slurm") else "process"
@@ -143,7 +144,7 @@ def execute(args: argparse.Namespace, command: list[str], out: Path, progress: A
             raise ValueError(f"--nodes {args.nodes} needs --launcher slurm: the local launcher runs on this node only")
         run_one = runner.LocalRunner(command, max(nproc), num_gpus, cores, timeout_s=args.cell_timeout)
 
-    runner.record_study(out, command, args.launcher, cells, {})
+    runner.record_study(out, command, args.launcher, cells)
     outcomes = runner.run_cells(out, cells, run_one, progress, unit)
     medians = analysis.median_runs([(o.cell, o.summary) for o in outcomes if o.summary is not None])
     summaries = {cell.base_name: summary for cell, summary, _ in medians}
@@ -157,8 +158,6 @@ def execute(args: argparse.Namespace, command: list[str], out: Path, progress: A
         except (ValueError, MeasureError) as exc:
             progress(f"no prediction: {exc}")
     results = analysis.analyse(out, prediction)
-    from gpuscale.files import atomic_write_json
-
     atomic_write_json(out / "results.json", results)
     if results["rows"]:
         progress("")

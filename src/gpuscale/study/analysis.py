@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from gpuscale.study.matrix import Cell
+from gpuscale.study.matrix import SCALINGS, Cell
 from gpuscale.study.runner import STUDY_FILE, read_summary
 
 STARVED_FRACTION = 0.2
@@ -176,7 +176,7 @@ def analyse(study_dir: Path, prediction: dict[str, Any] | None = None) -> dict[s
     study, finished = load_cells(study_dir)
     rows = [row_from_summary(cell, summary, study_dir, runs) for cell, summary, runs in median_runs(finished)]
     variants = list(dict.fromkeys(c.variant for c, _ in finished))  # in the order they were asked for
-    rows.sort(key=lambda r: (variants.index(r["variant"]), ("weak", "strong").index(r["scaling"]), r["world_size"], r["nodes"]))
+    rows.sort(key=lambda r: (variants.index(r["variant"]), SCALINGS.index(r["scaling"]), r["world_size"], r["nodes"]))
     first = finished[0][1] if finished else {}
     device = first.get("device", "cpu")
     baselines = analyse_rows(rows, device)

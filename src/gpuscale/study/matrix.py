@@ -13,7 +13,7 @@ import shlex
 import sys
 from dataclasses import dataclass
 
-SCALINGS = ("weak", "strong")
+from gpuscale.data import SCALINGS
 
 
 @dataclass(frozen=True, order=True)

@@ -86,6 +86,11 @@ class Baseline:
     gradient_bytes: int
     sharded: bool = False
 
+    @property
+    def traffic_bytes(self) -> float:
+        """Bytes one step synchronises: the gradients, 1.5x for FSDP (parameters gathered too)."""
+        return self.gradient_bytes * (SHARDED_TRAFFIC if self.sharded else 1.0)
+
     @classmethod
     def from_summary(cls, summary: dict[str, Any]) -> Baseline:
         if summary.get("world_size") != 1:
@@ -115,8 +120,7 @@ def predict_cell(cell: Cell, base: Baseline, link: Link, overlap: float, base_gl
     batch = base.per_device_batch if cell.scaling == "weak" else base_global_batch / (world * base.grad_accum_steps)
     compute = base.step_time_s * batch / base.per_device_batch
     bandwidth, latency = link.for_nodes(cell.nodes)
-    traffic = base.gradient_bytes * (SHARDED_TRAFFIC if base.sharded else 1.0)
-    comm = allreduce_seconds(traffic, world, bandwidth, latency)  # once per optimizer step, not per micro-batch
+    comm = allreduce_seconds(base.traffic_bytes, world, bandwidth, latency)  # once per optimizer step, not per micro-batch
     exposed = max(0.0, comm - overlap * compute)
     step = compute + exposed
     samples_per_step = batch * world * base.grad_accum_steps
@@ -154,7 +158,7 @@ def predict(cells: list[Cell], base: Baseline, link: Link, overlap: float, base_
     for cell in sorted({(c.nodes, c.nproc_per_node) for c in cells if c.world_size > 1}):
         nodes, nproc = cell
         bandwidth, latency = link.for_nodes(nodes)
-        comm = allreduce_seconds(base.gradient_bytes * (SHARDED_TRAFFIC if base.sharded else 1.0), nodes * nproc, bandwidth, latency)
+        comm = allreduce_seconds(base.traffic_bytes, nodes * nproc, bandwidth, latency)
         dominates[f"{nodes}x{nproc}"] = comm / ((1 + overlap) * per_sample)
     return Prediction(link=asdict(link), overlap=overlap, gradient_bytes=base.gradient_bytes, cells=predicted,
                       comm_dominates_below_batch=dominates)

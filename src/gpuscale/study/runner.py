@@ -53,7 +53,7 @@ def read_summary(cell_dir: Path, cell: Cell) -> dict[str, Any] | None:
     return summary
 
 
-def record_study(out: Path, command: list[str], launcher: str, cells: list[Cell], extra: dict[str, Any]) -> None:
+def record_study(out: Path, command: list[str], launcher: str, cells: list[Cell]) -> None:
     """Write (or check) study.json: a study directory holds one command's runs only."""
     path = out / STUDY_FILE
     known: list[dict[str, Any]] = []
@@ -71,7 +71,7 @@ def record_study(out: Path, command: list[str], launcher: str, cells: list[Cell]
             known.append({"name": cell.name, "scaling": cell.scaling, "nodes": cell.nodes, "nproc_per_node": cell.nproc_per_node,
                           "variant": cell.variant, "variant_args": list(cell.variant_args), "repeat": cell.repeat})
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(path, {"version": 1, "command": command, "launcher": launcher, "cells": known, **extra})
+    atomic_write_json(path, {"version": 1, "command": command, "launcher": launcher, "cells": known})
 
 
 def tail(path: Path, lines: int = 12) -> str:
