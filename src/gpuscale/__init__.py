@@ -23,6 +23,7 @@ from gpuscale.log import get_logger, print0, progress
 from gpuscale.metrics import Average, Meter, all_reduce_max, all_reduce_sum
 from gpuscale.runtime import Runtime, current, init
 from gpuscale.precision import Precision, resolve_precision
+from gpuscale.preempt import EXIT_STOPPED, StopSignal
 from gpuscale.strategy import full_state_dict, no_sync, unwrap, wrap
 from gpuscale.training import Training, setup
 
@@ -39,6 +40,8 @@ __all__ = [
     "Runtime",
     "Training",
     "ShardedLoader",
+    "StopSignal",
+    "EXIT_STOPPED",
     "all_reduce_max",
     "all_reduce_sum",
     "current",

@@ -52,6 +52,7 @@ import torch.distributed as dist
 
 from gpuscale.env import DistEnv, detect_env, device_index, visible_devices
 from gpuscale.log import configure_logging, get_logger
+from gpuscale.preempt import Stopped
 from gpuscale.topology import (
     BindingPlan,
     allowed_cores,
@@ -386,6 +387,8 @@ def init(
             log.info("placement of %d ranks on %d node(s):\n%s", env.world_size, env.num_nodes, format_placements(rt.placements))
         _current = rt
         yield rt
+    except Stopped:  # a requested stop after a checkpoint (gpuscale.StopSignal): every rank ends here together
+        raise
     except BaseException as exc:
         failed = True
         if not (isinstance(exc, SystemExit) and exc.code in (0, None)):

@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from gpuscale.env import check_one_launcher_per_node, port_from_job_id
+from gpuscale.preempt import EXIT_STOPPED
+from gpuscale.slurm.render import TORCHRUN_SIGNALS
 from gpuscale.runtime import FAILURE_DIR, LAUNCH_TIME, OMP_FROM_LAUNCHER
 from gpuscale.topology import allowed_cores
 
@@ -93,7 +95,10 @@ def torchrun_argv(args: argparse.Namespace, nproc: int, environ: dict[str, str])
         raise ValueError(f"--max-restarts {args.max_restarts} must not be negative")
     if args.master_port is not None and not 1 <= args.master_port <= 65535:
         raise ValueError(f"--master-port {args.master_port} is not a TCP port; choose one in 1024-65535")
-    argv = ["--nproc-per-node", str(nproc), "--nnodes", str(args.nnodes), "--max-restarts", str(args.max_restarts)]
+    # torchrun passes these signals on to the workers (USR1 too: SLURM's warning before the time limit),
+    # so a script using gpuscale.StopSignal checkpoints and exits; torchrun waits 30 s for it, then kills.
+    argv = ["--nproc-per-node", str(nproc), "--nnodes", str(args.nnodes), "--max-restarts", str(args.max_restarts),
+            "--signals-to-handle", TORCHRUN_SIGNALS]
     if args.nnodes == 1 and args.master_addr is None and args.master_port is None:
         argv.append("--standalone")  # a c10d store on a free port: no collision with other jobs
     else:
@@ -161,13 +166,23 @@ def run(args: argparse.Namespace) -> int:
         os.environ[OMP_FROM_LAUNCHER] = "1"
 
     from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     notes_dir = tempfile.TemporaryDirectory(prefix="gpuscale-failures-")
     os.environ[FAILURE_DIR] = notes_dir.name
     try:
         torchrun.run(torchrun.parse_args(argv))
+    except SignalException as exc:
+        name = signal.Signals(exc.sigval).name
+        print(f"gpuscale run: got {name}; passed it on to the workers (a script using gpuscale.StopSignal "
+              "wrote a checkpoint: run the same command again to resume)", file=sys.stderr)
+        return 128 + int(exc.sigval)
     except ChildFailedError as exc:
+        if all(failure.exitcode == EXIT_STOPPED for failure in exc.failures.values()):
+            print(f"gpuscale run: every rank stopped on request after writing a checkpoint (exit code {EXIT_STOPPED}); "
+                  "run the same command again to resume", file=sys.stderr)
+            return EXIT_STOPPED
         rank = first_failure(exc.failures, _read_notes(Path(notes_dir.name)))
         failure = exc.failures[rank]
         code = failure.exitcode

@@ -27,12 +27,15 @@ Schema (top level, then tables):
     intra_node_latency_us = 10.0         #   ... and the latency of one ring step, microseconds
     inter_node_gbps = 100.0              # optional: a node's bandwidth off the node, GB/s per direction
     inter_node_latency_us = 20.0         #   (these four feed `gpuscale predict`)
+    warn_before_end_s = 120              # optional: SLURM sends USR1 this long before the time limit, so the job
+                                         #   checkpoints and requeues itself (default 120; SLURM may send it 60 s early)
 
 Unknown keys are errors that name the valid ones, so a typo never silently does nothing.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
@@ -47,12 +50,23 @@ else:  # pragma: no cover - Python 3.10
 
 from gpuscale.topology import parse_cpulist
 
-__all__ = ["Profile", "Partition", "Container", "load_profile", "list_profiles", "parse_time", "format_time", "PROFILE_DIRS"]
+__all__ = ["Profile", "Partition", "Container", "load_profile", "list_profiles", "parse_override", "parse_time", "format_time",
+           "PROFILE_DIRS"]
 
 BUILTIN_DIR = Path(__file__).with_name("profiles")
 VENDORS = ("amd", "nvidia", "none")
 LINK_KEYS = ("intra_node_gbps", "intra_node_latency_us", "inter_node_gbps", "inter_node_latency_us")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# \Z, not $: `$` also matches before a final newline, which would let "NAME\n" through.
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+# What may appear on an #SBATCH line (partition names go there): sbatch splits it itself.
+_SBATCH_SAFE = re.compile(r"^[A-Za-z0-9_.,:%@/+=-]+\Z")
+_MEMORY = re.compile(r"^[0-9]+[KMGT]?\Z")
+# A core list as the kernel writes it: "49-55", "0-3,8,10-11", "0-15:2" (a stride).
+_CPULIST = re.compile(r"^[0-9]+(-[0-9]+(:[0-9]+)?)?(,[0-9]+(-[0-9]+(:[0-9]+)?)?)*\Z")
+MAX_TIME_S = 60 * 10**9
+"""Longest time parse_time accepts: 10^9 minutes, so that format_time's output always parses again."""
+MAX_CORE = 65535
+"""Highest core number a profile may name (a cpumask of 64 Ki cores; no node has more)."""
 
 
 def PROFILE_DIRS() -> list[Path]:  # noqa: N802 - reads like the constant it stands for
@@ -68,9 +82,9 @@ def PROFILE_DIRS() -> list[Path]:  # noqa: N802 - reads like the constant it sta
 
 def parse_time(text: str) -> int:
     """SLURM time ('MM', 'MM:SS', 'HH:MM:SS', 'D-HH', 'D-HH:MM', 'D-HH:MM:SS') -> seconds."""
-    value = str(text).strip()
-    match = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", value)
-    if not match:
+    value = str(text).strip(" \t")  # not newlines: the time is echoed in messages that must stay one line
+    match = re.fullmatch(r"(?:([0-9]+)-)?([0-9]+)(?::([0-9]+))?(?::([0-9]+))?", value)
+    if not match or any(len(part) > 9 for part in match.groups() if part):  # 9 digits: 1.9 million years of minutes
         raise ValueError(f"time {text!r} is not a SLURM time; write e.g. 30 (minutes), 01:30:00 or 1-12:00:00")
     days, a, b, c = match.groups()
     if days is not None:  # D-HH[:MM[:SS]]
@@ -84,6 +98,8 @@ def parse_time(text: str) -> int:
         total = int(a) * 60
     if total <= 0:
         raise ValueError(f"time {text!r} must be longer than zero")
+    if total > MAX_TIME_S:
+        raise ValueError(f"time {text!r} is longer than SLURM counts (about 1900 years); ask for what the job needs")
     return total
 
 
@@ -145,22 +161,36 @@ class Profile:
     intra_node_latency_us: float | None = None
     inter_node_gbps: float | None = None
     inter_node_latency_us: float | None = None
+    warn_before_end_s: int = 120
     source: str = "<built-in>"
 
     def __post_init__(self) -> None:
         where = f"profile {self.name} ({self.source})"
+        if not isinstance(self.name, str) or not self.name or not self.name.isprintable():
+            # the name goes into the batch script's comments: a line break there would start a command
+            raise ValueError(f"profile name {self.name!r} ({self.source}) must be printable text on one line; rename the file")
+        for key in ("description", "gpu_vendor", "full_node_partition", "partial_node_partition"):
+            if not isinstance(getattr(self, key), str):
+                raise ValueError(f"{where}: {key}={getattr(self, key)!r} must be a string, e.g. {key} = \"...\"")
         if self.gpu_vendor not in VENDORS:
             raise ValueError(f"{where}: gpu_vendor={self.gpu_vendor!r} is not one of {', '.join(VENDORS)}")
         for key in ("gpus_per_node", "cpus_per_node"):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{where}: {key}={value!r} must be a positive whole number")
+        if not isinstance(self.forbid_cpus_per_gpu, bool):
+            raise ValueError(f"{where}: forbid_cpus_per_gpu={self.forbid_cpus_per_gpu!r} must be true or false")
+        if self.mem_per_gpu is not None and not (isinstance(self.mem_per_gpu, str) and _MEMORY.match(self.mem_per_gpu)):
+            raise ValueError(f"{where}: mem_per_gpu={self.mem_per_gpu!r} is not a SLURM size; write e.g. \"60G\" or \"4000M\"")
         if not self.partitions:
             raise ValueError(f"{where}: needs at least one [partitions.NAME] table")
         for key in ("full_node_partition", "partial_node_partition"):
             if getattr(self, key) not in self.partitions:
                 raise ValueError(f"{where}: {key}={getattr(self, key)!r} is not one of its partitions: {', '.join(self.partitions)}")
         for name, part in self.partitions.items():
+            if not _SBATCH_SAFE.match(name):
+                raise ValueError(f"{where}: partition name {name!r} cannot go on an #SBATCH line; "
+                                 "use letters, digits and _ . , : % @ / + = - only")
             try:
                 parse_time(part.max_time)
             except ValueError as exc:
@@ -173,16 +203,19 @@ class Profile:
             if len(self.gpu_cores) != self.gpus_per_node:
                 raise ValueError(f"{where}: gpu_cores lists {len(self.gpu_cores)} GPUs but gpus_per_node is {self.gpus_per_node}")
             for cores in self.gpu_cores:
-                if not parse_cpulist(cores):
-                    raise ValueError(f"{where}: gpu_cores entry {cores!r} names no cores; write e.g. \"49-55\"")
+                _check_cpulist(cores, where)
         for key in LINK_KEYS:
             value = getattr(self, key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf):
                 raise ValueError(f"{where}: {key}={value!r} must be a positive number")
+        if self.container is not None:
+            _check_container(self.container, where)
         for table in ("env", "env_shell"):
-            for key in getattr(self, table):
-                if not _ENV_NAME.match(key):
+            for key, value in getattr(self, table).items():
+                if not isinstance(key, str) or not _ENV_NAME.match(key):
                     raise ValueError(f"{where}: [{table}] key {key!r} is not a valid environment variable name")
+                if not isinstance(value, str):
+                    raise ValueError(f"{where}: [{table}] {key}={value!r} must be a string, e.g. {key} = \"...\"")
 
     def partition_for(self, gpus_per_node: int) -> str:
         """The default partition for a job using `gpus_per_node` GPUs on each node."""
@@ -207,6 +240,27 @@ class Profile:
         return max(1, self.cpus_per_node // max(1, self.gpus_per_node))
 
 
+def _check_cpulist(cores: Any, where: str) -> None:
+    """A gpu_cores entry: a core list like "49-55" that names at least one core, none past MAX_CORE."""
+    hint = "write e.g. \"49-55\" or \"0-3,8\""
+    if not isinstance(cores, str) or not _CPULIST.match(cores.replace(" ", "")):
+        raise ValueError(f"{where}: gpu_cores entry {cores!r} is not a core list; {hint}")
+    if any(len(n) > 5 or int(n) > MAX_CORE for n in re.findall(r"[0-9]+", cores)) or re.search(r":0+(,|\Z)", cores):
+        raise ValueError(f"{where}: gpu_cores entry {cores!r} names cores past {MAX_CORE} or a zero stride; {hint}")
+    if not parse_cpulist(cores):
+        raise ValueError(f"{where}: gpu_cores entry {cores!r} names no cores; {hint}")
+
+
+def _check_container(container: Container, where: str) -> None:
+    if not isinstance(container.exec, str) or not container.exec.strip():
+        raise ValueError(f"{where} [container]: exec={container.exec!r} must be a command, e.g. exec = \"singularity exec\"")
+    for key in ("activate", "image"):
+        if getattr(container, key) is not None and not isinstance(getattr(container, key), str):
+            raise ValueError(f"{where} [container]: {key}={getattr(container, key)!r} must be a string")
+    if not all(isinstance(b, str) for b in container.binds):
+        raise ValueError(f"{where} [container]: binds must be a list of paths, e.g. binds = [\"/opt/cray\"]")
+
+
 _TOP_KEYS = {f.name for f in fields(Profile)} - {"name", "source"}
 _PARTITION_KEYS = {f.name for f in fields(Partition)}
 _CONTAINER_KEYS = {f.name for f in fields(Container)}
@@ -226,6 +280,8 @@ def profile_from_dict(name: str, data: dict[str, Any], source: str = "<dict>") -
     missing = sorted(required - set(data))
     if missing:
         raise ValueError(f"{where}: missing key {missing[0]!r} (required: {', '.join(sorted(required))})")
+    if not isinstance(data["partitions"], dict):
+        raise ValueError(f"{where}: partitions must be tables, e.g. [partitions.gpu] with whole_node and max_time")
     partitions = {}
     for part_name, part in data["partitions"].items():
         if not isinstance(part, dict):
@@ -236,8 +292,12 @@ def profile_from_dict(name: str, data: dict[str, Any], source: str = "<dict>") -
         partitions[part_name] = Partition(**part)
     container = None
     if "container" in data:
+        if not isinstance(data["container"], dict):
+            raise ValueError(f"{where}: container must be a table: [container] with exec, activate, binds, image")
         _check_keys(data["container"], _CONTAINER_KEYS, f"{where} [container]")
         raw = dict(data["container"])
+        if not isinstance(raw.get("binds", []), list):
+            raise ValueError(f"{where} [container]: binds must be a list of paths, e.g. binds = [\"/opt/cray\"]")
         raw["binds"] = tuple(raw.get("binds", ()))
         container = Container(**raw)
     values = {k: v for k, v in data.items() if k not in ("partitions", "container")}
@@ -246,12 +306,16 @@ def profile_from_dict(name: str, data: dict[str, Any], source: str = "<dict>") -
             if not isinstance(values[key], list) or not all(isinstance(v, str) for v in values[key]):
                 raise ValueError(f"{where}: {key} must be a list of strings, e.g. {key} = [\"...\", \"...\"]")
             values[key] = tuple(values[key])
-    for key in ("env", "env_shell"):
-        if key in values and not isinstance(values[key], dict):
-            raise ValueError(f"{where}: [{key}] must be a table of NAME = \"value\"")
     for table in ("env", "env_shell"):
-        if table in values:
-            values[table] = {str(k): str(v) for k, v in values[table].items()}
+        if table not in values:
+            continue
+        if not isinstance(values[table], dict):
+            raise ValueError(f"{where}: [{table}] must be a table of NAME = \"value\"")
+        for key, value in values[table].items():
+            # numbers are written as TOML writes them; true/false, lists and tables would be guesses
+            if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+                raise ValueError(f"{where}: [{table}] {key}={value!r} must be a string, e.g. {key} = \"...\"")
+        values[table] = {str(k): str(v) for k, v in values[table].items()}
     return Profile(name=name, source=source, partitions=partitions, container=container, **values)
 
 
@@ -273,7 +337,9 @@ def load_profile(name_or_path: str, overrides: dict[str, Any] | None = None) -> 
             raise ValueError(f"unknown profile {name!r}; available: {', '.join(sorted(list_profiles()))} (or give a path to a .toml file)")
         path = found
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError(f"profile {path} is not UTF-8 text; save it as UTF-8 TOML") from None
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"profile {path} is not valid TOML: {exc}") from None
     if overrides:
@@ -285,6 +351,34 @@ def load_profile(name_or_path: str, overrides: dict[str, Any] | None = None) -> 
             )
         data.update(overrides)
     return profile_from_dict(name, data, source=str(path))
+
+
+def parse_override(key: str, text: str) -> Any:
+    """The value of one ``--set KEY=VALUE``, converted to the type the key's field declares.
+
+    Typed by key, not guessed from the text: ``--set mem_per_gpu=4000`` stays the string "4000"
+    and ``--set description=1`` stays "1". Unknown keys and tables are left to `load_profile`,
+    which names the valid keys or says how to change a table.
+    """
+    kind = str(_FIELD_TYPES.get(key, "str")).split(" |")[0]
+    if kind == "int":
+        try:
+            return int(text)
+        except ValueError:
+            raise ValueError(f"--set {key}={text!r}: {key} must be a whole number, e.g. {key}=8") from None
+    if kind == "bool":
+        if text.strip().lower() not in ("true", "false"):
+            raise ValueError(f"--set {key}={text!r}: write {key}=true or {key}=false")
+        return text.strip().lower() == "true"
+    if kind == "float":
+        try:
+            return float(text)
+        except ValueError:
+            raise ValueError(f"--set {key}={text!r}: {key} must be a number, e.g. {key}=50") from None
+    return text
+
+
+_FIELD_TYPES = {f.name: f.type for f in fields(Profile)}  # strings ("int", "float | None"): annotations are postponed
 
 
 def list_profiles() -> dict[str, Path]:

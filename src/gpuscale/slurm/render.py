@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from gpuscale._version import __version__
 from gpuscale.slurm.profiles import _ENV_NAME, Profile, format_time, parse_time
@@ -31,6 +31,8 @@ __all__ = ["JobSpec", "render_sbatch", "validate_job", "MODES", "CPU_BINDS"]
 
 MODES = ("torchrun", "srun")
 CPU_BINDS = ("auto", "masks", "none")
+TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+"""Signals torchrun catches and passes on to its workers: its defaults plus USR1, SLURM's warning."""
 # What may appear on an #SBATCH line: sbatch splits it itself, so no spaces, quotes or newlines.
 _SBATCH_SAFE = re.compile(r"^[A-Za-z0-9_.,:%@/+=-]+$")
 _MEMORY = re.compile(r"^\d+[KMGT]?$")
@@ -81,8 +83,9 @@ class JobSpec:
     """Tasks per node; must be 1 with torchrun and one per GPU with srun (default: that)."""
     python: str = "python3"
     """Python interpreter inside the job."""
-    extra_sbatch: tuple[str, ...] = field(default=())
-    """Further #SBATCH options added by gpuscale itself (e.g. --signal), already validated."""
+    max_requeues: int = 10
+    """Times the job requeues itself after SLURM's warning before the time limit (USR1) or a TERM, to
+    resume from the checkpoint it wrote on the way out; 0 never requeues (it still checkpoints)."""
 
 
 @dataclass(frozen=True)
@@ -175,6 +178,14 @@ def validate_job(profile: Profile, job: JobSpec) -> _Plan:
     for name, _value in job.env:
         if not _ENV_NAME.match(name):
             raise ValueError(f"--env {name!r}: not a valid environment variable name (letters, digits, _)")
+    if not isinstance(job.max_requeues, int) or isinstance(job.max_requeues, bool) or not 0 <= job.max_requeues <= 1000:
+        raise ValueError(f"--max-requeues {job.max_requeues!r} must be a whole number in 0..1000")
+    if time_s <= profile.warn_before_end_s:
+        raise ValueError(
+            f"--time {job.time} is not longer than the {profile.warn_before_end_s} s warning {profile.name} asks SLURM to send "
+            "before the time limit (to checkpoint): the job would be told to stop at once; ask for more time, or "
+            "--set warn_before_end_s=N with a smaller N"
+        )
     for value, what in ((job.job_name, "--job-name"), (job.output, "--output"), (partition, "--partition")):
         _safe(value, what)
     for value, what in ((job.account, "--account"), (job.reservation, "--reservation")):
@@ -196,7 +207,9 @@ def _python_command(job: JobSpec, plan: _Plan) -> str:
             if job.nodes == 1
             else ["--nnodes=$SLURM_NNODES", "--rdzv-id=$SLURM_JOB_ID", "--rdzv-backend=c10d", '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"']
         )
-        launcher = [_q(job.python), "-m", "torch.distributed.run", *rendezvous, f"--nproc-per-node={plan.gpus_per_node}"]
+        # --signals-to-handle: torchrun passes USR1 (SLURM's warning before the time limit) on to its workers, as TERM.
+        launcher = [_q(job.python), "-m", "torch.distributed.run", *rendezvous, f"--nproc-per-node={plan.gpus_per_node}",
+                    f"--signals-to-handle={TORCHRUN_SIGNALS}"]
         return "exec " + " ".join(launcher) + " " + " ".join(_q(p) for p in program[1:])
     ranks = 'export RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" WORLD_SIZE="$SLURM_NTASKS"'
     return f"{ranks}; exec " + " ".join(_q(p) for p in program)
@@ -238,7 +251,13 @@ def render_sbatch(profile: Profile, job: JobSpec) -> str:
     if job.exclusive:
         lines.append("#SBATCH --exclusive")
     lines += [f"#SBATCH --time={format_time(plan.time_s)}", f"#SBATCH --output={job.output}"]
-    lines += [f"#SBATCH {option}" for option in job.extra_sbatch]
+    # Preemption: SLURM warns this shell (B:) with USR1 before the time limit; the output is appended
+    # to, not truncated, when the job requeues itself.
+    lines += [
+        f"#SBATCH --signal=B:USR1@{profile.warn_before_end_s}",
+        "#SBATCH --requeue" if job.max_requeues else "#SBATCH --no-requeue",
+        "#SBATCH --open-mode=append",
+    ]
     lines += ["", "set -euo pipefail", ""]
 
     if profile.setup:
@@ -278,6 +297,7 @@ def render_sbatch(profile: Profile, job: JobSpec) -> str:
             "",
         ]
 
+    lines += [*_STOP_HANDLING, ""]
     cores_per_rank = plan.cpus_per_task if job.mode == "srun" else max(1, plan.cpus_per_task // plan.gpus_per_node)
     lines += [
         f"# Each rank gets {cores_per_rank} core(s); gpuscale.init() binds it there and gives its data loader",
@@ -315,5 +335,59 @@ def render_sbatch(profile: Profile, job: JobSpec) -> str:
         command = [*srun, container.exec, *binds, _q(plan.image), "bash", "-c", _q(activate + inner)]
     else:
         command = [*srun, "bash", "-c", _q(inner)]
-    lines.append(" ".join(command))
+    lines += [" ".join(command) + " &", *_requeue_block(job.max_requeues)]
     return "\n".join(lines) + "\n"
+
+
+_STOP_HANDLING = [
+    "# Stopping in time. SLURM sends USR1 before the time limit (and TERM on preemption, or on",
+    "# `scancel --signal=TERM --batch`). The step runs in the background so this shell can react: it",
+    "# passes USR1 on to every task (srun forwards it), gpuscale.StopSignal in the script ends the current",
+    "# step and writes a checkpoint, and the job requeues itself below to resume from that checkpoint.",
+    'stop_signal=""',
+    'step_pid=""',
+    "# shellcheck disable=SC2329  # called by the traps below",
+    "on_stop() {",
+    '    stop_signal=$1',
+    '    if [ -n "$step_pid" ]; then kill -USR1 "$step_pid" 2>/dev/null || true; fi',
+    "}",
+    "trap 'on_stop USR1' USR1",
+    "trap 'on_stop TERM' TERM",
+    "wait_for_step() {",
+    "    local code again",
+    "    while :; do",
+    '        code=0; wait "$step_pid" || code=$?',
+    "        # A trapped signal ends `wait` early (128+n) while the step still runs: wait again.",
+    '        if [ "$code" -gt 128 ]; then',
+    '            if kill -0 "$step_pid" 2>/dev/null; then continue; fi',
+    '            again=0; wait "$step_pid" || again=$?',
+    '            if [ "$again" -ne 127 ]; then code=$again; fi',
+    "        fi",
+    '        return "$code"',
+    "    done",
+    "}",
+]
+
+
+def _requeue_block(max_requeues: int) -> list[str]:
+    """Shell lines after the step: wait for it, requeue if it was told to stop, exit with its code."""
+    lines = ["step_pid=$!", "status=0", "wait_for_step || status=$?"]
+    if not max_requeues:
+        return [*lines, 'if [ -n "$stop_signal" ]; then echo "gpuscale: $stop_signal received; not requeued (--max-requeues 0)" >&2; fi',
+                'exit "$status"']
+    return [
+        *lines,
+        'if [ -n "$stop_signal" ]; then',
+        "    restarts=${SLURM_RESTART_COUNT:-0}",
+        f'    if [ "$restarts" -lt {max_requeues} ]; then',
+        '        echo "gpuscale: $stop_signal received, step ended with $status; requeueing job $SLURM_JOB_ID '
+        f'(restart $((restarts + 1)) of at most {max_requeues}) to resume from its checkpoint" >&2',
+        '        scontrol requeue "$SLURM_JOB_ID" || echo "gpuscale: could not requeue job $SLURM_JOB_ID (cancelled or timed out?); '
+        'submit it again to resume from its checkpoint" >&2',
+        "    else",
+        f'        echo "gpuscale: $stop_signal received; job already requeued {max_requeues} times, not again; '
+        'submit it again to resume from its checkpoint" >&2',
+        "    fi",
+        "fi",
+        'exit "$status"',
+    ]

@@ -11,6 +11,9 @@
 #SBATCH --mem-per-gpu=60G
 #SBATCH --time=00:30:00
 #SBATCH --output=%x-%j.out
+#SBATCH --signal=B:USR1@120
+#SBATCH --requeue
+#SBATCH --open-mode=append
 
 set -euo pipefail
 
@@ -31,6 +34,33 @@ export MIOPEN_USER_DB_PATH="/tmp/${USER}-miopen-cache-${SLURM_JOB_ID}"
 # Environment asked for with --env.
 export HF_HOME='/scratch/p/hf cache'
 
+# Stopping in time. SLURM sends USR1 before the time limit (and TERM on preemption, or on
+# `scancel --signal=TERM --batch`). The step runs in the background so this shell can react: it
+# passes USR1 on to every task (srun forwards it), gpuscale.StopSignal in the script ends the current
+# step and writes a checkpoint, and the job requeues itself below to resume from that checkpoint.
+stop_signal=""
+step_pid=""
+# shellcheck disable=SC2329  # called by the traps below
+on_stop() {
+    stop_signal=$1
+    if [ -n "$step_pid" ]; then kill -USR1 "$step_pid" 2>/dev/null || true; fi
+}
+trap 'on_stop USR1' USR1
+trap 'on_stop TERM' TERM
+wait_for_step() {
+    local code again
+    while :; do
+        code=0; wait "$step_pid" || code=$?
+        # A trapped signal ends `wait` early (128+n) while the step still runs: wait again.
+        if [ "$code" -gt 128 ]; then
+            if kill -0 "$step_pid" 2>/dev/null; then continue; fi
+            again=0; wait "$step_pid" || again=$?
+            if [ "$again" -ne 127 ]; then code=$again; fi
+        fi
+        return "$code"
+    done
+}
+
 # Each rank gets 7 core(s); gpuscale.init() binds it there and gives its data loader
 # 6 worker(s) on a GPU (one core stays with the process feeding the GPU).
 # One task per GPU. Each task sets its own RANK/LOCAL_RANK/WORLD_SIZE from SLURM's per-task
@@ -40,4 +70,17 @@ export HF_HOME='/scratch/p/hf cache'
 CPU_MASKS=0x00fe000000000000,0xfe00000000000000,0x0000000000fe0000,0x00000000fe000000,0x00000000000000fe,0x000000000000fe00,0x000000fe00000000,0x0000fe0000000000
 # shellcheck disable=SC2016  # the single quotes are deliberate: each task expands its own variables
 # Python runs inside the container; its environment is activated in there.
-srun --kill-on-bad-exit=1 --cpu-bind=v,mask_cpu:"$CPU_MASKS" singularity exec --bind /var/spool/slurmd,/opt/cray,/usr/lib64/libcxi.so.1 /scratch/p/pytorch.sif bash -c '$WITH_CONDA && export RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" WORLD_SIZE="$SLURM_NTASKS"; exec python3 train.py'
+srun --kill-on-bad-exit=1 --cpu-bind=v,mask_cpu:"$CPU_MASKS" singularity exec --bind /var/spool/slurmd,/opt/cray,/usr/lib64/libcxi.so.1 /scratch/p/pytorch.sif bash -c '$WITH_CONDA && export RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" WORLD_SIZE="$SLURM_NTASKS"; exec python3 train.py' &
+step_pid=$!
+status=0
+wait_for_step || status=$?
+if [ -n "$stop_signal" ]; then
+    restarts=${SLURM_RESTART_COUNT:-0}
+    if [ "$restarts" -lt 10 ]; then
+        echo "gpuscale: $stop_signal received, step ended with $status; requeueing job $SLURM_JOB_ID (restart $((restarts + 1)) of at most 10) to resume from its checkpoint" >&2
+        scontrol requeue "$SLURM_JOB_ID" || echo "gpuscale: could not requeue job $SLURM_JOB_ID (cancelled or timed out?); submit it again to resume from its checkpoint" >&2
+    else
+        echo "gpuscale: $stop_signal received; job already requeued 10 times, not again; submit it again to resume from its checkpoint" >&2
+    fi
+fi
+exit "$status"
