@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from typing import Any
 
-from gpuscale.slurm.profiles import load_profile
+from gpuscale.slurm.profiles import load_profile, parse_override
 from gpuscale.slurm.render import CPU_BINDS, MODES, JobSpec, render_sbatch
 
 EPILOG = """examples:
@@ -46,6 +47,9 @@ def add_cluster_options(parser: Any, profile_required: bool = True) -> None:
     parser.add_argument("--cpu-bind", choices=CPU_BINDS, default="auto", help="srun mode: CPU masks next to each GPU (auto: when the node is whole)")
     parser.add_argument("--cpus-per-gpu", type=int, default=None, help="pass --cpus-per-gpu to SLURM (refused on some clusters)")
     parser.add_argument("--python", default="python3", help="Python interpreter in the job (default python3)")
+    parser.add_argument("--max-requeues", type=int, default=10, metavar="N",
+                        help="requeue the job at most N times after SLURM's warning before the time limit (USR1) or a TERM, "
+                        "to resume from the checkpoint it wrote (default 10; 0: never)")
 
 
 def add_job_options(parser: argparse.ArgumentParser) -> None:
@@ -56,17 +60,6 @@ def add_job_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", default="%x-%j.out", help="output file pattern (default %%x-%%j.out)")
     parser.add_argument("--ntasks-per-node", type=int, default=None, help="tasks per node (torchrun: 1; srun: one per GPU)")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- SCRIPT [ARGS]", help="the training script and its arguments")
-
-
-def _parse_value(text: str) -> Any:
-    if text.lower() in ("true", "false"):
-        return text.lower() == "true"
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
 
 
 def _pairs(items: list[str], option: str) -> list[tuple[str, str]]:
@@ -103,14 +96,14 @@ def cluster_job(args: argparse.Namespace, command: list[str], *, nodes: int, gpu
         reservation=args.reservation, mem_per_gpu=args.mem_per_gpu, job_name=args.job_name,
         output=output, container=args.container, env=tuple(_pairs(args.env, "--env")), venv=args.venv,
         exclusive=args.exclusive, cpu_bind=args.cpu_bind, cpus_per_gpu=args.cpus_per_gpu,
-        tasks_per_node=tasks_per_node, python=args.python,
+        tasks_per_node=tasks_per_node, python=args.python, max_requeues=args.max_requeues,
     )
     return profile, job
 
 
 def profile_from_args(args: argparse.Namespace) -> Any:
     """The --profile with its --set overrides."""
-    return load_profile(args.profile, {k: _parse_value(v) for k, v in _pairs(args.set, "--set")} or None)
+    return load_profile(args.profile, {k: parse_override(k, v) for k, v in _pairs(args.set, "--set")} or None)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -172,7 +165,7 @@ def run_script(args: argparse.Namespace) -> int:
 
 
 def _job_id(text: str) -> str:
-    if not text.isdigit():
+    if not re.fullmatch(r"[0-9]+", text):  # not str.isdigit(): it takes '²' and Arabic-Indic digits
         raise ValueError(f"job id {text!r} is not a number")
     return text
 

@@ -1,0 +1,91 @@
+"""Preemption on the real local SLURM: the warning signal stops the job at a checkpoint, the job requeues
+itself, and the requeued job resumes from exactly that step, ending bit for bit where an uninterrupted
+run ends. Once in each launch mode of the batch scripts (srun across two nodes, torchrun on one)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from slurm_helpers import ROOT, SCRIPTS
+
+pytestmark = pytest.mark.slurm
+TRAIN = str(SCRIPTS / "preempt_train.py")
+STEPS = 30
+
+
+def _slurm(cluster, *cmd: str) -> str:
+    return subprocess.run(cmd, env=cluster.env, capture_output=True, text=True, timeout=60, check=True).stdout
+
+
+def _job_field(cluster, job: str, name: str) -> str:
+    line = _slurm(cluster, "scontrol", "show", "job", "-o", job)
+    return next((f.split("=", 1)[1] for f in line.split() if f.startswith(name + "=")), "")
+
+
+def _until(what: str, check, timeout: float, logs=lambda: ""):
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}\n{logs()}"
+        time.sleep(0.5)
+
+
+def _straight_run(tmp_path):
+    """The same training, uninterrupted, under `gpuscale run` on this machine (2 processes, gloo, CPU)."""
+    out = tmp_path / "straight"
+    result = subprocess.run([sys.executable, "-m", "gpuscale", "run", "--nproc-per-node", "2", TRAIN, str(out), "--steps", str(STEPS)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out
+
+
+@pytest.mark.parametrize("mode, nodes, gpus", [("srun", "2", "1"), ("torchrun", "1", "2")])
+def test_warning_signal_checkpoints_requeues_and_resumes_bit_for_bit(cluster, tmp_path, mode, nodes, gpus):
+    run = tmp_path / "preempted"
+    submitted = cluster.gpuscale(
+        "slurm", "submit", "--profile", "local", "--mode", mode, "--nodes", nodes, "--gpus-per-node", gpus, "--time", "10",
+        "--output", str(tmp_path / "job-%j.out"), "--", TRAIN, str(run), "--steps", str(STEPS), "--sleep", "0.4", cwd=tmp_path)
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.strip().split()[-1]
+
+    def logs() -> str:
+        return "\n".join(p.read_text() for p in tmp_path.glob("job-*.out"))
+
+    def progress() -> int:
+        try:
+            return int((run / "progress").read_text() or 0)
+        except (OSError, ValueError):
+            return 0
+
+    straight = _straight_run(tmp_path)  # meanwhile the job starts on the cluster
+    _until("the job to train a few steps", lambda: progress() >= 5, 180, logs)
+    # What SLURM does at --signal=B:USR1@N before the time limit: USR1 to the batch shell only.
+    _slurm(cluster, "scancel", "--signal=USR1", "--batch", job)
+    _until("the job to requeue itself", lambda: _job_field(cluster, job, "Restarts") == "1", 120, logs)
+    _until("the requeued job to be pending", lambda: _job_field(cluster, job, "JobState") == "PENDING", 60, logs)
+    _slurm(cluster, "scontrol", "update", f"jobid={job}", "StartTime=now")  # SLURM holds a requeued job ~120 s
+    _until("the requeued job to finish", lambda: _job_field(cluster, job, "JobState") in ("COMPLETED", "FAILED", "CANCELLED"), 300, logs)
+    assert _job_field(cluster, job, "JobState") == "COMPLETED", logs()
+
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    kinds = [(e["event"], e["restarts"]) for e in events]
+    assert kinds == [("start", 0), ("stop", 0), ("start", 1), ("finish", 1)], kinds
+    stopped_at = events[1]["step"]
+    assert 5 <= stopped_at < STEPS and events[1]["signal"] == "SIGUSR1"
+    assert events[2]["step"] == stopped_at, "the requeued job did not resume from the step it stopped at"
+    assert all(e["job"] == job and e["world_size"] == 2 for e in events)
+    assert {e["launcher"] for e in events} == {"slurm" if mode == "srun" else "torchrun"}
+    text = logs()
+    assert f"requeueing job {job} (restart 1 of at most 10)" in text
+    assert text.count("[gpuscale] placement of 2 ranks") == 2, "the output of the first run was not kept (--open-mode=append)"
+
+    expected = torch.load(straight / "final.pt", weights_only=True)
+    resumed = torch.load(run / "final.pt", weights_only=True)
+    for name in expected:
+        assert torch.equal(expected[name], resumed[name]), f"{name} differs after preemption and resume"
+    assert json.loads((run / "losses.json").read_text()) == json.loads((straight / "losses.json").read_text())
