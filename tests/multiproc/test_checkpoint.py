@@ -96,3 +96,21 @@ def test_strategies_train_the_same_model_with_the_same_global_batch(tmp_path, st
             assert torch.allclose(weights[key][name], tensor, atol=1e-5), f"{key}: {name} differs from one process"
         for step, loss in losses[(1, "ddp")].items():
             assert losses[key][step] == pytest.approx(loss, rel=1e-4), f"{key}: loss of step {step}"
+
+
+def test_max_restarts_restarts_the_group_from_the_last_checkpoint(tmp_path):
+    """torchrun's elastic restart: rank processes die after step 7's checkpoint, the group restarts, resumes, and
+    ends where an uninterrupted run ends; without restarts the same crash fails the run."""
+    straight, restarted, failed = tmp_path / "straight", tmp_path / "restarted", tmp_path / "failed"
+    assert_ok(_launch(2, straight))
+    result = run(gpuscale_cmd("run", "--nproc-per-node", "2", "--max-restarts", "2", RESUME, str(restarted), "--crash-at", "7"), timeout=400)
+    assert_ok(result)
+    assert "restart" in result.stderr.lower(), result.stderr[-2000:]  # torchrun says it restarts the workers
+    expected = torch.load(straight / "final.pt", weights_only=True)
+    resumed = torch.load(restarted / "final.pt", weights_only=True)
+    for name in expected:
+        assert torch.equal(expected[name], resumed[name]), f"{name} differs after an elastic restart"
+    assert json.loads((restarted / "losses.json").read_text()) == json.loads((straight / "losses.json").read_text())
+
+    crashed = run(gpuscale_cmd("run", "--nproc-per-node", "2", "--max-restarts", "0", RESUME, str(failed), "--crash-at", "7"), timeout=400)
+    assert crashed.returncode == 17 and not (failed / "final.pt").exists()
