@@ -20,10 +20,18 @@ Writes are atomic: a file is written under a temporary name, fsynced and renamed
 directory is filled under a temporary name and renamed when every shard and the metadata are
 written. A kill at any moment leaves the previous checkpoint intact; the last `keep` are kept. Files are read with
 ``torch.load(weights_only=True)``: a checkpoint cannot run code (FACTS §8).
+
+Integrity: torch.load does not notice flipped bits in tensor data, so every checkpoint carries
+SHA-256 sums in ``sha256sum`` format: ``step-N.pt.sha256`` beside a file, ``step-N/SHA256SUMS``
+inside a directory (written last, before the rename). Loading verifies them; a mismatch or a
+missing file is reported in one line and `resume` falls back to the previous good checkpoint.
+Check by hand with ``sha256sum -c step-N.pt.sha256`` (in the checkpoint directory). Verifying
+reads every byte once more: for a sharded checkpoint every rank reads all shards.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pickle
 import random
@@ -47,6 +55,8 @@ __all__ = ["Checkpointer", "ResumeState", "capture_rng", "restore_rng", "consoli
 FORMAT = "gpuscale-checkpoint-1"
 _NAME = re.compile(r"^step-(\d{9})(\.pt)?$")  # a file (full state) or a directory (sharded, DCP)
 META = "gpuscale.pt"  # inside a sharded checkpoint directory: step, epoch, RNG, loader, scheduler, extra
+SUMS = "SHA256SUMS"  # inside a sharded checkpoint directory: sha256sum lines of every other file, written last
+SUM_SUFFIX = ".sha256"  # beside a checkpoint file: its sha256sum line
 log = get_logger("checkpoint")
 
 
@@ -90,6 +100,48 @@ def restore_rng(state: dict[str, Any], device: torch.device) -> None:
 
         kind, keys, pos, has_gauss, cached = state["numpy"]
         np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, cached))
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _sum_lines(directory: Path, names: list[str]) -> bytes:
+    """``sha256sum`` output for `names` (relative to `directory`)."""
+    return "".join(f"{_sha256(directory / name)}  {name}\n" for name in names).encode()
+
+
+def write_checksums(source: Path) -> None:
+    """Write the sums of a checkpoint file (beside it) or of every file in a checkpoint directory (inside it)."""
+    if source.is_dir():
+        names = sorted(str(p.relative_to(source)) for p in source.rglob("*") if p.is_file() and p.name != SUMS)
+        text = _sum_lines(source, names)
+        atomic_write(source / SUMS, lambda f: f.write(text))
+    else:
+        text = _sum_lines(source.parent, [source.name])
+        atomic_write(source.with_name(source.name + SUM_SUFFIX), lambda f: f.write(text))
+
+
+def verify_checksums(source: Path) -> bool:
+    """Check a checkpoint against its sums. False if it has none (written elsewhere); ValueError if it is damaged."""
+    sums = source / SUMS if source.is_dir() else source.with_name(source.name + SUM_SUFFIX)
+    if not sums.is_file():
+        return False
+    base = source if source.is_dir() else source.parent
+    for line in sums.read_text(errors="replace").splitlines():
+        expected, _, name = line.partition("  ")
+        target = (base / name).resolve()
+        if not name or base.resolve() not in (target, *target.parents):
+            raise ValueError(f"{sums} has a line that is not '<sha256>  <file inside the checkpoint>': {line[:80]!r}")
+        if not target.is_file():
+            raise ValueError(f"{source} is incomplete: {name} is missing")
+        if _sha256(target) != expected:
+            raise ValueError(f"{source} is damaged: {name} does not match its SHA-256 sum")
+    return True
 
 
 def _as_tuple(value: Any) -> Any:
@@ -151,7 +203,9 @@ class Checkpointer:
         return None
 
     @staticmethod
-    def _load(source: Path) -> dict[str, Any]:
+    def _load(source: Path, verify: bool = True) -> dict[str, Any]:
+        if verify and source.exists() and not verify_checksums(source):
+            log.warning("%s has no SHA-256 sums (not written by this gpuscale?); loading it unverified", source.name)
         try:
             payload = torch.load(source / META if source.is_dir() else source, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as exc:
@@ -216,9 +270,14 @@ class Checkpointer:
             if strategy.writes_checkpoint(rt):
                 payload = {**meta, "model": model_state, "optimizer": optimizer_state}
                 atomic_write(path, lambda f: torch.save(payload, f))
+                write_checksums(path)
         if rt.is_main:
             for old in self.checkpoints()[: -self.keep]:
-                shutil.rmtree(old) if old.is_dir() else old.unlink(missing_ok=True)
+                if old.is_dir():
+                    shutil.rmtree(old)
+                else:
+                    old.unlink(missing_ok=True)
+                    old.with_name(old.name + SUM_SUFFIX).unlink(missing_ok=True)
         rt.barrier()  # nobody reads or moves on before the checkpoint is complete
         return path
 
@@ -235,6 +294,7 @@ class Checkpointer:
         rt.barrier()
         if rt.is_main:
             atomic_write(tmp / META, lambda f: torch.save(meta, f))
+            write_checksums(tmp)  # last: a directory without its sums is incomplete
             shutil.rmtree(path, ignore_errors=True)
             os.replace(tmp, path)
             fsync_dir(self.directory)
@@ -249,13 +309,14 @@ class Checkpointer:
         path: str | Path | None = None,
     ) -> ResumeState | None:
         """Restore the newest readable checkpoint (or `path`) into the given objects; None if there is none."""
+        verify = path is not None
         if path is None:
-            newest = self.peek()
+            newest = self.peek()  # verified it already
             path = newest.path if newest is not None else None
         source = Path(path) if path is not None else None
         if source is None:
             return None
-        payload = self._load(source)
+        payload = self._load(source, verify=verify)
         strategy = strategy_of(model)
         rt = self.rt
         if payload.get("sharded"):

@@ -56,10 +56,21 @@ def test_resume_after_kill_continues_exactly(tmp_path, nproc, strategy):
     sharded = (nproc, strategy) == (2, "fsdp") or strategy.startswith("zero")
     names = ["step-000000011", "step-000000012"] if sharded else ["step-000000011.pt", "step-000000012.pt"]
     assert json.loads((interrupted / "checkpoints.json").read_text()) == names
-    assert sorted(p.name for p in (interrupted / "ckpt").iterdir()) == names
+    sums = [] if sharded else [name + ".sha256" for name in names]  # a sharded directory holds its SHA256SUMS
+    assert sorted(p.name for p in (interrupted / "ckpt").iterdir()) == sorted(names + sums)
     if strategy == "fsdp":
         shards = sorted(p.name for p in (interrupted / "ckpt" / names[-1]).iterdir())
-        assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp", "gpuscale.pt"], shards
+        assert shards == [".metadata", "SHA256SUMS", "__0_0.distcp", "__1_0.distcp", "gpuscale.pt"], shards
+        # a flipped bit in one rank's shard is caught: the directory is refused, the one before it is used
+        import shutil
+        from gpuscale.checkpoint import Checkpointer
+        damaged = shutil.copytree(interrupted / "ckpt" / names[-1], tmp_path / "damaged")
+        data = bytearray((damaged / "__1_0.distcp").read_bytes())
+        data[len(data) // 2] ^= 0x01
+        (damaged / "__1_0.distcp").write_bytes(bytes(data))
+        with pytest.raises(ValueError, match="__1_0.distcp does not match its SHA-256 sum"):
+            Checkpointer._load(damaged)
+        assert Checkpointer._load(interrupted / "ckpt" / names[-1])["step"] == 12
     if strategy.startswith("zero"):  # DeepSpeed's format: one optimizer partition per rank
         partitions = sorted(p.name for p in (interrupted / "ckpt" / names[-1] / "deepspeed").glob("*optim_states.pt"))
         assert len(partitions) == nproc, partitions

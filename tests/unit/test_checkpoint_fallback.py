@@ -56,7 +56,8 @@ def test_a_truncated_newest_checkpoint_falls_back_to_the_previous_one(tmp_path):
             logger.removeHandler(warned)
         assert restored.step == 1
         assert all(torch.equal(fresh.state_dict()[k], weights_at_1[k]) for k in weights_at_1)
-        assert any("skipping step-000000002.pt" in line and "may be truncated" in line for line in warned.lines), warned.lines
+        # caught by its SHA-256 sum (without sums, torch.load's error would say "may be truncated")
+        assert any("skipping step-000000002.pt" in line and "does not match its SHA-256 sum" in line for line in warned.lines), warned.lines
         assert any("resuming from step-000000001.pt, the newest readable checkpoint" in line for line in warned.lines)
         del opt
 
@@ -67,3 +68,38 @@ def test_a_truncated_newest_checkpoint_falls_back_to_the_previous_one(tmp_path):
         # an explicit path is never replaced by another one
         with pytest.raises(ValueError, match="step-000000002"):
             ckpt.peek(newest)
+
+
+def test_a_flipped_bit_is_caught_by_the_checksum_and_resume_falls_back(tmp_path):
+    """torch.load itself loads a checkpoint with a flipped bit in its tensor data; the SHA-256 sum does not."""
+    import subprocess
+
+    with gpuscale.init(show_placement=False):
+        torch.manual_seed(0)
+        model = nn.Linear(4, 1024)
+        ckpt = gpuscale.Checkpointer(tmp_path / "ckpt", keep=2)
+        _train_and_save(ckpt, model, [1, 2])
+        names = sorted(p.name for p in ckpt.directory.iterdir())
+        assert names == ["step-000000001.pt", "step-000000001.pt.sha256", "step-000000002.pt", "step-000000002.pt.sha256"]
+        # the sums are sha256sum's own format
+        check = subprocess.run(["sha256sum", "-c", "step-000000002.pt.sha256"], cwd=ckpt.directory, capture_output=True, text=True)
+        assert check.returncode == 0 and "OK" in check.stdout
+        _train_and_save(ckpt, model, [3])  # rotation removes step 1 and its sums
+        assert sorted(p.name for p in ckpt.directory.iterdir())[:2] == ["step-000000002.pt", "step-000000002.pt.sha256"]
+
+        newest = ckpt.latest()
+        data = bytearray(newest.read_bytes())
+        data[len(data) // 2] ^= 0x01  # inside the weights: the zip and the pickle stay readable
+        newest.write_bytes(bytes(data))
+        assert torch.load(newest, weights_only=True)["step"] == 3  # torch does not notice ...
+
+        warned = Collect()
+        logger = gpuscale.get_logger("checkpoint")
+        logger.addHandler(warned)
+        try:
+            assert ckpt.peek().step == 2  # ... gpuscale does, and uses the previous one
+            with pytest.raises(ValueError, match="step-000000003.pt is damaged: step-000000003.pt does not match its SHA-256 sum"):
+                ckpt.resume(model=nn.Linear(4, 1024), path=newest)  # an explicit path is never swapped
+        finally:
+            logger.removeHandler(warned)
+        assert any("skipping step-000000003.pt" in line and "damaged" in line for line in warned.lines), warned.lines

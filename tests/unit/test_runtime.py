@@ -110,7 +110,8 @@ def test_checkpointer_rotates_atomically_and_loads_only_weights(tmp_path):
         for step in (1, 2, 3):
             ckpt.save(step=step, model=model, epoch=0, extra={"note": step})
         # the last two kept, no temporary file left behind
-        assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000000002.pt", "step-000000003.pt"]
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000000002.pt", "step-000000002.pt.sha256",
+                                                            "step-000000003.pt", "step-000000003.pt.sha256"]
         saved = torch.load(tmp_path / "step-000000003.pt", weights_only=True)
         assert sorted(saved["model"]) == ["bias", "weight"]  # no "module." prefix
         assert ckpt.peek().extra == {"note": 3}
@@ -189,7 +190,7 @@ def test_saving_an_older_step_into_a_directory_with_newer_checkpoints_is_refused
         gpuscale.Checkpointer(tmp_path).save(step=600, model=model)
         with pytest.raises(ValueError, match="already holds step-000000600.pt, newer than step 100"):
             gpuscale.Checkpointer(tmp_path).save(step=100, model=model)
-        assert [p.name for p in tmp_path.iterdir()] == ["step-000000600.pt"]
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000000600.pt", "step-000000600.pt.sha256"]
 
 
 def test_profile_core_map_follows_the_gpus_slurm_handed_out(monkeypatch):
