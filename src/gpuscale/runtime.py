@@ -427,7 +427,11 @@ def _report_failure(env: DistEnv, exc: BaseException) -> None:
     traceback (if nobody catches it, Python still prints the traceback on its way out).
     """
     where = f"[gpuscale] rank {env.rank}/{env.world_size} on {socket.gethostname()} failed"
-    if isinstance(exc, ValueError):
+    if is_peer_symptom(exc):  # one line: the traceback that matters is the peer's, which comes first
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        sys.stderr.write(f"[gpuscale] rank {env.rank}/{env.world_size} on {socket.gethostname()} stopped: a peer rank failed "
+                         f"first ({first[:160]}); its report above says why\n")
+    elif isinstance(exc, ValueError):
         sys.stderr.write(f"{where}: {exc}\n")
     else:
         sys.stderr.write(f"{where}:\n" + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))

@@ -59,6 +59,8 @@ def add_parser(subparsers: Any) -> None:
                         help="rendezvous port on node 0 (default: free port on one node; else from the SLURM job id, or 29500)")
     parser.add_argument("--bind", choices=("auto", "none"), default="auto",
                         help="bind each worker to the cores next to its GPU, or disjoint cores on CPU (default auto)")
+    parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                        help="how long a collective may wait for a stuck rank before the job fails (default: GPUSCALE_TIMEOUT or 600)")
     parser.add_argument("--max-restarts", type=int, default=0, help="restart all workers up to K times after a failure (default 0)")
     parser.add_argument("-m", "--module", action="store_true", help="run SCRIPT as a Python module (python -m)")
     parser.add_argument("script", metavar="SCRIPT", help="training script (or module with -m)")
@@ -161,6 +163,10 @@ def run(args: argparse.Namespace) -> int:
     # and whether OMP_NUM_THREADS is ours to size (torchrun would force 1 thread per worker).
     os.environ[LAUNCH_TIME] = repr(time.time())
     os.environ["GPUSCALE_BIND"] = args.bind
+    if args.timeout is not None:
+        if not 0 < args.timeout < 1e7:
+            raise ValueError(f"--timeout {args.timeout} must be a positive number of seconds")
+        os.environ["GPUSCALE_TIMEOUT"] = repr(args.timeout)
     if "OMP_NUM_THREADS" not in os.environ:
         os.environ["OMP_NUM_THREADS"] = "1"
         os.environ[OMP_FROM_LAUNCHER] = "1"
@@ -183,12 +189,15 @@ def run(args: argparse.Namespace) -> int:
             print(f"gpuscale run: every rank stopped on request after writing a checkpoint (exit code {EXIT_STOPPED}); "
                   "run the same command again to resume", file=sys.stderr)
             return EXIT_STOPPED
-        rank = first_failure(exc.failures, _read_notes(Path(notes_dir.name)))
+        notes = _read_notes(Path(notes_dir.name))
+        rank = first_failure(exc.failures, notes)
         failure = exc.failures[rank]
         code = failure.exitcode
         where = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+        note = notes.get(rank, {})
+        said = f": {note['message'].splitlines()[0]}" if note.get("message") else ""
         print(
-            f"gpuscale run: rank {rank} on {socket.gethostname()} failed first ({where}); the other ranks were stopped.\n"
+            f"gpuscale run: rank {rank} on {socket.gethostname()} failed first ({where}){said}; the other ranks were stopped.\n"
             f"{exc.format_msg()}",
             file=sys.stderr,
         )

@@ -1,9 +1,11 @@
 """Rank 1 fails at step 3 while rank 0 keeps calling all_reduce: the job must end, not hang.
 
-argv: MODE where MODE is 'raise' (a Python exception) or 'exit' (the process vanishes, as a kill would).
+argv: MODE where MODE is 'raise' (a Python exception), 'exit' (the process vanishes, as os._exit does),
+'kill' (SIGKILL) or 'hang' (rank 1 stops taking part, alive: only the collective timeout ends the job).
 """
 
 import os
+import signal
 import sys
 import time
 
@@ -13,11 +15,15 @@ import torch.distributed as dist
 import gpuscale
 
 mode = sys.argv[1]
-with gpuscale.init(timeout=30) as rt:
+with gpuscale.init() as rt:  # the collective timeout: GPUSCALE_TIMEOUT or gpuscale run --timeout
     for step in range(10_000):
         if rt.rank == 1 and step == 3:
             if mode == "raise":
                 raise ValueError("planted failure on rank 1")
+            if mode == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if mode == "hang":
+                time.sleep(3600)
             os._exit(7)
         dist.all_reduce(torch.ones(4))
         time.sleep(0.01)
