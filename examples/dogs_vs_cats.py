@@ -41,6 +41,9 @@ After unfreezing the last block the model is set up again, so its new parameters
 (DDP) or partitioned (DeepSpeed); the course's version forgot that step (FACTS §5, bug 1).
 
 Interrupted runs resume from OUT/checkpoints (written every epoch); --no-resume starts afresh.
+Told to stop (SLURM's USR1 before the time limit, a TERM on preemption; gpuscale's batch scripts
+pass them on), the run finishes its step, checkpoints there and exits with code 75; started again
+(the batch script requeues itself), it continues from that very step.
 """
 
 from __future__ import annotations
@@ -267,6 +270,7 @@ def train(args: argparse.Namespace) -> dict:
             len(train_set), len(val_set), len(test_set), plan.scaling, plan.global_batch, rt.world_size, plan.per_device_batch,
         )
 
+        stop = gpuscale.StopSignal()  # USR1/TERM: finish the step, checkpoint, exit (75) to be resumed
         net = build_model(args.backbone, args.image_size)
         out = Path(args.out)
         ckpt = gpuscale.Checkpointer(out / "checkpoints", keep=2)
@@ -275,10 +279,12 @@ def train(args: argparse.Namespace) -> dict:
         rt.barrier()
         saved = None if args.no_resume else ckpt.peek()
         start_epoch = saved.epoch if saved else 0
+        partial = saved.extra.get("partial_epoch") if saved else None  # stopped inside epoch start_epoch
         total_epochs = args.epochs + args.finetune_epochs
-        if start_epoch > args.epochs:
+        fine_tuning = start_epoch > args.epochs or (start_epoch == args.epochs and partial is not None)
+        if fine_tuning:
             net.unfreeze_last_block()
-        training = setup_phase(net, 2 if start_epoch > args.epochs else 1, plan, args)
+        training = setup_phase(net, 2 if fine_tuning else 1, plan, args)
         history: dict = {"train_accuracy": [], "val_accuracy": [], "train_loss": []}
         step, test_before = 0, None
         if saved:
@@ -290,13 +296,17 @@ def train(args: argparse.Namespace) -> dict:
         meter = gpuscale.Meter(plan)
         loss_avg, acc_avg = gpuscale.Average(), gpuscale.Average()
         for epoch in range(start_epoch, total_epochs):
-            if epoch == args.epochs:  # phase 2: measure, unfreeze the last block, re-wrap so it syncs
+            inside = partial is not None and epoch == start_epoch  # resuming in the middle of this epoch
+            if epoch == args.epochs and not inside:  # phase 2: measure, unfreeze the last block, re-wrap so it syncs
                 test_before = evaluate(training, test_loader, meter, rt.device)
                 log.info("test accuracy before fine-tuning: %.4f; unfreezing the last block", test_before)
                 net.unfreeze_last_block()
                 training = setup_phase(training.model, 2, plan, args)
             loss_avg.reset()
             acc_avg.reset()
+            if inside and rt.is_main:  # the epoch's sums so far, over all ranks, saved when it stopped
+                loss_avg.update(partial[0], partial[1])
+                acc_avg.update(partial[2], partial[3])
             bar = gpuscale.progress(meter.iter(train_loader), desc=f"epoch {epoch + 1}/{total_epochs}", total=len(train_loader))
             for x, y in bar:
                 x, y = x.to(rt.device, non_blocking=True), y.to(rt.device, non_blocking=True)
@@ -305,9 +315,16 @@ def train(args: argparse.Namespace) -> dict:
                 prob = prob.float()  # binary cross-entropy is not autocast-safe: compute it in fp32
                 loss = F.binary_cross_entropy(prob, y)
                 training.backward(loss)
-                step += training.step()
+                stepped = training.step()
+                step += stepped
                 loss_avg.update(loss.detach() * len(y), len(y))
                 acc_avg.update(((prob.detach() > 0.5).float() == y).sum(), len(y))
+                if stepped and stop.requested():  # collective; only after a full optimizer step
+                    sums = gpuscale.all_reduce_sum([loss_avg.total, loss_avg.count, acc_avg.total, acc_avg.count])
+                    with meter.phase("checkpoint"):
+                        ckpt.save(step=step, epoch=epoch, model=training.model, optimizer=training.optimizer, loader=train_loader,
+                                  extra={"history": history, "test_accuracy_before_finetune": test_before, "partial_epoch": sums})
+                    stop.exit()
             train_loss, train_acc = loss_avg.compute(), acc_avg.compute()
             val_acc = evaluate(training, val_loader, meter, rt.device)
             history["train_loss"].append(train_loss)
