@@ -32,7 +32,8 @@ at 1.0 (the course's DeepSpeed config; here it applies to every strategy so they
 ZeRO stage 1, fp32 on CPU and bf16 on GPUs that have it (--precision).
 
 Interrupted runs resume from OUT/checkpoints (every epoch; sharded for fsdp and deepspeed);
---no-resume starts afresh.
+--no-resume starts afresh. Told to stop (SLURM's USR1 before the time limit, a TERM), the run
+checkpoints the step it is in and exits with code 75; started again, it continues from that step.
 """
 
 from __future__ import annotations
@@ -197,24 +198,34 @@ def train(args: argparse.Namespace) -> dict:
 
         ckpt = gpuscale.Checkpointer(out / "checkpoints", keep=2)
         history: dict[str, list[float]] = {"train_loss": [], "val_loss": [], "val_accuracy": [], "epoch_time_s": []}
-        step, start_epoch = 0, 0
+        step, start_epoch, partial = 0, 0, None
         if not args.no_resume and ckpt.latest() is not None:
             state = ckpt.resume(model=training.model, optimizer=training.optimizer, loader=train_loader)
             step, start_epoch, history = state.step, state.epoch, state.extra["history"]
+            partial = state.extra.get("partial_epoch")  # stopped inside epoch start_epoch: its loss sums so far
+        stop = gpuscale.StopSignal()  # USR1/TERM: finish the step, checkpoint, exit (75) to be resumed
 
         meter = gpuscale.Meter(plan)
         loss_avg = gpuscale.Average()
         for epoch in range(start_epoch, args.epochs):
             started = time.perf_counter()
             loss_avg.reset()
+            if partial is not None and epoch == start_epoch and rt.is_main:
+                loss_avg.update(partial[0], partial[1])
             bar = gpuscale.progress(meter.iter(train_loader), desc=f"epoch {epoch + 1}/{args.epochs}", total=len(train_loader))
             for x, y in bar:
                 x, y = x.to(rt.device, non_blocking=True), y.to(rt.device, non_blocking=True)
                 with training.autocast():
                     loss = F.cross_entropy(training.model(pixel_values=x).logits.float(), y)
                 training.backward(loss)
-                step += training.step()
+                stepped = training.step()
+                step += stepped
                 loss_avg.update(loss.detach() * len(y), len(y))
+                if stepped and stop.requested():  # collective; only after a full optimizer step
+                    with meter.phase("checkpoint"):
+                        ckpt.save(step=step, epoch=epoch, model=training.model, optimizer=training.optimizer, loader=train_loader,
+                                  extra={"history": history, "partial_epoch": gpuscale.all_reduce_sum([loss_avg.total, loss_avg.count])})
+                    stop.exit()
             train_loss = loss_avg.compute()
             val_loss, val_acc = evaluate(training, val_loader, meter, rt.device)
             epoch_time = time.perf_counter() - started
