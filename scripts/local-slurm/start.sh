@@ -13,7 +13,8 @@
 #   single  one node named after this host, at 127.0.0.1.
 # Every node gets all detected CPUs (real binding through task/affinity) and $GPUSCALE_SLURM_GPUS
 # fake GPUs (default 2): GRES on character devices, so CUDA_VISIBLE_DEVICES & co. are set as on a
-# real cluster. One partition, "debug" (default, all nodes, MaxTime 60 min, enforced at submit).
+# real cluster. Partition "debug" (default, all nodes, MaxTime 60 min, enforced at submit), and
+# "load" on the same nodes, where up to 4 jobs share a CPU (OverSubscribe=FORCE:4; load tests).
 # Nodes share this host's filesystem and run jobs as root; jobs inherit the submitter's
 # environment (PATH included), so the submitter's python3 runs in jobs.
 #
@@ -130,6 +131,8 @@ EOF
     echo "NodeName=$n $addr $TOPO RealMemory=$MEM$gres State=UNKNOWN"
   done
   echo "PartitionName=debug Nodes=ALL Default=YES MaxTime=60 State=UP"
+  # for load tests: the same nodes, but up to 4 jobs may share each CPU (GPUs are never shared)
+  echo "PartitionName=load Nodes=ALL MaxTime=60 State=UP OverSubscribe=FORCE:4"
 } >"$NEW/slurm.conf"
 # Fake GPUs: slurmd insists on character devices, so each is a copy of /dev/null (c 1 3).
 {

@@ -21,6 +21,11 @@ Launchers, in the order they win:
 ``single``
     none of the above: one process, no process group.
 
+The rendezvous address must be a node of the job: rank 0's host name (on SLURM the first node of
+the step, which is what gpuscale uses when MASTER_ADDR is unset). A wildcard address (0.0.0.0,
+``::``, ``*``, an empty value) names no host; ranks connecting to it reach whatever listens on
+their own machine. `check_master_addr` refuses it, in every detector and for ``--master-addr``.
+
 The rendezvous port, when nobody set MASTER_PORT, is derived from the SLURM job id the way the
 course does it (``1`` followed by the job id's last four digits) so that jobs sharing a node do not
 collide on 29500.
@@ -28,6 +33,7 @@ collide on 29500.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import socket
 from collections.abc import Mapping
@@ -43,6 +49,7 @@ __all__ = [
     "visible_devices",
     "device_index",
     "check_one_launcher_per_node",
+    "check_master_addr",
 ]
 
 LAUNCHERS = ("torchrun", "slurm", "manual", "single")
@@ -101,6 +108,31 @@ def _int(environ: Mapping[str, str], name: str, default: int | None = None) -> i
         return int(raw)
     except ValueError:
         raise ValueError(f"{name}={raw!r} is not an integer; set it to a whole number") from None
+
+
+def check_master_addr(addr: str, source: str = "MASTER_ADDR") -> str:
+    """Return `addr` if it can name rank 0's host; ValueError for a wildcard or empty address. Pure.
+
+    0.0.0.0 and ``::`` (in any spelling: ``[::]``, ``0``, ``0:0::0``) mean "every interface" to a
+    server and nothing to a client, ``*`` is a bind wildcard, an empty value is a script whose
+    ``$(...)`` came back empty. `source` names where the value came from (``--master-addr``).
+    """
+    text = addr.strip()
+    unspecified = text in ("", "*")
+    if not unspecified:
+        try:
+            unspecified = ipaddress.ip_address(text.strip("[]")).is_unspecified
+        except ValueError:
+            try:  # the short IPv4 forms inet_aton accepts: "0", "0.0", "00.0.0.0"
+                unspecified = bool(re.fullmatch(r"[0-9.]+", text)) and socket.inet_aton(text) == bytes(4)
+            except OSError:
+                unspecified = False
+    if unspecified:
+        raise ValueError(
+            f"{source}={addr!r} is a wildcard address, not a host the ranks can reach; set it to the host name of node 0 "
+            "(on SLURM: $(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1))"
+        )
+    return addr
 
 
 def port_from_job_id(job_id: str | int) -> int:
@@ -174,6 +206,11 @@ def _in_slurm_step(environ: Mapping[str, str]) -> bool:
 
 def _is_torchrun(environ: Mapping[str, str]) -> bool:
     return "TORCHELASTIC_RUN_ID" in environ or "GROUP_RANK" in environ
+
+
+def _master_addr(environ: Mapping[str, str]) -> str | None:
+    """MASTER_ADDR, checked, if it is set at all (an empty value is refused: it names no host)."""
+    return check_master_addr(environ["MASTER_ADDR"]) if "MASTER_ADDR" in environ else None
 
 
 def _port(environ: Mapping[str, str]) -> int:
@@ -252,7 +289,7 @@ def _detect_torchrun(environ: Mapping[str, str]) -> DistEnv:
     return DistEnv(
         rank=rank, local_rank=local_rank, world_size=world_size, local_world_size=local_world_size,
         node_rank=min(node_rank, num_nodes - 1), num_nodes=num_nodes,
-        master_addr=environ.get("MASTER_ADDR") or "127.0.0.1", master_port=_port(environ),
+        master_addr=_master_addr(environ) or "127.0.0.1", master_port=_port(environ),
         launcher="torchrun", job_id=environ.get("SLURM_JOB_ID"),
     )
 
@@ -284,8 +321,8 @@ def _detect_slurm(environ: Mapping[str, str]) -> DistEnv:
                          "is this a step of another job's allocation?")
 
     nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
-    if environ.get("MASTER_ADDR"):
-        master_addr = environ["MASTER_ADDR"]
+    if "MASTER_ADDR" in environ:
+        master_addr = _master_addr(environ)
     elif nodelist:
         master_addr = expand_hostlist(nodelist)[0]
     else:
@@ -319,7 +356,7 @@ def _detect_manual(environ: Mapping[str, str]) -> DistEnv:
             f"WORLD_SIZE={world_size} is not a multiple of LOCAL_WORLD_SIZE={local_world_size}; "
             "set LOCAL_WORLD_SIZE to the number of processes on each node"
         )
-    if world_size > 1 and not environ.get("MASTER_ADDR"):
+    if world_size > 1 and "MASTER_ADDR" not in environ:
         raise ValueError(
             f"WORLD_SIZE={world_size} was set by hand but MASTER_ADDR was not; set MASTER_ADDR to rank 0's host "
             "(and MASTER_PORT to a free port) in every process"
@@ -327,8 +364,8 @@ def _detect_manual(environ: Mapping[str, str]) -> DistEnv:
     return DistEnv(
         rank=rank, local_rank=local_rank, world_size=world_size, local_world_size=local_world_size,
         node_rank=rank // local_world_size, num_nodes=world_size // local_world_size,
-        master_addr=environ.get("MASTER_ADDR") or "127.0.0.1", master_port=_port(environ),
-        launcher="single" if world_size == 1 else "manual", job_id=environ.get("SLURM_JOB_ID"),
+        master_addr=(_master_addr(environ) if world_size > 1 else environ.get("MASTER_ADDR")) or "127.0.0.1",
+        master_port=_port(environ), launcher="single" if world_size == 1 else "manual", job_id=environ.get("SLURM_JOB_ID"),
     )
 
 

@@ -3,6 +3,17 @@
 Write to a temporary name in the same directory, flush and fsync, rename over the target (atomic
 on POSIX within one file system), then fsync the directory so the rename itself survives a crash
 (FACTS §8). Files are created 0644: readable by colleagues, writable only by their owner.
+
+Nothing gpuscale writes is world-writable, whatever the user's umask (a shared cluster's scratch
+is read by many: a world-writable batch script or checkpoint is anyone's to replace). Two guards:
+
+- `tighten_umask` adds "not writable by others" (002) to the process umask. The CLI does it for
+  every verb, so the processes it starts (torchrun's workers, sbatch, whose jobs inherit it as
+  SLURM_UMASK) inherit it, and `gpuscale.init()` does it for the training script, restoring the
+  old umask on exit. That covers files written with plain ``open()`` by libraries (the shards of
+  torch.distributed.checkpoint, matplotlib's PNGs, a study's logs).
+- `make_dir` and `atomic_write` do not depend on the umask at all: directories are 0775 at most,
+  files exactly 0644 (or the mode asked for).
 """
 
 from __future__ import annotations
@@ -13,7 +24,9 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, BinaryIO
 
-__all__ = ["atomic_write", "atomic_write_json", "fsync_dir"]
+__all__ = ["atomic_write", "atomic_write_json", "fsync_dir", "make_dir", "tighten_umask"]
+
+NOT_BY_OTHERS = 0o002
 
 
 def fsync_dir(directory: str | os.PathLike[str]) -> None:
@@ -25,10 +38,43 @@ def fsync_dir(directory: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
+def tighten_umask() -> int:
+    """Make files and directories created from now on not world-writable; return the old umask.
+
+    Restore it with ``os.umask(old)``. The umask can only be read by setting it: the momentary
+    value is the strict 077, so a file another thread creates in between is private, never open.
+    """
+    old = os.umask(0o077)
+    os.umask(old | NOT_BY_OTHERS)
+    return old
+
+
+def make_dir(path: str | os.PathLike[str]) -> Path:
+    """``mkdir -p`` whose new directories are never world-writable, whatever the umask (0775 at most).
+
+    `Path.mkdir(parents=True)` gives the parents it creates the umask's default mode, ignoring
+    `mode`; here every new level gets 0775 minus the umask. Existing directories are left as they are.
+    """
+    target = Path(path)
+    missing = []
+    for level in (target, *target.parents):
+        if level.is_dir():
+            break
+        missing.append(level)
+    for level in reversed(missing):
+        try:
+            os.mkdir(level, 0o775)
+        except FileExistsError:
+            if not level.is_dir():
+                raise
+            # made by someone else meanwhile (another rank): theirs to keep
+    return target
+
+
 def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], Any], mode: int = 0o644) -> Path:
     """Call `write(f)` on a temporary file next to `path`, then atomically move it to `path`."""
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    make_dir(target.parent)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "wb") as f:

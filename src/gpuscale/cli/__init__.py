@@ -1,11 +1,14 @@
 """The `gpuscale` command. One module per verb, each with `add_parser(subparsers)` and `run(args) -> int`.
 
 Mistakes in what the user typed end in one line on stderr and exit code 2, never a traceback.
+Whatever the user's umask, nothing a verb writes (or the processes it starts write) is
+world-writable: `main` tightens the umask first (`gpuscale.files.tighten_umask`).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -20,6 +23,7 @@ from gpuscale.cli import report as report_cmd
 from gpuscale.cli import run as run_cmd
 from gpuscale.cli import slurm as slurm_cmd
 from gpuscale.cli import study as study_cmd
+from gpuscale.files import tighten_umask
 from gpuscale.slurm.jobs import SlurmError
 from gpuscale.study.linkbench import MeasureError
 
@@ -67,11 +71,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.verb is None:
         parser.print_help()
         return 2
+    old_umask = tighten_umask()
     try:
         return int(args.func(args) or 0)
     except (ValueError, OSError, SlurmError, MeasureError) as exc:  # bad input, an unreadable path, SLURM said no
         print(f"gpuscale {args.verb}: error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        os.umask(old_umask)  # main() is also called in-process (tests, scripts)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,11 @@ prints one line per rank, so you see at a glance that rank 3 is on GPU 3 next to
     gpuscale env
     gpuscale run --nproc-per-node 2 -m gpuscale env
     srun --ntasks-per-node=8 gpuscale env
+
+It also lists rank 0's environment variables that decide placement and communication (SLURM_*,
+CUDA_*, NCCL_*, OMP_*, HF_*, ...), so a bug report carries them. Secrets are masked
+(`gpuscale.secrets`): a token shows as ``hf_*** (37 chars)``, set but not leaked. The text lists
+SLURM's many variables only in ``--json``.
 """
 
 from __future__ import annotations
@@ -14,11 +19,13 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from gpuscale.runtime import format_placements, init
+from gpuscale.secrets import mask_secrets
 
 EPILOG = """examples:
   gpuscale env
@@ -40,6 +47,20 @@ def add_parser(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
+# What decides where ranks run and how they talk: launchers, GPU runtimes, collectives, thread
+# pools, gpuscale itself, and the Hugging Face stack of the examples.
+ENV_PREFIXES = ("SLURM_", "CUDA_", "HIP_", "ROCR_", "ROCM_", "NCCL_", "RCCL_", "GLOO_", "FI_", "MIOPEN_", "TORCH",
+                "PYTORCH_", "OMP_", "KMP_", "MKL_", "GPUSCALE_", "HF_", "HUGGING_FACE_", "TRANSFORMERS_", "TOKENIZERS_",
+                "MASTER_")
+ENV_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK")
+
+
+def relevant_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables `gpuscale env` shows, sorted by name, secrets masked. Pure."""
+    chosen = {k: v for k, v in environ.items() if k in ENV_NAMES or k.startswith(ENV_PREFIXES)}
+    return dict(sorted(mask_secrets(chosen).items()))
+
+
 def describe(rt: Any) -> dict[str, Any]:
     env = rt.env
     return {
@@ -56,6 +77,7 @@ def describe(rt: Any) -> dict[str, Any]:
         "hip": torch.version.hip,
         "gpus_visible": torch.cuda.device_count() if torch.cuda.is_available() else 0,
         "placements": rt.placements,
+        "environment": relevant_environment(os.environ),
     }
 
 
@@ -74,5 +96,9 @@ def run(args: argparse.Namespace) -> int:
                 runtime = f"CUDA {info['cuda']}" if info["cuda"] else f"ROCm {info['hip']}" if info["hip"] else "CPU build"
                 print(f"torch {info['torch']} ({runtime}), {gpus} GPU(s) visible to rank 0, {os.cpu_count()} CPUs on this host")
                 print(format_placements(rt.placements))
+                shown = {k: v for k, v in info["environment"].items() if not k.startswith("SLURM_")}
+                num_slurm = len(info["environment"]) - len(shown)
+                print(f"environment of rank 0 (secrets masked{f'; {num_slurm} SLURM_* variables with --json' if num_slurm else ''}):")
+                print("\n".join(f"  {k}={v}" for k, v in shown.items()) or "  (none of interest)")
             sys.stdout.flush()
     return 0

@@ -26,6 +26,7 @@ Every figure is closed after saving, so a long study does not accumulate them.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import re
@@ -39,6 +40,7 @@ matplotlib.use("Agg")  # before pyplot: no display on clusters and in tests
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from gpuscale.files import atomic_write  # noqa: E402
 from gpuscale.log import get_logger  # noqa: E402
 
 __all__ = ["PHASES", "devices_label", "plot_paths", "throughput_plot", "efficiency_plot",
@@ -113,13 +115,14 @@ def _points(rows: list[dict[str, Any]], value: Any) -> tuple[list[int], list[flo
 
 
 def _save(fig: Any, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write the PNG atomically, 0644 whatever the umask (a half-written plot never shows in the report)."""
+    png = io.BytesIO()
     try:
         fig.tight_layout()
-        fig.savefig(path, dpi=_DPI, format="png", bbox_inches="tight")  # keeps outside legends
+        fig.savefig(png, dpi=_DPI, format="png", bbox_inches="tight")  # keeps outside legends
     finally:
         plt.close(fig)
-    return path
+    return atomic_write(path, lambda f: f.write(png.getvalue()))
 
 
 def throughput_plot(results: dict[str, Any], path: Path) -> Path:
