@@ -373,7 +373,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments
 
     from gpuscale.data import default_num_workers
-    from gpuscale.hf import MeterCallback, check_checkpoint, check_trainer, trainer_arguments
+    from gpuscale.hf import MeterCallback, StopCallback, check_checkpoint, check_trainer, trainer_arguments
 
     torch.manual_seed(args.seed)
     chosen = settings(args)
@@ -418,7 +418,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         )
         meter = gpuscale.Meter(plan)
         metered = MeterCallback(meter)
-        callbacks = [metered] + ([trace_callback(args.trace, rt.rank, model)] if args.trace else [])
+        stop = gpuscale.StopSignal()  # USR1/TERM: the Trainer saves a checkpoint at this step and stops; exit 75
+        callbacks = [metered, StopCallback(stop)] + ([trace_callback(args.trace, rt.rank, model)] if args.trace else [])
         trainer = Trainer(model=model, args=training_args, train_dataset=train_set, eval_dataset=val_set,
                           data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False),
                           processing_class=tokenizer, callbacks=callbacks)
@@ -430,6 +431,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         started = time.perf_counter()
         trainer.train(resume_from_checkpoint=str(resume) if resume else None)
         trainer_train_s = time.perf_counter() - started
+        if stop.requested():  # the Trainer saved a checkpoint and stopped; run again to resume from it
+            stop.exit()
         if resume is not None and meter.steps == 0:
             log.warning("%s holds a finished run (step %d); evaluating it again (use --no-resume or another --out to train anew)",
                         resume, trainer.state.global_step)

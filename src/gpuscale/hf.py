@@ -71,7 +71,7 @@ try:
 except ImportError as exc:  # pragma: no cover - the examples extra brings it
     raise ImportError("gpuscale.hf needs transformers and accelerate: pip install 'gpuscale[examples]'") from exc
 
-__all__ = ["MeterCallback", "trainer_arguments", "check_trainer", "check_checkpoint", "TRAINER_STRATEGIES"]
+__all__ = ["MeterCallback", "StopCallback", "trainer_arguments", "check_trainer", "check_checkpoint", "TRAINER_STRATEGIES"]
 
 TRAINER_STRATEGIES = ("ddp", "deepspeed")
 
@@ -223,3 +223,25 @@ class MeterCallback(TrainerCallback):
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._training = False
         self.meter.epochs = round(float(state.epoch or 0.0) - self._first_epoch, 4)
+
+
+class StopCallback(TrainerCallback):
+    """Ends `Trainer.train()` at a checkpoint when the run is told to stop (a `gpuscale.StopSignal`).
+
+        stop = gpuscale.StopSignal()
+        trainer = Trainer(..., callbacks=[StopCallback(stop)])
+        trainer.train(resume_from_checkpoint=last_checkpoint)
+        if stop.requested():
+            stop.exit()          # exit code 75; run again (the batch script requeues) to resume
+
+    After every optimizer step (on every rank, so the collective check stays in step) it asks
+    whether any rank got USR1 or TERM; if so the Trainer saves a checkpoint at this step and stops.
+    """
+
+    def __init__(self, stop: Any) -> None:
+        self.stop = stop
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.stop.requested():
+            control.should_save = True
+            control.should_training_stop = True

@@ -24,8 +24,9 @@ On entry, in this order:
 6. gather every rank's placement and print it once, on rank 0.
 
 On exit, always, even after an exception: the process group is destroyed in an order that avoids
-gloo's abort at interpreter exit, and environment variables, affinity and thread count are put
-back. If the block raised, the failing rank logs its rank, host and traceback (and hands them to
+gloo's abort at interpreter exit, and environment variables, affinity, thread count and the umask
+(tightened so that nothing the script writes is world-writable) are put back. If the block
+raised, the failing rank logs its rank, host and traceback (and hands them to
 torchrun's error file, so torchrun's summary names the root cause) before the exception goes on.
 Under `gpuscale run` it also leaves a note of when it failed and whether the error is only the
 symptom of a peer that died first (a closed connection), so that `gpuscale run` names the rank
@@ -51,6 +52,7 @@ import torch
 import torch.distributed as dist
 
 from gpuscale.env import DistEnv, detect_env, device_index, visible_devices
+from gpuscale.files import tighten_umask
 from gpuscale.log import configure_logging, get_logger
 from gpuscale.preempt import Stopped
 from gpuscale.topology import (
@@ -298,6 +300,7 @@ class _Restorer:
         self.environ: dict[str, str | None] = {}
         self.affinity = allowed_cores()
         self.threads = torch.get_num_threads()
+        self.umask = tighten_umask()  # nothing the script writes (checkpoints, summaries) is world-writable
 
     def setenv(self, name: str, value: str) -> None:
         self.environ.setdefault(name, os.environ.get(name))
@@ -311,6 +314,7 @@ class _Restorer:
                 os.environ[name] = old
         set_affinity(self.affinity)
         torch.set_num_threads(self.threads)
+        os.umask(self.umask)
 
 
 @contextmanager

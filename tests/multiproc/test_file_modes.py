@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-import gpuscale.runtime
 from procs import ROOT, SCRIPTS, assert_ok, clean_env, gpuscale_cmd, torchrun_cmd
 
 pytestmark = pytest.mark.multiproc
@@ -102,12 +101,9 @@ def test_gpuscale_run_fsdp_checkpoints_are_not_world_writable(tmp_path):
     assert world_writable(out) == []
 
 
-# gpuscale.init() must tighten the umask itself for scripts started by plain torchrun or srun (no
-# gpuscale CLI in between): src/gpuscale/runtime.py's _Restorer calls gpuscale.files.tighten_umask
-# and restores the old umask at teardown. Until that patch is in runtime.py this test is expected
-# to fail; the marker lifts itself once runtime imports tighten_umask.
-@pytest.mark.xfail(not hasattr(gpuscale.runtime, "tighten_umask"), strict=True,
-                   reason="gpuscale.init() does not tighten the umask yet (runtime.py patch of issue 6 pending)")
+# gpuscale.init() tightens the umask itself for scripts started by plain torchrun or srun (no
+# gpuscale CLI in between): runtime's _Restorer calls gpuscale.files.tighten_umask and restores
+# the old umask at teardown.
 def test_plain_torchrun_fsdp_checkpoints_are_not_world_writable(tmp_path):
     out = tmp_path / "torchrun"
     result = under_umask_000(torchrun_cmd(2, RESUME, str(out), "--strategy", "fsdp", "--steps", "3"))

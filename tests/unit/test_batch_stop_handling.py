@@ -1,6 +1,7 @@
 """The batch script's stop handling, run by bash with stand-in srun/scontrol: a USR1 or TERM to the batch
-shell reaches the step as USR1, the script waits for the step to end, requeues itself (within
---max-requeues) and exits with the step's code; without a signal nothing is requeued."""
+shell reaches the step as USR1 and the script waits for the step to end and exits with the step's
+code; after USR1 (SLURM's warning before the time limit) it requeues itself within --max-requeues,
+after TERM (scancel, preemption) it does not; without a signal nothing is requeued."""
 
 from __future__ import annotations
 
@@ -61,16 +62,26 @@ def _start(script, env, tmp_path, restarts=0):
     return proc
 
 
-@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM])
-def test_a_signal_to_the_batch_shell_stops_the_step_and_requeues_the_job(tmp_path, sig):
+def test_the_warning_signal_stops_the_step_and_requeues_the_job(tmp_path):
     script, env = _job_script(tmp_path)
     proc = _start(script, env, tmp_path)
-    proc.send_signal(sig)
+    proc.send_signal(signal.SIGUSR1)
     out, err = proc.communicate(timeout=30)
     assert (tmp_path / "seen").read_text().startswith("SIGUSR1"), "the step was not told to stop"
     assert proc.returncode == 75, err  # the step's own exit code, not the interrupted wait's
     assert (tmp_path / "requeues").read_text().split() == ["requeue", "4242"]
-    assert f"{sig.name[3:]} received" in err and "restart 1 of at most 10" in err
+    assert "USR1 received" in err and "restart 1 of at most 10" in err
+
+
+def test_term_stops_the_step_at_a_checkpoint_but_a_cancelled_job_stays_cancelled(tmp_path):
+    """scancel sends TERM: the step still stops at a checkpoint, but the job is not requeued."""
+    script, env = _job_script(tmp_path)
+    proc = _start(script, env, tmp_path)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert (tmp_path / "seen").read_text().startswith("SIGUSR1") and proc.returncode == 75
+    assert not (tmp_path / "requeues").exists()
+    assert "TERM received, step ended with 75; not requeued" in err
 
 
 def test_no_signal_no_requeue(tmp_path):
@@ -105,3 +116,4 @@ def test_a_time_limit_shorter_than_the_warning_is_refused():
     with pytest.raises(ValueError, match="not longer than the 120 s warning"):
         render_sbatch(load_profile("local"), JobSpec(script="t.py", time="2"))
     assert "--signal=B:USR1@30" in render_sbatch(load_profile("local", {"warn_before_end_s": 30}), JobSpec(script="t.py", time="1"))
+

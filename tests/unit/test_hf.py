@@ -176,3 +176,24 @@ def test_meter_callback_feeds_the_summary(single_process, tmp_path, monkeypatch)
     assert callback.evaluations == [{"step": 10, "time_s": 0.0, "eval_loss": 2.0, "eval_runtime": 3.0}]
     assert all(key in summary for key in SUMMARY_KEYS)
     assert (tmp_path / "summary.json").is_file()
+
+
+def test_stop_callback_saves_and_stops_the_trainer_once_a_stop_is_requested():
+    from types import SimpleNamespace
+
+    from gpuscale.hf import StopCallback
+
+    class FakeStop:
+        def __init__(self):
+            self.answers = [False, False, True]
+
+        def requested(self):
+            return self.answers.pop(0)
+
+    callback = StopCallback(FakeStop())
+    controls = []
+    for _ in range(3):
+        control = SimpleNamespace(should_save=False, should_training_stop=False)
+        callback.on_step_end(None, None, control)
+        controls.append((control.should_save, control.should_training_stop))
+    assert controls == [(False, False), (False, False), (True, True)]

@@ -74,11 +74,7 @@ def test_one_process_has_no_rendezvous_so_a_stray_master_addr_does_not_matter():
     assert detect_env({"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "0.0.0.0"}).world_size == 1
 
 
-# `gpuscale run --master-addr 0.0.0.0` must be refused too; that check lives in cli/run.py's
-# torchrun_argv (patch of issue 6). Until the patch is in, this test is expected to fail; the
-# marker lifts itself once cli/run.py imports check_master_addr.
-@pytest.mark.xfail(not hasattr(gpuscale.cli.run, "check_master_addr"), strict=True,
-                   reason="cli/run.py does not check --master-addr yet (patch of issue 6 pending)")
+# `gpuscale run --master-addr 0.0.0.0` is refused too (cli/run.py's torchrun_argv).
 @pytest.mark.parametrize("nnodes", [1, 2])
 def test_gpuscale_run_refuses_a_wildcard_master_addr(nnodes):
     args = argparse.Namespace(nnodes=nnodes, node_rank=0, master_addr="0.0.0.0", master_port=12345, max_restarts=0,

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpuscale.env import check_one_launcher_per_node, port_from_job_id
+from gpuscale.env import check_master_addr, check_one_launcher_per_node, port_from_job_id
 from gpuscale.preempt import EXIT_STOPPED
 from gpuscale.slurm.render import TORCHRUN_SIGNALS
 from gpuscale.runtime import FAILURE_DIR, LAUNCH_TIME, OMP_FROM_LAUNCHER
@@ -95,6 +95,8 @@ def torchrun_argv(args: argparse.Namespace, nproc: int, environ: dict[str, str])
         raise ValueError(f"--node-rank {args.node_rank} must be in 0..{args.nnodes - 1} for --nnodes {args.nnodes}")
     if args.max_restarts < 0:
         raise ValueError(f"--max-restarts {args.max_restarts} must not be negative")
+    if args.master_addr is not None:
+        check_master_addr(args.master_addr, "--master-addr")  # a wildcard names no node: refuse it before torchrun binds
     if args.master_port is not None and not 1 <= args.master_port <= 65535:
         raise ValueError(f"--master-port {args.master_port} is not a TCP port; choose one in 1024-65535")
     # torchrun passes these signals on to the workers (USR1 too: SLURM's warning before the time limit),

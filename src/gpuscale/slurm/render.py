@@ -340,10 +340,10 @@ def render_sbatch(profile: Profile, job: JobSpec) -> str:
 
 
 _STOP_HANDLING = [
-    "# Stopping in time. SLURM sends USR1 before the time limit (and TERM on preemption, or on",
-    "# `scancel --signal=TERM --batch`). The step runs in the background so this shell can react: it",
-    "# passes USR1 on to every task (srun forwards it), gpuscale.StopSignal in the script ends the current",
-    "# step and writes a checkpoint, and the job requeues itself below to resume from that checkpoint.",
+    "# Stopping in time. SLURM sends USR1 before the time limit (and TERM on scancel or preemption). The",
+    "# step runs in the background so this shell can react: it passes USR1 on to every task (srun forwards",
+    "# it), gpuscale.StopSignal in the script ends the current step and writes a checkpoint, and after USR1",
+    "# the job requeues itself below to resume from that checkpoint.",
     'stop_signal=""',
     'step_pid=""',
     "# shellcheck disable=SC2329  # called by the traps below",
@@ -377,6 +377,13 @@ def _requeue_block(max_requeues: int) -> list[str]:
                 'exit "$status"']
     return [
         *lines,
+        "# Only SLURM's warning (USR1) requeues. TERM comes from scancel too, and a job someone cancelled must",
+        "# stay cancelled (and a preempting SLURM with PreemptMode=REQUEUE requeues the job by itself).",
+        'if [ "$stop_signal" = TERM ]; then',
+        '    echo "gpuscale: TERM received, step ended with $status; not requeued (scancel or preemption); submit the job '
+        'again to resume from its checkpoint" >&2',
+        '    stop_signal=""',
+        "fi",
         'if [ -n "$stop_signal" ]; then',
         "    restarts=${SLURM_RESTART_COUNT:-0}",
         f'    if [ "$restarts" -lt {max_requeues} ]; then',

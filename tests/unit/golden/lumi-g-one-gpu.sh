@@ -31,10 +31,10 @@ export TOKENIZERS_PARALLELISM=false
 export MIOPEN_CUSTOM_CACHE_DIR="/tmp/${USER}-miopen-cache-${SLURM_JOB_ID}"
 export MIOPEN_USER_DB_PATH="/tmp/${USER}-miopen-cache-${SLURM_JOB_ID}"
 
-# Stopping in time. SLURM sends USR1 before the time limit (and TERM on preemption, or on
-# `scancel --signal=TERM --batch`). The step runs in the background so this shell can react: it
-# passes USR1 on to every task (srun forwards it), gpuscale.StopSignal in the script ends the current
-# step and writes a checkpoint, and the job requeues itself below to resume from that checkpoint.
+# Stopping in time. SLURM sends USR1 before the time limit (and TERM on scancel or preemption). The
+# step runs in the background so this shell can react: it passes USR1 on to every task (srun forwards
+# it), gpuscale.StopSignal in the script ends the current step and writes a checkpoint, and after USR1
+# the job requeues itself below to resume from that checkpoint.
 stop_signal=""
 step_pid=""
 # shellcheck disable=SC2329  # called by the traps below
@@ -68,6 +68,12 @@ srun --kill-on-bad-exit=1 bash -c 'export RANK="$SLURM_PROCID" LOCAL_RANK="$SLUR
 step_pid=$!
 status=0
 wait_for_step || status=$?
+# Only SLURM's warning (USR1) requeues. TERM comes from scancel too, and a job someone cancelled must
+# stay cancelled (and a preempting SLURM with PreemptMode=REQUEUE requeues the job by itself).
+if [ "$stop_signal" = TERM ]; then
+    echo "gpuscale: TERM received, step ended with $status; not requeued (scancel or preemption); submit the job again to resume from its checkpoint" >&2
+    stop_signal=""
+fi
 if [ -n "$stop_signal" ]; then
     restarts=${SLURM_RESTART_COUNT:-0}
     if [ "$restarts" -lt 10 ]; then
