@@ -43,11 +43,16 @@ EPILOG = """examples:
 """
 
 
+def one_line(message: str) -> str:
+    """An error message on one line, even where it quotes a value or path with a line break as it was typed."""
+    return message.replace("\r", "\\r").replace("\n", "\\n")
+
+
 class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose usage errors are one line that names the fix."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see '{self.prog} --help')\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except (ValueError, OSError, SlurmError, MeasureError) as exc:  # bad input, an unreadable path, SLURM said no
-        print(f"gpuscale {args.verb}: error: {exc}", file=sys.stderr)
+        print(f"gpuscale {args.verb}: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
     finally:
         os.umask(old_umask)  # main() is also called in-process (tests, scripts)

@@ -10,6 +10,8 @@ keys that loads on one process for inference:
 from __future__ import annotations
 
 import argparse
+import struct
+import warnings
 from typing import Any
 
 from gpuscale.checkpoint import consolidate
@@ -30,7 +32,19 @@ def add_parser(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
+# What torch's weights-only unpickler raises, besides UnpicklingError, on a file that is no pickle at all
+# (measured on random and truncated files): refused in one line like any other file that is not a checkpoint.
+_NOT_A_PICKLE = (IndexError, TypeError, AttributeError, OverflowError, UnicodeDecodeError, struct.error)
+
+
 def run(args: argparse.Namespace) -> int:
-    path = consolidate(args.checkpoint, args.out)
+    with warnings.catch_warnings():
+        # torch warns about the "pickle protocol" of whatever byte a file that is not a checkpoint starts with
+        warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
+        try:
+            path = consolidate(args.checkpoint, args.out)
+        except _NOT_A_PICKLE as exc:
+            raise ValueError(f"{args.checkpoint!r} is not a checkpoint ({type(exc).__name__} reading it); "
+                             "give a step-* file or directory written by gpuscale.Checkpointer") from None
     print(f"wrote {path}")
     return 0

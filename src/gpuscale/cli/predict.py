@@ -75,6 +75,7 @@ def format_prediction(prediction: dict[str, Any], cells: list[matrix.Cell]) -> s
 
 
 def run(args: argparse.Namespace) -> int:
+    predict.check_overlap(args.overlap)  # before --measure spends seconds on a benchmark
     summary = load_summary(args.run)
     base = predict.Baseline.from_summary(summary)
     cells = matrix.cells(matrix.parse_counts(args.nproc, "--nproc"), matrix.parse_counts(args.nodes, "--nodes"),

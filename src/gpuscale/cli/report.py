@@ -27,6 +27,14 @@ def add_parser(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
+def _prediction_ok(prediction: Any) -> bool:
+    """The shape of results.json's prediction that analysis reads: a list of cells with their predicted figures."""
+    cells = prediction.get("cells") if isinstance(prediction, dict) else None
+    return isinstance(cells, list) and all(
+        isinstance(c, dict) and isinstance(c.get("name"), str)
+        and all(isinstance(c.get(k), (int, float, type(None))) for k in ("samples_per_s", "efficiency")) for c in cells)
+
+
 def run(args: argparse.Namespace) -> int:
     from gpuscale.files import atomic_write_json
     from gpuscale.study.report import format_table, write_report
@@ -37,8 +45,10 @@ def run(args: argparse.Namespace) -> int:
     if saved.is_file():
         try:
             prediction = json.loads(saved.read_text()).get("prediction")
-        except ValueError:
-            raise ValueError(f"{saved} is not valid JSON; delete it and run `gpuscale report {study_dir}` again") from None
+            if not (prediction is None or _prediction_ok(prediction)):
+                raise ValueError("damaged prediction")
+        except (ValueError, AttributeError):  # not JSON, not an object, or a prediction of the wrong shape
+            raise ValueError(f"{saved} is damaged; delete it and run `gpuscale report {study_dir}` again") from None
     results = analysis.analyse(study_dir, prediction)
     if not results["rows"]:
         raise ValueError(f"{study_dir} has no finished runs yet; run `gpuscale study --out {study_dir} -- SCRIPT` first")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -117,6 +118,9 @@ def execute(args: argparse.Namespace, command: list[str], out: Path, progress: A
     """Run the study that `args` describe; write results and report; return the results."""
     from gpuscale.study.report import format_table, write_report
 
+    predict.check_overlap(args.overlap)
+    if args.cell_timeout is not None and not 0 < args.cell_timeout < math.inf:
+        raise ValueError(f"--cell-timeout {args.cell_timeout} must be a positive number of seconds")
     num_gpus, cores = _node_devices()
     if args.launcher == "slurm":
         if not args.profile:

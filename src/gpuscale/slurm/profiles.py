@@ -35,6 +35,7 @@ Unknown keys are errors that name the valid ones, so a typo never silently does 
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -165,10 +166,10 @@ class Profile:
     source: str = "<built-in>"
 
     def __post_init__(self) -> None:
-        where = f"profile {self.name} ({self.source})"
+        where = _where(self.name, self.source)
         if not isinstance(self.name, str) or not self.name or not self.name.isprintable():
             # the name goes into the batch script's comments: a line break there would start a command
-            raise ValueError(f"profile name {self.name!r} ({self.source}) must be printable text on one line; rename the file")
+            raise ValueError(f"profile name {self.name!r} ({_show(self.source)}) must be printable text on one line; rename the file")
         for key in ("description", "gpu_vendor", "full_node_partition", "partial_node_partition"):
             if not isinstance(getattr(self, key), str):
                 raise ValueError(f"{where}: {key}={getattr(self, key)!r} must be a string, e.g. {key} = \"...\"")
@@ -186,7 +187,7 @@ class Profile:
             raise ValueError(f"{where}: needs at least one [partitions.NAME] table")
         for key in ("full_node_partition", "partial_node_partition"):
             if getattr(self, key) not in self.partitions:
-                raise ValueError(f"{where}: {key}={getattr(self, key)!r} is not one of its partitions: {', '.join(self.partitions)}")
+                raise ValueError(f"{where}: {key}={getattr(self, key)!r} is not one of its partitions: {', '.join(map(_show, self.partitions))}")
         for name, part in self.partitions.items():
             if not _SBATCH_SAFE.match(name):
                 raise ValueError(f"{where}: partition name {name!r} cannot go on an #SBATCH line; "
@@ -194,11 +195,11 @@ class Profile:
             try:
                 parse_time(part.max_time)
             except ValueError as exc:
-                raise ValueError(f"{where} [partitions.{name}]: max_time: {exc}") from None
+                raise ValueError(f"{where} {_table(name)}: max_time: {exc}") from None
             if not isinstance(part.whole_node, bool):
-                raise ValueError(f"{where} [partitions.{name}]: whole_node must be true or false")
+                raise ValueError(f"{where} {_table(name)}: whole_node must be true or false")
             if part.max_nodes is not None and (not isinstance(part.max_nodes, int) or isinstance(part.max_nodes, bool) or part.max_nodes < 1):
-                raise ValueError(f"{where} [partitions.{name}]: max_nodes={part.max_nodes!r} must be a positive whole number")
+                raise ValueError(f"{where} {_table(name)}: max_nodes={part.max_nodes!r} must be a positive whole number")
         if self.gpu_cores is not None:
             if len(self.gpu_cores) != self.gpus_per_node:
                 raise ValueError(f"{where}: gpu_cores lists {len(self.gpu_cores)} GPUs but gpus_per_node is {self.gpus_per_node}")
@@ -208,6 +209,9 @@ class Profile:
             value = getattr(self, key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf):
                 raise ValueError(f"{where}: {key}={value!r} must be a positive number")
+        warn = self.warn_before_end_s
+        if not isinstance(warn, int) or isinstance(warn, bool) or not 0 <= warn <= 65535:  # sbatch --signal's range
+            raise ValueError(f"{where}: warn_before_end_s={warn!r} must be a whole number of seconds in 0..65535")
         if self.container is not None:
             _check_container(self.container, where)
         for table in ("env", "env_shell"):
@@ -215,7 +219,7 @@ class Profile:
                 if not isinstance(key, str) or not _ENV_NAME.match(key):
                     raise ValueError(f"{where}: [{table}] key {key!r} is not a valid environment variable name")
                 if not isinstance(value, str):
-                    raise ValueError(f"{where}: [{table}] {key}={value!r} must be a string, e.g. {key} = \"...\"")
+                    raise ValueError(f"{where}: [{table}] {_show(key)} = {value!r} must be a string, e.g. NAME = \"...\"")
 
     def partition_for(self, gpus_per_node: int) -> str:
         """The default partition for a job using `gpus_per_node` GPUs on each node."""
@@ -238,6 +242,21 @@ class Profile:
         if self.gpu_cores:
             return min(len(self.cores_of_gpu(i) or []) for i in range(self.gpus_per_node))
         return max(1, self.cpus_per_node // max(1, self.gpus_per_node))
+
+
+def _show(text: Any) -> str:
+    """A name or path for a message: as it is, or quoted with its escapes if it would break the line."""
+    return text if isinstance(text, str) and text.isprintable() else repr(text)
+
+
+def _where(name: Any, source: Any) -> str:
+    return f"profile {_show(name)} ({_show(source)})"
+
+
+def _table(partition: Any) -> str:
+    """How the partition's table is written in TOML: [partitions.gpu], or quoted: [partitions."a b"]."""
+    bare = isinstance(partition, str) and re.fullmatch(r"[A-Za-z0-9_-]+", partition)
+    return f"[partitions.{partition}]" if bare else f"[partitions.{json.dumps(str(partition))}]"
 
 
 def _check_cpulist(cores: Any, where: str) -> None:
@@ -274,7 +293,7 @@ def _check_keys(found: dict[str, Any], valid: set[str], where: str) -> None:
 
 def profile_from_dict(name: str, data: dict[str, Any], source: str = "<dict>") -> Profile:
     """Build and validate a Profile from parsed TOML."""
-    where = f"profile {name} ({source})"
+    where = _where(name, source)
     _check_keys(data, _TOP_KEYS, where)
     required = {"description", "gpu_vendor", "gpus_per_node", "cpus_per_node", "full_node_partition", "partial_node_partition", "partitions"}
     missing = sorted(required - set(data))
@@ -285,10 +304,10 @@ def profile_from_dict(name: str, data: dict[str, Any], source: str = "<dict>") -
     partitions = {}
     for part_name, part in data["partitions"].items():
         if not isinstance(part, dict):
-            raise ValueError(f"{where}: partitions.{part_name} must be a table")
-        _check_keys(part, _PARTITION_KEYS, f"{where} [partitions.{part_name}]")
+            raise ValueError(f"{where}: {_table(part_name)} must be a table")
+        _check_keys(part, _PARTITION_KEYS, f"{where} {_table(part_name)}")
         if "whole_node" not in part or "max_time" not in part:
-            raise ValueError(f"{where} [partitions.{part_name}]: needs whole_node and max_time")
+            raise ValueError(f"{where} {_table(part_name)}: needs whole_node and max_time")
         partitions[part_name] = Partition(**part)
     container = None
     if "container" in data:
@@ -314,7 +333,7 @@ def profile_from_dict(name: str, data: dict[str, Any], source: str = "<dict>") -
         for key, value in values[table].items():
             # numbers are written as TOML writes them; true/false, lists and tables would be guesses
             if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-                raise ValueError(f"{where}: [{table}] {key}={value!r} must be a string, e.g. {key} = \"...\"")
+                raise ValueError(f"{where}: [{table}] {_show(key)} = {value!r} must be a string, e.g. NAME = \"...\"")
         values[table] = {str(k): str(v) for k, v in values[table].items()}
     return Profile(name=name, source=source, partitions=partitions, container=container, **values)
 
@@ -327,27 +346,27 @@ def load_profile(name_or_path: str, overrides: dict[str, Any] | None = None) -> 
     path = Path(name_or_path)
     if name_or_path.endswith(".toml") or os.sep in name_or_path:
         if not path.is_file():
-            raise ValueError(f"profile file {name_or_path} does not exist")
+            raise ValueError(f"profile file {_show(name_or_path)} does not exist")
         name = path.stem
     else:
         name = name_or_path
         candidates = [d / f"{name}.toml" for d in PROFILE_DIRS()]
         found = next((c for c in candidates if c.is_file()), None)
         if found is None:
-            raise ValueError(f"unknown profile {name!r}; available: {', '.join(sorted(list_profiles()))} (or give a path to a .toml file)")
+            raise ValueError(f"unknown profile {name!r}; available: {', '.join(map(_show, sorted(list_profiles())))} (or give a path to a .toml file)")
         path = found
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError:
-        raise ValueError(f"profile {path} is not UTF-8 text; save it as UTF-8 TOML") from None
+        raise ValueError(f"profile {_show(str(path))} is not UTF-8 text; save it as UTF-8 TOML") from None
     except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"profile {path} is not valid TOML: {exc}") from None
+        raise ValueError(f"profile {_show(str(path))} is not valid TOML: {exc}") from None
     if overrides:
         tables = {"partitions", "container", "env", "env_shell", "gpu_cores", "setup"} & set(overrides)
         if tables:
             raise ValueError(
                 f"--set cannot change {sorted(tables)[0]!r} (only single values); copy the profile "
-                f"(gpuscale profiles {name} --raw > mine.toml), edit it and pass --profile mine.toml"
+                f"(gpuscale profiles {_show(name)} --raw > mine.toml), edit it and pass --profile mine.toml"
             )
         data.update(overrides)
     return profile_from_dict(name, data, source=str(path))

@@ -15,13 +15,12 @@ devices (communication not hidden behind compute), an accuracy that moved with t
 
 from __future__ import annotations
 
-import json
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from gpuscale.study.matrix import SCALINGS, Cell
-from gpuscale.study.runner import STUDY_FILE, read_summary
+from gpuscale.study.runner import STUDY_FILE, cell_from_entry, read_study, read_summary
 
 STARVED_FRACTION = 0.2
 """Waiting for data longer than this share of training time flags a starving loader."""
@@ -160,11 +159,10 @@ def load_cells(study_dir: Path) -> tuple[dict[str, Any], list[tuple[Cell, dict[s
     path = study_dir / STUDY_FILE
     if not path.is_file():
         raise ValueError(f"{study_dir} is not a study directory (no {STUDY_FILE}); run `gpuscale study --out {study_dir} -- SCRIPT` first")
-    study = json.loads(path.read_text())
+    study = read_study(study_dir)
     finished = []
     for entry in study.get("cells", []):
-        cell = Cell(entry["scaling"], entry["nodes"], entry["nproc_per_node"], entry.get("variant", ""),
-                    tuple(entry.get("variant_args", ())), entry.get("repeat", 1))
+        cell = cell_from_entry(entry)
         summary = read_summary(study_dir / cell.name, cell)
         if summary is not None:
             finished.append((cell, summary))

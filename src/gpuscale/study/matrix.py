@@ -16,6 +16,10 @@ from dataclasses import dataclass
 from gpuscale.data import SCALINGS
 
 
+MAX_REPEATS = 100
+"""Most runs of one cell a study makes (a typo like --repeat 1000000 would plan a million runs)."""
+
+
 @dataclass(frozen=True, order=True)
 class Cell:
     """One run of a study."""
@@ -104,8 +108,8 @@ def cells(nproc: list[int], nodes: list[int], scalings: list[str],
     names = [name for name, _ in variants or []]
     if len(set(names)) != len(names):
         raise ValueError(f"--variant names must differ; got {', '.join(names)}")
-    if repeats < 1:
-        raise ValueError(f"--repeat {repeats} must be at least 1")
+    if not 1 <= repeats <= MAX_REPEATS:
+        raise ValueError(f"--repeat {repeats} must be between 1 and {MAX_REPEATS} (3 shows a noisy machine's spread)")
     return [Cell(s, n, p, name, args, r) for r in range(1, repeats + 1)
             for name, args in (variants or [("", ())]) for s in scalings for n in nodes for p in nproc]
 

@@ -93,13 +93,19 @@ class Baseline:
 
     @classmethod
     def from_summary(cls, summary: dict[str, Any]) -> Baseline:
+        if not isinstance(summary, dict):
+            raise ValueError("the summary is not a JSON object; give the summary.json a gpuscale run wrote")
         if summary.get("world_size") != 1:
             raise ValueError(f"the prediction starts from a single-device run, but this summary is of {summary.get('world_size')} "
                              "devices; run the study with --nproc 1 in it (or predict from a 1-process summary.json)")
-        missing = [k for k in ("step_time_s", "gradient_bytes", "per_device_batch") if not summary.get(k)]
+        missing = [k for k in ("step_time_s", "gradient_bytes", "per_device_batch", "global_batch") if not summary.get(k)]
         if missing:
             raise ValueError(f"the summary has no {missing[0]}: it was written by an older gpuscale, or the script built its "
                              "model without gpuscale.setup/wrap; run it again with this version")
+        for key in ("step_time_s", "gradient_bytes", "per_device_batch", "global_batch", "grad_accum_steps"):
+            value = summary.get(key, 1)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf):
+                raise ValueError(f"the summary's {key} is {value!r}, not a positive number: the file is damaged; run it again")
         return cls(step_time_s=summary["step_time_s"], per_device_batch=summary["per_device_batch"],
                    grad_accum_steps=summary.get("grad_accum_steps") or 1, gradient_bytes=summary["gradient_bytes"],
                    sharded=summary.get("strategy") == "fsdp")
@@ -148,10 +154,15 @@ class Prediction:
         return asdict(self)
 
 
+def check_overlap(overlap: float | None) -> None:
+    """ValueError unless `overlap` is None (the default) or a share between 0 and 1."""
+    if overlap is not None and not 0.0 <= overlap <= 1.0:  # NaN fails both comparisons
+        raise ValueError(f"--overlap {overlap} must be between 0 (no overlap) and 1 (all of the compute time)")
+
+
 def predict(cells: list[Cell], base: Baseline, link: Link, overlap: float, base_global_batch: int) -> Prediction:
     """Predict every cell; find where communication starts to dominate for each shape."""
-    if not 0.0 <= overlap <= 1.0:
-        raise ValueError(f"--overlap {overlap} must be between 0 (no overlap) and 1 (all of the compute time)")
+    check_overlap(overlap)
     predicted = [predict_cell(c, base, link, overlap, base_global_batch) for c in cells]
     per_sample = base.step_time_s / base.per_device_batch
     dominates = {}

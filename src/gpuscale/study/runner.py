@@ -12,7 +12,9 @@ is refused, so one table never mixes two experiments.
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -23,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuscale.files import atomic_write_json
-from gpuscale.study.matrix import Cell, cpu_cores_for, local_argv, script_argv
+from gpuscale.study.matrix import SCALINGS, Cell, cpu_cores_for, local_argv, script_argv
 
 STUDY_FILE = "study.json"
 SUMMARY_FILE = "summary.json"
@@ -42,15 +44,104 @@ class Outcome:
     error: str | None = None
 
 
+def _number(value: Any) -> bool:
+    """A JSON number (NaN and infinity too: a diverged run's loss or perplexity is still a finished run)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def summary_problem(summary: Any) -> str | None:
+    """What makes `summary` unusable for the table and the report (a damaged or hand-edited file), or None.
+
+    Checks the fields analysis and report compute with: the two rates must be positive numbers,
+    the optional figures numbers or null, the time split and the utilisation of the right shape.
+    """
+    if not isinstance(summary, dict):
+        return "not a JSON object"
+    for key in ("samples_per_s", "train_time_s"):
+        if not _number(summary.get(key)) or not 0 < summary[key] < math.inf:
+            return f"{key} is {summary.get(key)!r}, not a positive number"
+    for key in ("epochs", "steps", "samples", "step_time_s", "global_batch", "per_device_batch", "grad_accum_steps",
+                "gradient_bytes", "accuracy", "perplexity", "final_loss"):
+        if summary.get(key) is not None and not _number(summary[key]):
+            return f"{key} is {summary[key]!r}, not a number"
+    split = summary.get("time_split_s")
+    if split is not None and not (isinstance(split, dict) and all(v is None or _number(v) for v in split.values())):
+        return "time_split_s is not an object of seconds"
+    utilisation = summary.get("utilisation")
+    if utilisation is not None:
+        devices = utilisation.get("devices") if isinstance(utilisation, dict) else None
+        if not isinstance(utilisation, dict) or not isinstance(devices, (list, type(None))) or not all(
+                isinstance(d, dict) and all(d.get(k) is None or _number(d[k]) for k in DEVICE_NUMBERS)
+                for d in devices or []):
+            return "utilisation is not an object with a list of devices"
+    return None
+
+
+DEVICE_NUMBERS = ("util_mean", "util_max", "mem_peak_bytes", "power_mean_w")
+"""The figures of one device in a summary's utilisation that the table and report compute with."""
+
+
 def read_summary(cell_dir: Path, cell: Cell) -> dict[str, Any] | None:
-    """The cell's summary if it is complete and of this cell's shape and scaling, else None."""
+    """The cell's summary if it is complete, of this cell's shape and scaling, and not damaged; else None (run it again)."""
     try:
         summary = json.loads((cell_dir / SUMMARY_FILE).read_text())
     except (OSError, ValueError):
         return None
-    if summary.get("world_size") != cell.world_size or summary.get("scaling") != cell.scaling:
+    if summary_problem(summary) or summary.get("world_size") != cell.world_size or summary.get("scaling") != cell.scaling:
         return None
     return summary
+
+
+def read_study(out: Path) -> dict[str, Any]:
+    """study.json of the study in `out`, checked: ValueError in one line if it is not one gpuscale wrote."""
+    path = out / STUDY_FILE
+    try:
+        study = json.loads(path.read_text())
+    except UnicodeDecodeError:
+        study = None
+    except ValueError as exc:
+        raise ValueError(f"{path} is not valid JSON ({exc}); restore it, or give another --out") from None
+    problem = _study_problem(study)
+    if problem:
+        raise ValueError(f"{path} is not a study that gpuscale wrote ({problem}); restore it, or give another --out")
+    return study
+
+
+def _study_problem(study: Any) -> str | None:
+    if not isinstance(study, dict):
+        return "not a JSON object"
+    command = study.get("command", [])
+    if not isinstance(command, list) or not all(isinstance(a, str) for a in command):
+        return "its command is not a list of strings"
+    if not isinstance(study.get("launcher"), (str, type(None))):
+        return "its launcher is not a string"
+    cells = study.get("cells", [])
+    if not isinstance(cells, list):
+        return "its cells are not a list"
+    for index, entry in enumerate(cells):
+        try:
+            cell_from_entry(entry)
+        except (TypeError, KeyError, ValueError) as exc:
+            return f"cell {index}: {exc}"
+    return None
+
+
+def cell_from_entry(entry: Any) -> Cell:
+    """A Cell from its study.json entry; TypeError, KeyError or ValueError saying what is wrong with it."""
+    if not isinstance(entry, dict):
+        raise TypeError("not a JSON object")
+    scaling, nodes, nproc = entry["scaling"], entry["nodes"], entry["nproc_per_node"]
+    variant, variant_args, repeat = entry.get("variant", ""), entry.get("variant_args", []), entry.get("repeat", 1)
+    if scaling not in SCALINGS:
+        raise ValueError(f"scaling {scaling!r} is not one of {', '.join(SCALINGS)}")
+    for key, value in (("nodes", nodes), ("nproc_per_node", nproc), ("repeat", repeat)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{key} {value!r} is not a positive whole number")
+    if not isinstance(variant, str) or not re.fullmatch(r"[A-Za-z0-9_.]*", variant):
+        raise ValueError(f"variant {variant!r} is not a name of letters, digits, _ and .")
+    if not isinstance(variant_args, list) or not all(isinstance(a, str) for a in variant_args):
+        raise ValueError("variant_args is not a list of strings")
+    return Cell(scaling, nodes, nproc, variant, tuple(variant_args), repeat)
 
 
 def record_study(out: Path, command: list[str], launcher: str, cells: list[Cell]) -> None:
@@ -58,7 +149,7 @@ def record_study(out: Path, command: list[str], launcher: str, cells: list[Cell]
     path = out / STUDY_FILE
     known: list[dict[str, Any]] = []
     if path.exists():
-        previous = json.loads(path.read_text())
+        previous = read_study(out)
         if previous.get("command") != command or previous.get("launcher") != launcher:
             raise ValueError(
                 f"{out} holds a study of `{' '.join(previous.get('command', []))}` ({previous.get('launcher')}); "
