@@ -60,7 +60,7 @@ ROOT = Path(__file__).resolve().parents[2]
 gpuscale.log.get_logger()  # its handler binds sys.stderr when made: now, not inside a test's redirect_stderr
 # database=None: no .hypothesis folder in the checkout; every run draws afresh (failures print their example)
 FEW, SOME, MANY = (settings(max_examples=n, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
-                   for n in (30, 80, 200))
+                   for n in (30, 60, 150))
 
 
 def assert_one_line_error(exc: BaseException) -> None:
