@@ -37,6 +37,7 @@ import pickle
 import random
 import re
 import shutil
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -213,7 +214,8 @@ class Checkpointer:
                 raise ValueError(f"{source} is not a checkpoint (not a torch.save file); give a step-* file or directory") from None
             raise ValueError(f"{source} holds objects other than tensors and plain data; refusing to load it "
                              "(checkpoints are read with weights_only=True and never run code)") from None
-        except (OSError, RuntimeError, EOFError, KeyError) as exc:
+        except (OSError, RuntimeError, EOFError, KeyError, IndexError, TypeError, AttributeError, OverflowError,
+                UnicodeDecodeError, struct.error) as exc:  # torch's weights-only unpickler on bytes that are no pickle
             raise ValueError(f"{source} cannot be read as a gpuscale checkpoint ({type(exc).__name__}); "
                              "it may be truncated or not a checkpoint") from None
         if not isinstance(payload, dict) or payload.get("format") != FORMAT:

@@ -436,7 +436,8 @@ def _report_failure(env: DistEnv, exc: BaseException) -> None:
         sys.stderr.write(f"[gpuscale] rank {env.rank}/{env.world_size} on {socket.gethostname()} stopped: a peer rank failed "
                          f"first ({first[:160]}); its report above says why\n")
     elif isinstance(exc, ValueError):
-        sys.stderr.write(f"{where}: {exc}\n")
+        if env.world_size > 1:  # one process: the caller (the CLI, or Python's traceback) says it once
+            sys.stderr.write(f"{where}: {exc}\n")
     else:
         sys.stderr.write(f"{where}:\n" + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
     sys.stderr.flush()

@@ -102,7 +102,7 @@ def test_script_and_its_arguments_come_last_in_order():
 
 def test_module_mode():
     argv = torchrun_argv(ns(module=True, script="gpuscale", script_args=["env"]), 2, {})
-    assert argv[-3:] == ["--module", "gpuscale", "env"]
+    assert argv[-4:] == ["--module", "--", "gpuscale", "env"]
 
 
 def test_max_restarts_is_passed():

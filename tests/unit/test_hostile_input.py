@@ -193,7 +193,7 @@ def test_gpu_cores_entry_gives_a_mask_of_its_cores_or_refuses_in_one_line(entry)
 
 @MANY
 @given(st.one_of(HOSTILE, st.from_regex(r"\A[0-9]{1,6}[KMGTkmgtB]?\Z"), st.integers()).filter(
-    lambda v: not (isinstance(v, str) and v.endswith("\n"))))  # a final newline: see the xfail test below
+    lambda v: not (isinstance(v, str) and v.endswith("\n"))))  # a final newline: see test_a_final_newline_in_an_sbatch_value_is_refused below
 def test_memory_size_is_a_slurm_size_or_refused_in_one_line(size):
     with refused_in_one_line():
         profile = profile_from_dict("mem", {**BASE, "mem_per_gpu": size})
@@ -230,8 +230,6 @@ def test_sbatch_values_with_unsafe_characters_are_refused(field, value):
     assert all(line.startswith("#") or not line for line in _header(text))
 
 
-@pytest.mark.xfail(strict=True, reason="render.py matches #SBATCH values and --mem-per-gpu with `$`, which also matches before a "
-                   "final newline; fix: `\\Z` instead of `$` in _SBATCH_SAFE and _MEMORY (see the issue 6 report)")
 @pytest.mark.parametrize("field, value", [("job_name", "x\n"), ("output", "out.log\n"), ("account", "p\n"), ("mem_per_gpu", "60G\n")])
 def test_a_final_newline_in_an_sbatch_value_is_refused(field, value):
     with pytest.raises(ValueError):
@@ -373,9 +371,6 @@ def test_rendered_script_runs_the_script_with_its_arguments_verbatim_and_nothing
     assert not (stub_dir / "scontrol.log").exists()  # no requeue: the step ended by itself
 
 
-@pytest.mark.xfail(strict=True, reason="render.py: `scontrol show hostnames ... | head -n 1` under `set -o pipefail` fails with "
-                   "SIGPIPE (141) when scontrol writes its list in more than one write (about 800+ nodes, past stdio's buffer) "
-                   "after head has exited; fix: `sed -n 1p` instead of `head -n 1` (see the issue 6 report)")
 def test_a_long_node_list_does_not_end_the_job(tmp_path):
     job = {"profile": "lumi-g", "mode": "torchrun", "nodes": 2, "script": "t.py", "script_args": (), "env": (), "venv": None,
            "container": None, "python": "python3"}
@@ -415,9 +410,6 @@ def test_hostile_scripts_pass_shellcheck(tmp_path):
     assert result.returncode == 0, result.stdout
 
 
-@pytest.mark.xfail(strict=True, reason="render.py: an --env value or --venv path with $ or a backtick, or ending in a "
-                   "backslash, single-quoted as it must be, trips shellcheck's notes SC2016 and SC1003; fix: one "
-                   "`# shellcheck disable=SC2016,SC1003` for the whole file after the shebang (see the issue 6 report)")
 @pytest.mark.parametrize("env, venv", [((("A", "$(touch PAYLOAD)"),), None), ((), "/v/$x"), ((("A", "a\\"),), None)])
 def test_a_dollar_or_a_final_backslash_in_a_value_passes_shellcheck(tmp_path, env, venv):
     path = tmp_path / "job.sh"
@@ -426,9 +418,6 @@ def test_a_dollar_or_a_final_backslash_in_a_value_passes_shellcheck(tmp_path, en
     assert result.returncode == 0, result.stdout
 
 
-@pytest.mark.xfail(strict=True, reason="render.py: `source PATH` takes a relative venv path starting with '-' for an option "
-                   "(bash: source: -v: invalid option) and one starting with '=' trips shellcheck's SC2283 (shlex.quote leaves "
-                   "both bare); fix: `source -- PATH` (see the issue 6 report)")
 @pytest.mark.parametrize("venv", ["-venv", "=venv"])
 def test_a_venv_path_starting_with_a_dash_or_an_equals_sign_is_sourced(tmp_path, venv):
     (tmp_path / "cwd" / venv / "bin").mkdir(parents=True)
@@ -621,9 +610,6 @@ def test_consolidate_of_a_file_that_is_no_checkpoint_exits_2(tmp_path_factory, c
     assert_clean_exit(argv, code, out, err)
 
 
-@pytest.mark.xfail(strict=True, reason="cli/run.py: a script or module whose name starts with '-' reaches torchrun's own parser as "
-                   "an option, which prints its whole usage (or its help, for -h) and exits; fix: `--` before the script in "
-                   "torchrun_argv (see the issue 6 report)")
 @pytest.mark.parametrize("name", ["--foo", "-h"])
 def test_a_module_named_like_an_option_is_launched_as_the_module(cli_dir, name):
     code, out, err = run_cli(["run", "--nproc-per-node", "1", "-m", "--", name], cli_dir)
@@ -679,7 +665,7 @@ def test_gpuscale_env_with_hostile_settings_exits_0_or_2(tmp_path_factory, value
         os.sched_setaffinity(0, affinity)
         torch.set_num_threads(threads)
         gpuscale.log._placement = None
-    # runtime.init writes its own "rank 0/1 failed: MESSAGE" line before the CLI's error (see the xfail test below)
+    # an older runtime wrote its own "rank 0/1 failed" line before the CLI's error; tolerated here, refused below
     err_lines = err.getvalue().split("\n")
     if code == 2 and len(err_lines) == 3 and re.fullmatch(r"\[gpuscale\] rank 0/1 on \S+ failed: .*", err_lines[0]):
         assert err_lines[1].endswith(err_lines[0].split(" failed: ", 1)[1])
@@ -687,9 +673,6 @@ def test_gpuscale_env_with_hostile_settings_exits_0_or_2(tmp_path_factory, value
     assert_clean_exit(["env"], code, out.getvalue(), "\n".join(err_lines))
 
 
-@pytest.mark.xfail(strict=True, reason="runtime.py: _report_failure writes `[gpuscale] rank 0/1 on HOST failed: MESSAGE` for a "
-                   "ValueError in a one-process run too, so `gpuscale env` says it twice; fix: no line for a ValueError when "
-                   "env.world_size == 1 (the caller reports it) (see the issue 6 report)")
 def test_gpuscale_env_with_a_bad_setting_says_so_once(single_process, monkeypatch, tmp_path, capfd):
     monkeypatch.setenv("GPUSCALE_GPU_CORES", "none")
     monkeypatch.chdir(tmp_path)

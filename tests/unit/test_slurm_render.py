@@ -63,7 +63,7 @@ def test_lumi_torchrun_one_task_all_cores_and_rendezvous_across_nodes():
     assert "#SBATCH --ntasks-per-node=1" in one and "#SBATCH --cpus-per-task=56" in one and "--standalone" in one
     two = render_sbatch(load_profile("lumi-g"), CASES["lumi-g-2nodes-torchrun"])
     assert "--rdzv-backend=c10d" in two and '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"' in two
-    assert 'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in two
+    assert 'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)' in two
     # the address is computed by the batch shell, before (outside) the container starts
     assert two.index("MASTER_ADDR=$(scontrol") < two.index("singularity exec")
     assert "'$WITH_CONDA && " in two

@@ -112,7 +112,7 @@ def torchrun_argv(args: argparse.Namespace, nproc: int, environ: dict[str, str])
         argv += ["--node-rank", str(args.node_rank), "--master-addr", args.master_addr or "127.0.0.1", "--master-port", str(port)]
     if args.module:
         argv.append("--module")
-    return [*argv, args.script, *args.script_args]
+    return [*argv, "--", args.script, *args.script_args]  # "--": a script named like an option is still the script
 
 
 def first_failure(failures: dict[int, Any], notes: dict[int, dict[str, Any]]) -> int:
