@@ -131,3 +131,17 @@ def test_gpuscale_env_prints_no_secret_text_or_json(tmp_path):
     assert shown["HF_ENDPOINT"] == "https://hfuser:***@hub.example.org"
     assert shown["NCCL_IB_SECRET"] == "ncc*** (18 chars)"
     assert "HF_TOKEN=hf_*** (23 chars)" in outputs[()]
+
+
+def test_a_batch_script_holding_a_secret_from_env_is_readable_only_by_its_owner(tmp_path, capsys):
+    from gpuscale.cli import main
+
+    script = tmp_path / "train.py"
+    script.write_text("print(1)\n")
+    plain, secret = tmp_path / "plain.sh", tmp_path / "secret.sh"
+    assert main(["slurm", "script", "--profile", "local", "--time", "10", "-o", str(plain), "--", str(script)]) == 0
+    assert main(["slurm", "script", "--profile", "local", "--time", "10", "--env", "HF_TOKEN=hf_abcdefghijklmnop",
+                 "-o", str(secret), "--", str(script)]) == 0
+    assert plain.stat().st_mode & 0o777 == 0o755
+    assert secret.stat().st_mode & 0o777 == 0o700
+    assert "mode 0700" in capsys.readouterr().err

@@ -157,8 +157,12 @@ def run_script(args: argparse.Namespace) -> int:
     if args.write:
         from gpuscale.files import atomic_write
 
-        atomic_write(args.write, lambda f: f.write(text.encode()), mode=0o755)
-        print(f"wrote {args.write}", file=sys.stderr)
+        from gpuscale.secrets import is_secret_name
+
+        # An --env value that looks like a token is written into the script: then only its owner may read it.
+        secret = any(is_secret_name(name) for name, _ in job.env)
+        atomic_write(args.write, lambda f: f.write(text.encode()), mode=0o700 if secret else 0o755)
+        print(f"wrote {args.write}" + (" (mode 0700: it holds a secret from --env)" if secret else ""), file=sys.stderr)
     else:
         sys.stdout.write(text)
     return 0
