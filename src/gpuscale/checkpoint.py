@@ -58,6 +58,9 @@ _NAME = re.compile(r"^step-(\d{9})(\.pt)?$")  # a file (full state) or a directo
 META = "gpuscale.pt"  # inside a sharded checkpoint directory: step, epoch, RNG, loader, scheduler, extra
 SUMS = "SHA256SUMS"  # inside a sharded checkpoint directory: sha256sum lines of every other file, written last
 SUM_SUFFIX = ".sha256"  # beside a checkpoint file: its sha256sum line
+NOT_A_PICKLE = (IndexError, TypeError, AttributeError, OverflowError, UnicodeDecodeError, struct.error)
+"""What torch's weights-only unpickler raises, besides UnpicklingError, on bytes that are no pickle at all
+(measured on random and truncated files)."""
 log = get_logger("checkpoint")
 
 
@@ -214,8 +217,7 @@ class Checkpointer:
                 raise ValueError(f"{source} is not a checkpoint (not a torch.save file); give a step-* file or directory") from None
             raise ValueError(f"{source} holds objects other than tensors and plain data; refusing to load it "
                              "(checkpoints are read with weights_only=True and never run code)") from None
-        except (OSError, RuntimeError, EOFError, KeyError, IndexError, TypeError, AttributeError, OverflowError,
-                UnicodeDecodeError, struct.error) as exc:  # torch's weights-only unpickler on bytes that are no pickle
+        except (OSError, RuntimeError, EOFError, KeyError, *NOT_A_PICKLE) as exc:
             raise ValueError(f"{source} cannot be read as a gpuscale checkpoint ({type(exc).__name__}); "
                              "it may be truncated or not a checkpoint") from None
         if not isinstance(payload, dict) or payload.get("format") != FORMAT:

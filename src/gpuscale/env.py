@@ -130,7 +130,7 @@ def check_master_addr(addr: str, source: str = "MASTER_ADDR") -> str:
     if unspecified:
         raise ValueError(
             f"{source}={addr!r} is a wildcard address, not a host the ranks can reach; set it to the host name of node 0 "
-            "(on SLURM: $(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1))"
+            "(on SLURM: $(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | sed -n 1p))"
         )
     return addr
 

@@ -430,11 +430,11 @@ def _report_failure(env: DistEnv, exc: BaseException) -> None:
     A ValueError is gpuscale's (and the examples') way to say the input was wrong: one line, no
     traceback (if nobody catches it, Python still prints the traceback on its way out).
     """
-    where = f"[gpuscale] rank {env.rank}/{env.world_size} on {socket.gethostname()} failed"
+    who = f"[gpuscale] rank {env.rank}/{env.world_size} on {socket.gethostname()}"
+    where = f"{who} failed"
     if is_peer_symptom(exc):  # one line: the traceback that matters is the peer's, which comes first
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        sys.stderr.write(f"[gpuscale] rank {env.rank}/{env.world_size} on {socket.gethostname()} stopped: a peer rank failed "
-                         f"first ({first[:160]}); its report above says why\n")
+        sys.stderr.write(f"{who} stopped: a peer rank failed first ({first[:160]}); its report above says why\n")
     elif isinstance(exc, ValueError):
         if env.world_size > 1:  # one process: the caller (the CLI, or Python's traceback) says it once
             sys.stderr.write(f"{where}: {exc}\n")

@@ -10,11 +10,10 @@ keys that loads on one process for inference:
 from __future__ import annotations
 
 import argparse
-import struct
 import warnings
 from typing import Any
 
-from gpuscale.checkpoint import consolidate
+from gpuscale.checkpoint import NOT_A_PICKLE, consolidate
 
 EPILOG = """examples:
   gpuscale consolidate runs/vit/checkpoints/step-000001000 model.pt
@@ -32,18 +31,13 @@ def add_parser(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-# What torch's weights-only unpickler raises, besides UnpicklingError, on a file that is no pickle at all
-# (measured on random and truncated files): refused in one line like any other file that is not a checkpoint.
-_NOT_A_PICKLE = (IndexError, TypeError, AttributeError, OverflowError, UnicodeDecodeError, struct.error)
-
-
 def run(args: argparse.Namespace) -> int:
     with warnings.catch_warnings():
         # torch warns about the "pickle protocol" of whatever byte a file that is not a checkpoint starts with
         warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
         try:
             path = consolidate(args.checkpoint, args.out)
-        except _NOT_A_PICKLE as exc:
+        except NOT_A_PICKLE as exc:  # from a sharded or DeepSpeed directory's own files: refused in one line too
             raise ValueError(f"{args.checkpoint!r} is not a checkpoint ({type(exc).__name__} reading it); "
                              "give a step-* file or directory written by gpuscale.Checkpointer") from None
     print(f"wrote {path}")

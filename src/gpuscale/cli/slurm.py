@@ -48,7 +48,7 @@ def add_cluster_options(parser: Any, profile_required: bool = True) -> None:
     parser.add_argument("--cpus-per-gpu", type=int, default=None, help="pass --cpus-per-gpu to SLURM (refused on some clusters)")
     parser.add_argument("--python", default="python3", help="Python interpreter in the job (default python3)")
     parser.add_argument("--max-requeues", type=int, default=10, metavar="N",
-                        help="requeue the job at most N times after SLURM's warning before the time limit (USR1) or a TERM, "
+                        help="requeue the job at most N times after SLURM's warning before the time limit (USR1), "
                         "to resume from the checkpoint it wrote (default 10; 0: never)")
 
 
@@ -156,7 +156,6 @@ def run_script(args: argparse.Namespace) -> int:
     text = render_sbatch(profile, job)
     if args.write:
         from gpuscale.files import atomic_write
-
         from gpuscale.secrets import is_secret_name
 
         # An --env value that looks like a token is written into the script: then only its owner may read it.

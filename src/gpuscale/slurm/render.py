@@ -84,8 +84,9 @@ class JobSpec:
     python: str = "python3"
     """Python interpreter inside the job."""
     max_requeues: int = 10
-    """Times the job requeues itself after SLURM's warning before the time limit (USR1) or a TERM, to
-    resume from the checkpoint it wrote on the way out; 0 never requeues (it still checkpoints)."""
+    """Times the job requeues itself after SLURM's warning before the time limit (USR1), to resume from
+    the checkpoint it wrote on the way out; 0 never requeues (it still checkpoints). A TERM (scancel,
+    preemption) stops at a checkpoint but never requeues."""
 
 
 @dataclass(frozen=True)
