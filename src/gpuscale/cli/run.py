@@ -172,6 +172,12 @@ def run(args: argparse.Namespace) -> int:
     if "OMP_NUM_THREADS" not in os.environ:
         os.environ["OMP_NUM_THREADS"] = "1"
         os.environ[OMP_FROM_LAUNCHER] = "1"
+    if args.max_restarts > 0:
+        # torchrun shares its rendezvous store with the workers and never clears it between restarts, so a restarted
+        # rank can read a dead peer's address from the previous attempt: gloo's "Connection refused", then a hang
+        # until the collective timeout, in about 1 restart of 4 here (pytorch/pytorch#135712, #167288). Without
+        # sharing, each attempt's rank 0 serves a fresh store on a free port.
+        os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
 
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
