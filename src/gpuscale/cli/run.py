@@ -198,6 +198,12 @@ def run(args: argparse.Namespace) -> int:
                   "run the same command again to resume", file=sys.stderr)
             return EXIT_STOPPED
         notes = _read_notes(Path(notes_dir.name))
+        codes = {failure.exitcode for failure in exc.failures.values()}
+        if len(exc.failures) == nproc and len(codes) == 1 and min(codes) > 0 and not notes:
+            # every rank returned the same status and none raised: the script's own verdict (gpuscale doctor's 1), not a crash
+            print(f"gpuscale run: every rank exited with code {min(codes)} (the script's own exit status; no rank raised)",
+                  file=sys.stderr)
+            return min(codes)
         rank = first_failure(exc.failures, notes)
         failure = exc.failures[rank]
         code = failure.exitcode

@@ -1,0 +1,131 @@
+"""`gpuscale doctor`: check placement, software, environment and all-reduce bandwidth before training.
+
+Run it the way the training runs, so that it sees the same ranks, GPUs and cores:
+
+    gpuscale doctor                                        # this machine, one process
+    gpuscale run --nproc-per-node 2 -m gpuscale doctor     # every rank of a local run
+    srun --ntasks-per-node=8 python -m gpuscale doctor --profile lumi-g
+    gpuscale slurm submit --doctor --profile lumi-g --nodes 2 -- train.py   # in the job, before train.py
+
+Rank 0 prints a placement table (host, rank, local rank, GPUs seen, device, the GPU's NUMA node,
+the cores the rank is bound to and their NUMA nodes), then one line per check (FAIL, warn, ok,
+info, each failure or warning with its fix), the all-reduce bandwidth from 4 KiB to 256 MiB (algbw
+and busbw, against the profile's link bandwidth), and the environment (secrets masked). The text
+is meant to be pasted into a bug report; ``--json`` prints the same as one object.
+
+Exit code: 0 when nothing failed (warnings allowed), 1 when a check failed (the same on every
+rank, so srun and gpuscale run fail too), 2 for bad options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+EPILOG = """examples:
+  gpuscale doctor
+  gpuscale run --nproc-per-node 2 -m gpuscale doctor
+  gpuscale run --nproc-per-node 2 -m gpuscale doctor --json --max-size 16M
+  srun --ntasks-per-node=8 --gpus-per-task=1 python -m gpuscale doctor --profile lumi-g
+  gpuscale slurm submit --doctor --profile lumi-g --nodes 1 -- train.py
+"""
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "doctor",
+        help="preflight checks: placement, software, environment, all-reduce bandwidth",
+        description=__doc__,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the text report")
+    parser.add_argument("--profile", default=None,
+                        help="cluster profile (name or TOML path): its GPU-to-cores map and expected link bandwidth")
+    parser.add_argument("--expect-busbw", type=float, default=None, metavar="GBPS",
+                        help="the all-reduce busbw to expect, in GB/s (default: the profile's link bandwidth)")
+    parser.add_argument("--max-size", default="256M", help="largest all-reduce message (default 256M; from 4K)")
+    parser.add_argument("--no-bandwidth", action="store_true", help="skip the all-reduce bandwidth sweep")
+    parser.add_argument("--deepspeed", action="store_true", help="also check that DeepSpeed is importable")
+    parser.add_argument("--bind", choices=("auto", "none"), default=None,
+                        help="CPU binding to apply, as for training (default: auto, or GPUSCALE_BIND)")
+    parser.add_argument("--timeout", type=float, default=120.0,
+                        help="seconds the ranks may take to meet and for each collective (default 120)")
+    parser.set_defaults(func=run)
+
+
+def _expectations(args: argparse.Namespace, num_nodes: int) -> tuple[float | None, list[list[int]] | None]:
+    """(expected busbw in GB/s, GPU index -> nearby cores) from the options, the profile, or the job's environment."""
+    from gpuscale.slurm.profiles import load_profile
+    from gpuscale.topology import parse_cpulist
+
+    expected, gpu_cores = args.expect_busbw, None
+    if args.profile:
+        profile = load_profile(args.profile)
+        if expected is None:
+            expected = profile.inter_node_gbps if num_nodes > 1 else profile.intra_node_gbps
+        if profile.gpu_cores:
+            gpu_cores = [parse_cpulist(c) for c in profile.gpu_cores]
+    if gpu_cores is None and os.environ.get("GPUSCALE_GPU_CORES"):  # set by torchrun-mode batch scripts
+        try:
+            gpu_cores = [parse_cpulist(c) for c in os.environ["GPUSCALE_GPU_CORES"].split(";")]
+        except ValueError:
+            raise ValueError(f"GPUSCALE_GPU_CORES={os.environ['GPUSCALE_GPU_CORES']!r} is not a ';'-separated list "
+                             "of core lists like 49-55;57-63") from None
+    if expected is not None and not 0 < expected < 1e6:
+        raise ValueError(f"--expect-busbw {expected} must be a positive number of GB/s")
+    return expected, gpu_cores
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+    import torch.distributed as dist
+
+    from gpuscale.doctor import Finding, check_port_free, judge
+    from gpuscale.doctor.bandwidth import message_sizes, parse_size, sweep, verdict
+    from gpuscale.doctor.facts import rank_facts
+    from gpuscale.doctor.report import as_json, exit_code, format_text
+    from gpuscale.env import detect_env
+    from gpuscale.runtime import init
+
+    if not 0 < args.timeout < 1e6:
+        raise ValueError(f"--timeout {args.timeout} must be a positive number of seconds")
+    sizes = message_sizes(parse_size(args.max_size))
+    environ = dict(os.environ)  # as the rank started, before init() fills in its defaults
+    env = detect_env(environ)
+    expected, gpu_cores = _expectations(args, env.num_nodes)
+    rendezvous = None
+    if not env.is_distributed:
+        is_local = env.master_addr in (None, "", "127.0.0.1", "localhost", "::1") or env.master_addr == os.uname().nodename
+        rendezvous = check_port_free(env.master_addr, env.master_port, is_local)
+
+    with init(bind=args.bind, show_placement=False, timeout=args.timeout) as rt:
+        mine = rank_facts(rt, environ)
+        facts: list[Any] = [mine]
+        if rt.is_distributed:
+            facts = [None] * rt.world_size
+            dist.all_gather_object(facts, mine)
+            rendezvous = Finding("ok", "rendezvous", f"all {rt.world_size} ranks met at {mine['master']}")
+        rows = sweep(rt.device, sizes) if rt.is_distributed and not args.no_bandwidth else None
+        code = 0
+        if rt.is_main:
+            findings = judge(facts, gpu_cores=gpu_cores, want_deepspeed=args.deepspeed, rendezvous=rendezvous)
+            if rows:
+                findings += verdict(rows, expected, rt.backend)
+            elif not rt.is_distributed:
+                findings.append(Finding("info", "bandwidth", "one process: no all-reduce to measure (run it under "
+                                        "gpuscale run --nproc-per-node N -m gpuscale doctor)"))
+            if args.json:
+                print(json.dumps(as_json(facts, findings, rows, rt.backend), indent=2))
+            else:
+                print(format_text(facts, findings, rows, rt.backend))
+            sys.stdout.flush()
+            code = exit_code(findings)
+        if rt.is_distributed:  # every rank exits alike, so srun and gpuscale run report the verdict
+            verdict_code = torch.tensor([code], device=rt.device)
+            dist.broadcast(verdict_code, 0)
+            code = int(verdict_code.item())
+    return code
