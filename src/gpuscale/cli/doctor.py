@@ -45,6 +45,8 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the text report")
     parser.add_argument("--profile", default=None,
                         help="cluster profile (name or TOML path): its GPU-to-cores map and expected link bandwidth")
+    parser.add_argument("--gpu-cores", default=None, metavar="MAP",
+                        help="the cores next to each GPU of a node, in GPU order: '49-55;57-63;...' (default: the profile's)")
     parser.add_argument("--expect-busbw", type=float, default=None, metavar="GBPS",
                         help="the all-reduce busbw to expect, in GB/s (default: the profile's link bandwidth)")
     parser.add_argument("--max-size", default="256M", help="largest all-reduce message (default 256M; from 4K)")
@@ -63,11 +65,16 @@ def _expectations(args: argparse.Namespace, num_nodes: int) -> tuple[float | Non
     from gpuscale.topology import parse_cpulist
 
     expected, gpu_cores = args.expect_busbw, None
+    if args.gpu_cores:
+        try:
+            gpu_cores = [parse_cpulist(c) for c in args.gpu_cores.split(";")]
+        except ValueError:
+            raise ValueError(f"--gpu-cores {args.gpu_cores!r} is not a ';'-separated list of core lists like 49-55;57-63") from None
     if args.profile:
         profile = load_profile(args.profile)
         if expected is None:
             expected = profile.inter_node_gbps if num_nodes > 1 else profile.intra_node_gbps
-        if profile.gpu_cores:
+        if profile.gpu_cores and gpu_cores is None:
             gpu_cores = [parse_cpulist(c) for c in profile.gpu_cores]
     if gpu_cores is None and os.environ.get("GPUSCALE_GPU_CORES"):  # set by torchrun-mode batch scripts
         try:

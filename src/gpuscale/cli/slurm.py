@@ -26,6 +26,7 @@ EPILOG = """examples:
   gpuscale slurm script --profile lumi-g --nodes 2 --mode torchrun --account project_465000 -- train.py --epochs 3
   gpuscale slurm script --profile generic-nvidia --set gpus_per_node=4 --set cpus_per_node=32 -- train.py
   gpuscale slurm script --profile local --nodes 2 --gpus-per-node 1 --mode srun -- examples/dogs_vs_cats.py
+  gpuscale slurm submit --doctor --profile lumi-g --nodes 2 -- train.py      # preflight checks in the job first
 """
 
 
@@ -59,6 +60,8 @@ def add_job_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node (default: all of a node's)")
     parser.add_argument("--output", default="%x-%j.out", help="output file pattern (default %%x-%%j.out)")
     parser.add_argument("--ntasks-per-node", type=int, default=None, help="tasks per node (torchrun: 1; srun: one per GPU)")
+    parser.add_argument("--doctor", action="store_true",
+                        help="run `gpuscale doctor` on every rank first, launched like the training; stop the job if a check fails")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- SCRIPT [ARGS]", help="the training script and its arguments")
 
 
@@ -97,6 +100,7 @@ def cluster_job(args: argparse.Namespace, command: list[str], *, nodes: int, gpu
         output=output, container=args.container, env=tuple(_pairs(args.env, "--env")), venv=args.venv,
         exclusive=args.exclusive, cpu_bind=args.cpu_bind, cpus_per_gpu=args.cpus_per_gpu,
         tasks_per_node=tasks_per_node, python=args.python, max_requeues=args.max_requeues,
+        doctor=getattr(args, "doctor", False),
     )
     return profile, job
 

@@ -89,8 +89,8 @@ def _check_world(facts: Sequence[Facts]) -> list[Finding]:
     for f in facts:
         sizes[f["world_size"]].append(f["rank"])
     if len(sizes) > 1:
-        views = "; ".join(f"{_ranks(r)} think it is {size}" for size, r in sorted(sizes.items()))
-        found.append(Finding("fail", "placement", f"the ranks disagree on the world size: {views}",
+        views = "; ".join(f"{size} for {_ranks(r)}" for size, r in sorted(sizes.items()))
+        found.append(Finding("fail", "placement", f"the ranks disagree on the world size (WORLD_SIZE): {views}",
                              "every rank must get the same WORLD_SIZE (srun: --ntasks; torchrun: --nnodes x --nproc-per-node)"))
     elif (size := next(iter(sizes))) != len(facts):
         found.append(Finding("fail", "placement", f"every rank says the world size is {size}, but {len(facts)} ranks reported",

@@ -83,6 +83,8 @@ class JobSpec:
     """Tasks per node; must be 1 with torchrun and one per GPU with srun (default: that)."""
     python: str = "python3"
     """Python interpreter inside the job."""
+    doctor: bool = False
+    """Run `gpuscale doctor` on every rank first, launched like the training; the job ends there if a check fails."""
     max_requeues: int = 10
     """Times the job requeues itself after SLURM's warning before the time limit (USR1), to resume from
     the checkpoint it wrote on the way out; 0 never requeues (it still checkpoints). A TERM (scancel,
@@ -207,9 +209,9 @@ def _q(value: str) -> str:
     return quoted
 
 
-def _python_command(job: JobSpec, plan: _Plan) -> str:
-    """The program each task runs, as one shell string."""
-    program = [job.python, job.script, *job.script_args]
+def _python_command(job: JobSpec, plan: _Plan, program: list[str] | None = None) -> str:
+    """The program each task runs (default: the training script), as one shell string."""
+    program = program or [job.python, job.script, *job.script_args]
     if job.mode == "torchrun":
         rendezvous = (
             ["--standalone", "--nnodes=1"]
@@ -334,19 +336,42 @@ def render_sbatch(profile: Profile, job: JobSpec) -> str:
             srun.append('--cpu-bind=v,mask_cpu:"$CPU_MASKS"')
         elif job.cpu_bind == "none":
             srun.append("--cpu-bind=none")
-    inner = _python_command(job, plan)
     lines.append("# shellcheck disable=SC2016  # the single quotes are deliberate: each task expands its own variables")
+    if plan.image:
+        lines.append("# Python runs inside the container; its environment is activated in there.")
+    if job.doctor:
+        lines += [
+            "# Preflight: gpuscale doctor on every rank, launched exactly like the training (same tasks, GPUs, cores).",
+            "# It prints the placement, checks and all-reduce bandwidth; if a check fails the job ends here.",
+            _step_command(profile, job, plan, srun, _doctor_program(profile, job))
+            + ' || { echo "gpuscale: doctor found a problem (see above); the training was not started" >&2; exit 1; }',
+            "",
+        ]
+    lines += [_step_command(profile, job, plan, srun, None) + " &", *_requeue_block(job.max_requeues)]
+    return "\n".join(lines) + "\n"
+
+
+def _doctor_program(profile: Profile, job: JobSpec) -> list[str]:
+    """`python -m gpuscale doctor` with what the profile expects: link bandwidth and the cores next to each GPU."""
+    program = [job.python, "-m", "gpuscale", "doctor"]
+    expected = profile.inter_node_gbps if job.nodes > 1 else profile.intra_node_gbps
+    if expected:
+        program += ["--expect-busbw", f"{expected:g}"]
+    if profile.gpu_cores:
+        program += ["--gpu-cores", ";".join(profile.gpu_cores)]
+    return program
+
+
+def _step_command(profile: Profile, job: JobSpec, plan: _Plan, srun: list[str], program: list[str] | None) -> str:
+    """One srun line that runs `program` (default: the training) on every task, in the container if there is one."""
+    inner = _python_command(job, plan, program)
     if plan.image:
         container = profile.container
         assert container is not None
         binds = ["--bind", _q(",".join(container.binds))] if container.binds else []
         activate = f"{container.activate} && " if container.activate else ""
-        lines.append("# Python runs inside the container; its environment is activated in there.")
-        command = [*srun, container.exec, *binds, _q(plan.image), "bash", "-c", _q(activate + inner)]
-    else:
-        command = [*srun, "bash", "-c", _q(inner)]
-    lines += [" ".join(command) + " &", *_requeue_block(job.max_requeues)]
-    return "\n".join(lines) + "\n"
+        return " ".join([*srun, container.exec, *binds, _q(plan.image), "bash", "-c", _q(activate + inner)])
+    return " ".join([*srun, "bash", "-c", _q(inner)])
 
 
 _STOP_HANDLING = [
