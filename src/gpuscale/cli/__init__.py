@@ -18,6 +18,7 @@ from gpuscale.cli import consolidate as consolidate_cmd
 from gpuscale.cli import demo as demo_cmd
 from gpuscale.cli import doctor as doctor_cmd
 from gpuscale.cli import env as env_cmd
+from gpuscale.cli import lint as lint_cmd
 from gpuscale.cli import predict as predict_cmd
 from gpuscale.cli import profiles as profiles_cmd
 from gpuscale.cli import report as report_cmd
@@ -28,7 +29,7 @@ from gpuscale.files import tighten_umask
 from gpuscale.slurm.jobs import SlurmError
 from gpuscale.study.linkbench import MeasureError
 
-VERBS = (demo_cmd, run_cmd, env_cmd, doctor_cmd, study_cmd, report_cmd, predict_cmd, slurm_cmd, profiles_cmd, consolidate_cmd)
+VERBS = (demo_cmd, run_cmd, env_cmd, doctor_cmd, study_cmd, report_cmd, predict_cmd, slurm_cmd, profiles_cmd, consolidate_cmd, lint_cmd)
 
 EPILOG = """examples:
   gpuscale demo                                              # weak and strong scaling of an example, here
@@ -42,6 +43,7 @@ EPILOG = """examples:
   gpuscale slurm script --profile lumi-g --nodes 1 --gpus-per-node 8 --mode srun -- train.py
   gpuscale profiles lumi-g
   gpuscale consolidate runs/mine/checkpoints/step-000001000 model.pt
+  gpuscale lint train.py                                     # multi-GPU mistakes in a training script
 """
 
 

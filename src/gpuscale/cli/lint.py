@@ -1,0 +1,74 @@
+"""`gpuscale lint SCRIPT...`: find the classic multi-GPU mistakes in training scripts, before they run.
+
+The scripts are read, never run or imported. A script that runs as several processes (it starts
+a process group, wraps its model in DDP, FSDP or DeepSpeed, or uses gpuscale or Accelerate) is
+checked for the mistakes that make N GPUs train wrong or slow:
+
+    GS101  DataLoader without a DistributedSampler (every rank reads the whole dataset)
+    GS102  DistributedSampler, set_epoch() never called (the same shuffle every epoch)
+    GS103  print() on every rank              GS104  INFO logging on every rank
+    GS105  torch.save / save_pretrained on every rank
+    GS106  the DDP wrapper's state_dict() saved ('module.' keys)
+    GS107  accuracy of one rank's shard, never reduced over ranks
+    GS108  parameters unfrozen after the model was wrapped (gradients never synchronised)
+    GS109  batch // world_size (the remainder silently dropped)
+    GS110  hard-coded MASTER_PORT             GS111  hard-coded GPU index ("cuda:0")
+    GS112  init_process_group() without destroy_process_group()
+    GS113  DeepSpeed config batch sizes that disagree with the DataLoader
+
+Each finding prints as `path:line:col: GS1xx what is wrong`, then why it matters and the fix (the
+gpuscale call that does it right). Folders are linted recursively (*.py).
+
+Silence a finding with a comment on its line: `# gpuscale: ignore[GS103]` (ids comma separated),
+or `# gpuscale: ignore` for every rule on that line.
+
+Exit code: 0 no findings, 1 findings, 2 bad input (a missing file, not Python, a syntax error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from gpuscale.lint import RULE_IDS, lint_paths, select_rules
+
+EPILOG = """examples:
+  gpuscale lint train.py
+  gpuscale lint examples/ --format json
+  gpuscale lint train.py --ignore GS103,GS104
+  gpuscale lint train.py --select GS101,GS102
+"""
+
+
+def _ids(text: str) -> list[str]:
+    return [part for part in text.split(",") if part.strip()]
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "lint",
+        help="find multi-GPU mistakes in training scripts (statically)",
+        description=__doc__,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("paths", nargs="+", metavar="SCRIPT", help="training scripts or folders of them")
+    parser.add_argument("--format", choices=("text", "json"), default="text", help="text (default) or a JSON list of findings")
+    parser.add_argument("--select", type=_ids, default=None, metavar="IDS",
+                        help=f"only these rules, comma separated ({RULE_IDS[0]}..{RULE_IDS[-1]})")
+    parser.add_argument("--ignore", type=_ids, default=None, metavar="IDS", help="skip these rules, comma separated")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    rules = select_rules(args.select, args.ignore)
+    findings = lint_paths(args.paths, rules)
+    if args.format == "json":
+        print(json.dumps([f.as_dict() for f in findings], indent=2))
+    else:
+        for finding in findings:
+            print(finding.format())
+        files = len({f.path for f in findings})
+        print(f"{len(findings)} finding(s) in {files} file(s)" if findings else "no findings")
+    return 1 if findings else 0

@@ -1,0 +1,111 @@
+"""Running the rules: over one source text (`lint_source`) or over files and folders (`lint_paths`).
+
+Suppression: a comment `# gpuscale: ignore[GS103]` (one or more ids, comma separated) or a bare
+`# gpuscale: ignore` on the line a finding points at silences it there.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import tokenize
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from gpuscale.lint.findings import Finding, Rule
+from gpuscale.lint.rules import RULE_IDS, RULES
+from gpuscale.lint.script import Script
+
+IGNORE = re.compile(r"#\s*gpuscale:\s*ignore\b(?:\[([^\]]*)\])?", re.IGNORECASE)
+ALL = "*"
+SKIPPED_DIRS = ("__pycache__", "node_modules", "site-packages")
+
+
+def suppressions(text: str) -> dict[int, set[str]]:
+    """Line -> rule ids silenced on it by `# gpuscale: ignore[...]` comments ({'*'} for a bare ignore)."""
+    found: dict[int, set[str]] = {}
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(text).readline):
+            if token.type == tokenize.COMMENT and (match := IGNORE.search(token.string)):
+                ids = {part.strip().upper() for part in (match.group(1) or ALL).split(",") if part.strip()}
+                found.setdefault(token.start[0], set()).update(ids or {ALL})
+    except (tokenize.TokenError, SyntaxError):  # the parser already accepted the text; be lenient here
+        pass
+    return found
+
+
+def select_rules(select: Iterable[str] | None = None, ignore: Iterable[str] | None = None) -> tuple[Rule, ...]:
+    """The rules to run: all, or those in `select`, minus those in `ignore`. Unknown ids raise ValueError."""
+    chosen = {r.strip().upper() for r in select or () if r.strip()} or set(RULE_IDS)
+    dropped = {r.strip().upper() for r in ignore or () if r.strip()}
+    unknown = sorted((chosen | dropped) - set(RULE_IDS))
+    if unknown:
+        raise ValueError(f"unknown rule id {', '.join(unknown)}; valid ids: {', '.join(RULE_IDS)}")
+    return tuple(rule for rule in RULES if rule.id in chosen - dropped)
+
+
+def lint_source(text: str, path: str = "<string>", rules: Sequence[Rule] = RULES) -> list[Finding]:
+    """The findings of one script's source text, sorted by line. A syntax error raises ValueError."""
+    try:
+        script = Script(text, path)
+    except SyntaxError as exc:
+        raise ValueError(f"{path}:{exc.lineno or 0}: not valid Python ({exc.msg}); fix the syntax error, "
+                         f"or lint only Python training scripts") from None
+    except ValueError as exc:  # e.g. source with null bytes
+        raise ValueError(f"{path}: not valid Python ({exc}); lint only Python training scripts") from None
+    if not script.is_distributed:
+        return []
+    silenced = suppressions(text)
+    findings = set()
+    for rule in rules:
+        for hit in rule.check(script):
+            finding = rule.finding(path, hit)
+            ids = silenced.get(finding.line, set())
+            if ALL not in ids and finding.rule not in ids:
+                findings.add(finding)
+    return sorted(findings, key=lambda f: (f.line, f.col, f.rule, f.title))
+
+
+def expand(paths: Iterable[str | Path]) -> list[Path]:
+    """Files to lint: each file as given, each folder's *.py files recursively (hidden folders skipped).
+
+    A missing path or a file that is not Python raises ValueError naming it.
+    """
+    files: list[Path] = []
+    for given in paths:
+        path = Path(given)
+        if path.is_dir():
+            files.extend(sorted(p for p in path.rglob("*.py") if p.is_file() and not any(
+                part.startswith(".") or part in SKIPPED_DIRS for part in p.relative_to(path).parts[:-1])))
+        elif path.is_file():
+            if path.suffix != ".py" and not _has_python_shebang(path):
+                raise ValueError(f"{path} is not a Python file (no .py suffix, no python #! line); "
+                                 "name a training script or a folder of them")
+            files.append(path)
+        else:
+            raise ValueError(f"{path} does not exist; name a training script or a folder of them")
+    return files
+
+
+def _has_python_shebang(path: Path) -> bool:
+    try:
+        with path.open("rb") as f:
+            first = f.readline(200)
+    except OSError:
+        return False
+    return first.startswith(b"#!") and b"python" in first
+
+
+def lint_paths(paths: Iterable[str | Path], rules: Sequence[Rule] = RULES) -> list[Finding]:
+    """The findings of every script named (folders recursively), sorted by path and line.
+
+    Bad input (a missing path, not Python, undecodable or unparsable) raises ValueError naming the file.
+    """
+    findings: list[Finding] = []
+    for path in expand(paths):
+        try:
+            text = tokenize.open(path).read()  # honours a coding: line, like Python does
+        except (SyntaxError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{path}: cannot be read as Python source ({exc}); lint only Python training scripts") from None
+        findings.extend(lint_source(text, str(path), rules))
+    return findings

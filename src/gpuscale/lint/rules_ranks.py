@@ -1,0 +1,129 @@
+"""Rules about code that runs on every rank but should run once: printing, logging, saving.
+
+GS103 print() on every rank, GS104 INFO logging on every rank, GS105 torch.save/save_pretrained on
+every rank, GS106 the DDP wrapper's state_dict saved (every key starts with `module.`).
+Each accepts the rank guards of `gpuscale.lint.guards`.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+from gpuscale.lint.findings import Hit
+from gpuscale.lint.guards import Guards, mentions_rank
+from gpuscale.lint.script import Script, dotted, keyword, last_name
+
+QUIET_LEVELS = ("debug", "info")  # warnings and errors from every rank are right: each rank's own trouble
+LOG_CONFIG = ("setLevel", "basicConfig", "disable", "addFilter", "set_verbosity", "set_verbosity_error",
+              "set_verbosity_warning", "get_process_log_level")
+
+
+def check_print(script: Script) -> Iterator[Hit]:
+    """GS103: `print(...)` outside any rank guard (not to a file or stderr, not while handling an error)."""
+    guards = Guards(script)
+    for call in script.calls:
+        if not (isinstance(call.func, ast.Name) and call.func.id == "print"):
+            continue
+        if keyword(call, "file") is not None or script.in_except(call) or guards.guarded(call):
+            continue
+        yield Hit(call, "print() runs on every rank")
+
+
+def _stdlib_loggers(script: Script) -> set[str]:
+    """Names and attributes assigned a standard-library logger (`log = logging.getLogger(__name__)`)."""
+    names = set()
+    for node in script.nodes:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and script.qualname(node.value) == "logging.getLogger":
+            names.update(name for name in (dotted(t) for t in node.targets) if name)
+    return names
+
+
+def _rank_aware_logging(script: Script, guards: Guards) -> bool:
+    """Whether the script configures logging per rank (a level chosen by rank, a filter, HF's per-process level)."""
+    for call in script.calls_named(*LOG_CONFIG):
+        if last_name(call.func) in ("addFilter", "get_process_log_level") or guards.guarded(call):
+            return True
+        if any(mentions_rank(a) for a in [*call.args, *(k.value for k in call.keywords)]):
+            return True
+    return False
+
+
+def check_logging(script: Script) -> Iterator[Hit]:
+    """GS104: `logging.info(...)` or a standard logger's `.info/.debug` outside any rank guard."""
+    guards = Guards(script)
+    if _rank_aware_logging(script, guards):
+        return
+    loggers = _stdlib_loggers(script)
+    for call in script.calls:
+        func = call.func
+        if not (isinstance(func, ast.Attribute) and func.attr in QUIET_LEVELS):
+            continue
+        receiver = dotted(func.value)
+        if not (script.qualname(func.value) == "logging" or receiver in loggers):
+            continue
+        if not guards.guarded(call):
+            yield Hit(call, f"{receiver}.{func.attr}() logs on every rank")
+
+
+def check_save(script: Script) -> Iterator[Hit]:
+    """GS105: `torch.save` or `.save_pretrained(...)` (without `is_main_process=`) outside any rank guard.
+
+    A path that mentions the rank (one file per rank) is deliberate and accepted.
+    """
+    guards = Guards(script)
+    for call in script.calls:
+        if script.qualname(call) == "torch.save":
+            what = "torch.save() writes on every rank"
+        elif last_name(call.func) == "save_pretrained" and keyword(call, "is_main_process") is None:
+            what = "save_pretrained() writes on every rank"
+        else:
+            continue
+        if any(mentions_rank(a) for a in [*call.args, *(k.value for k in call.keywords)]) or guards.guarded(call):
+            continue
+        yield Hit(call, what)
+
+
+def _saved_names(script: Script) -> set[str]:
+    """Names passed (at any depth) to torch.save: what a checkpoint dict or state dict was put in."""
+    names = set()
+    for call in script.calls:
+        if script.qualname(call) == "torch.save":
+            for arg in [*call.args, *(k.value for k in call.keywords)]:
+                names.update(n.id for n in ast.walk(arg) if isinstance(n, ast.Name))
+    return names
+
+
+def check_wrapper_state_dict(script: Script) -> Iterator[Hit]:
+    """GS106: `model.state_dict()` saved where `model` was assigned the DDP wrapper earlier in the same function."""
+    saved = _saved_names(script)
+    for call in script.calls_named("state_dict"):
+        func = call.func
+        if not isinstance(func, ast.Attribute):
+            continue
+        receiver = dotted(func.value)
+        if receiver is None:
+            continue
+        scope = script.scope(call)
+        wrapped = [
+            node for node in ast.walk(scope)
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+            and last_name(node.value.func) in ("DistributedDataParallel", "DDP")
+            and any(dotted(t) == receiver for t in node.targets) and node.lineno < call.lineno
+            and script.scope(node) is scope
+        ]
+        if wrapped and _is_saved(script, call, saved):
+            yield Hit(call, f"{receiver}.state_dict() of the DDP wrapper is saved: every key starts with 'module.'")
+
+
+def _is_saved(script: Script, call: ast.Call, saved: set[str]) -> bool:
+    """Whether a state_dict() call ends in torch.save: inside its arguments, or assigned to a name it saves."""
+    for ancestor in script.ancestors(call):
+        if isinstance(ancestor, ast.Call) and script.qualname(ancestor) == "torch.save":
+            return True
+        if isinstance(ancestor, (ast.Assign, ast.AnnAssign)):
+            targets = ancestor.targets if isinstance(ancestor, ast.Assign) else [ancestor.target]
+            return any(isinstance(n, ast.Name) and n.id in saved for t in targets for n in ast.walk(t))
+        if isinstance(ancestor, ast.stmt):
+            return False
+    return False

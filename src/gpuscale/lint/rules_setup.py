@@ -1,0 +1,141 @@
+"""Rules about setting up processes, devices and models.
+
+GS108 parameters unfrozen after the model was wrapped, GS110 a hard-coded rendezvous port,
+GS111 a hard-coded GPU index, GS112 a process group that is never destroyed.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+
+from gpuscale.lint.findings import Hit
+from gpuscale.lint.script import Script, int_constant, keyword, last_name, names_in
+
+PARAMETER_WORDS = re.compile(r"param|weight|bias|model|module|layer|net|encoder|decoder|backbone|head|block|embed|"
+                             r"features|classifier|fc|lm_head|transformer", re.IGNORECASE)
+PARAMETER_SOURCES = ("parameters", "named_parameters", "modules", "children", "named_modules", "named_children")
+TCP_PORT = re.compile(r"^tcp://.*:\d+/?$")
+CUDA_INDEX = re.compile(r"^cuda:\d+$")
+
+
+def _unfreezes(node: ast.AST) -> ast.AST | None:
+    """The parameter (or module) a statement or call makes trainable, if it does."""
+    if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and node.value.value is True:
+        for target in node.targets:
+            if isinstance(target, ast.Attribute) and target.attr == "requires_grad":
+                return target.value
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "requires_grad_":
+        arg = node.args[0] if node.args else keyword(node, "requires_grad")
+        if arg is None or (isinstance(arg, ast.Constant) and arg.value is True):
+            return node.func.value
+    return None
+
+
+def _loop_over_parameters(script: Script, name: str, node: ast.AST) -> bool:
+    """Whether `name` is the variable of an enclosing loop over `.parameters()` (or modules)."""
+    for ancestor in script.ancestors(node):
+        if isinstance(ancestor, (ast.For, ast.comprehension)) and name in names_in(ancestor.target):
+            return any(isinstance(n, ast.Call) and last_name(n.func) in PARAMETER_SOURCES for n in ast.walk(ancestor.iter))
+    return False
+
+
+def _is_parameter(script: Script, expr: ast.AST, node: ast.AST) -> bool:
+    """Whether the thing made trainable is a parameter or module, not an input tensor (`x.requires_grad_()`)."""
+    if isinstance(expr, ast.Name) and _loop_over_parameters(script, expr.id, node):
+        return True
+    return any(PARAMETER_WORDS.search(name) for name in names_in(expr))
+
+
+def check_unfreeze_after_wrap(script: Script) -> Iterator[Hit]:
+    """GS108: `p.requires_grad = True` / `requires_grad_()` after DDP, FSDP, deepspeed.initialize or gpuscale.setup/wrap
+    in the same function (or module body), with no second wrap after it."""
+    wraps: dict[ast.AST, list[int]] = {}
+    for call in script.calls:
+        if script.is_wrap(call):
+            wraps.setdefault(script.scope(call), []).append(call.lineno)
+    for node in script.nodes:
+        expr = _unfreezes(node)
+        if expr is None:
+            continue
+        lines = wraps.get(script.scope(node), [])
+        if any(line < node.lineno for line in lines) and not any(line > node.lineno for line in lines) \
+                and _is_parameter(script, expr, node):
+            yield Hit(node, f"{ast.unparse(expr)} made trainable after the model was wrapped")
+
+
+def _constant_text(expr: ast.AST) -> str | None:
+    """The text of a constant (str, int, str(<constant>), an f-string without fields), else None."""
+    if isinstance(expr, ast.Constant) and isinstance(expr.value, (str, int)) and not isinstance(expr.value, bool):
+        return str(expr.value)
+    if isinstance(expr, ast.Call) and last_name(expr.func) == "str" and len(expr.args) == 1:
+        return _constant_text(expr.args[0])
+    if isinstance(expr, ast.JoinedStr) and all(isinstance(v, ast.Constant) for v in expr.values):
+        return "".join(str(v.value) for v in expr.values)  # type: ignore[attr-defined]
+    return None
+
+
+def _is_environ(script: Script, expr: ast.AST) -> bool:
+    return script.qualname(expr) in ("os.environ", "environ")
+
+
+def check_master_port(script: Script) -> Iterator[Hit]:
+    """GS110: MASTER_PORT set to a constant, or a constant port in a `tcp://host:PORT` init_method."""
+    for node in script.nodes:
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if (isinstance(target, ast.Subscript) and _is_environ(script, target.value)
+                        and _constant_text(target.slice) == "MASTER_PORT" and _constant_text(node.value) is not None):
+                    yield Hit(node, f"MASTER_PORT is hard-coded to {_constant_text(node.value)}")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and _is_environ(script, node.func.value):
+            if node.func.attr == "setdefault" and len(node.args) == 2 and _constant_text(node.args[0]) == "MASTER_PORT" \
+                    and _constant_text(node.args[1]) is not None:
+                yield Hit(node, f"MASTER_PORT is hard-coded to {_constant_text(node.args[1])}")
+            elif node.func.attr == "update":
+                pairs = [(k, v) for a in node.args if isinstance(a, ast.Dict) for k, v in zip(a.keys, a.values) if k is not None]
+                pairs += [(ast.Constant(kw.arg), kw.value) for kw in node.keywords if kw.arg]
+                for key, value in pairs:
+                    if _constant_text(key) == "MASTER_PORT" and _constant_text(value) is not None:
+                        yield Hit(node, f"MASTER_PORT is hard-coded to {_constant_text(value)}")
+        elif isinstance(node, (ast.Constant, ast.JoinedStr)) and not script.is_docstring(node):
+            if isinstance(script.parent(node), ast.JoinedStr):
+                continue
+            text = node.value if isinstance(node, ast.Constant) else "".join(
+                str(v.value) if isinstance(v, ast.Constant) else "{}" for v in node.values)
+            if isinstance(text, str) and TCP_PORT.match(text):
+                yield Hit(node, f"init_method {text!r} hard-codes the port")
+
+
+def check_device_index(script: Script) -> Iterator[Hit]:
+    """GS111: a hard-coded GPU: "cuda:0", torch.device("cuda", 0), .cuda(0), set_device(0), device_ids=[0]."""
+    for node in script.nodes:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and CUDA_INDEX.match(node.value):
+            parent = script.parent(node)
+            if script.is_docstring(node) or isinstance(parent, ast.JoinedStr) or (isinstance(parent, ast.Dict) and node in parent.keys):
+                continue  # map_location={"cuda:0": ...} maps from where a tensor was saved: right
+            yield Hit(node, f'"{node.value}": every rank of the node uses the same GPU')
+        elif isinstance(node, ast.Call):
+            name = last_name(node.func)
+            if name == "device" and len(node.args) == 2 and isinstance(node.args[0], ast.Constant) \
+                    and node.args[0].value == "cuda" and int_constant(node.args[1]) is not None:
+                yield Hit(node, f"{ast.unparse(node)}: every rank of the node uses the same GPU")
+            elif name in ("cuda", "set_device") and isinstance(node.func, ast.Attribute) \
+                    and int_constant(node.args[0] if node.args else keyword(node, "device")) is not None:
+                yield Hit(node, f"{ast.unparse(node)}: every rank of the node uses the same GPU")
+            for kw in node.keywords:
+                value = kw.value
+                if kw.arg == "device_ids" and isinstance(value, (ast.List, ast.Tuple)) and value.elts \
+                        and all(int_constant(e) is not None for e in value.elts):
+                    yield Hit(value, f"device_ids={ast.unparse(value)}: every rank of the node uses the same GPU")
+                elif kw.arg == "output_device" and int_constant(value) is not None:
+                    yield Hit(value, f"output_device={ast.unparse(value)}: every rank of the node uses the same GPU")
+
+
+def check_destroy(script: Script) -> Iterator[Hit]:
+    """GS112: `init_process_group` with no `destroy_process_group` anywhere (gpuscale.init() tears down by itself)."""
+    if script.uses_gpuscale_init or script.mentions("destroy_process_group"):
+        return
+    for call in script.calls_named("init_process_group"):
+        yield Hit(call, "init_process_group() without destroy_process_group()")
+        return

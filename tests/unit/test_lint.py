@@ -1,0 +1,187 @@
+"""`gpuscale lint`: every planted mistake of the corpus is found at its line, and nothing else.
+
+Each script in lint_corpus/ marks the lines where a finding is expected with `# expect: GS1xx`;
+the clean_* scripts mark none and must give no finding at all. The project's own examples and
+multi-process test scripts are written the right way and must be clean too.
+"""
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import gpuscale
+from gpuscale.cli import main
+from gpuscale.lint import RULE_IDS, RULES, Finding, lint_paths, lint_source, select_rules
+
+ROOT = Path(__file__).resolve().parents[2]
+CORPUS = Path(__file__).resolve().parent / "lint_corpus"
+SCRIPTS = sorted(CORPUS.glob("*.py"))
+EXPECT = re.compile(r"#\s*expect:\s*([A-Z0-9, ]+)")
+
+
+def expected(path: Path) -> set[tuple[int, str]]:
+    marks = set()
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if match := EXPECT.search(line):
+            marks.update((number, rule.strip()) for rule in match.group(1).split(",") if rule.strip())
+    return marks
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=[p.name for p in SCRIPTS])
+def test_corpus_findings_are_exactly_the_planted_mistakes(script):
+    found = {(f.line, f.rule) for f in lint_paths([script])}
+    assert found == expected(script)
+
+
+def test_corpus_plants_every_rule_and_has_clean_scripts():
+    planted = {rule for script in SCRIPTS for _, rule in expected(script)}
+    assert planted == set(RULE_IDS)
+    clean = [p for p in SCRIPTS if p.name.startswith("clean_")]
+    assert len(clean) >= 5 and all(not expected(p) for p in clean)
+
+
+def test_project_examples_and_multiproc_scripts_are_clean():
+    assert lint_paths([ROOT / "examples", ROOT / "tests" / "multiproc" / "scripts"]) == []
+
+
+def test_fixes_name_only_real_gpuscale_calls():
+    for rule in RULES:
+        for name in re.findall(r"gpuscale\.(\w+)", rule.fix):
+            assert hasattr(gpuscale, name), f"{rule.id} names gpuscale.{name}, which does not exist"
+        assert rule.id.startswith("GS1") and rule.title and rule.why and rule.fix
+
+
+DDP_PRINT = """\
+import torch.distributed as dist
+dist.init_process_group("gloo")
+print("hello"){comment}
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("comment, silenced", [
+    ("  # gpuscale: ignore[GS103]", True),
+    ("  # gpuscale: ignore", True),
+    ("  # gpuscale: ignore[GS101, GS103]", True),
+    ("  # gpuscale: ignore[gs103]", True),
+    ("  # gpuscale: ignore[GS105]", False),
+    ("  # a comment", False),
+])
+def test_suppression_comment_on_the_line(comment, silenced):
+    findings = lint_source(DDP_PRINT.format(comment=comment), "train.py")
+    assert [f.rule for f in findings] == ([] if silenced else ["GS103"])
+
+
+def test_finding_carries_place_title_why_and_fix():
+    (finding,) = lint_source(DDP_PRINT.format(comment=""), "train.py")
+    assert isinstance(finding, Finding)
+    assert (finding.path, finding.line, finding.col, finding.rule) == ("train.py", 3, 1, "GS103")
+    assert "gpuscale.print0" in finding.fix and finding.why
+    assert finding.format().splitlines()[0] == "train.py:3:1: GS103 print() runs on every rank"
+    with pytest.raises(AttributeError):
+        finding.line = 4  # frozen
+
+
+def test_a_single_process_script_has_no_findings():
+    text = 'import torch\nprint("hi")\ntorch.save({}, "x.pt")\ndevice = "cuda:0"\nn = 25 // 2\n'
+    assert lint_source(text) == []
+
+
+@pytest.mark.parametrize("guard", [
+    "if rank == 0:", "if rt.is_main:", "if dist.get_rank() == 0:", "if local_rank in (-1, 0):",
+    "if trainer.is_world_process_zero():", "if accelerator.is_main_process:", "if args.should_save:",
+])
+def test_rank_guards_are_understood(guard):
+    text = f"import torch\nimport torch.distributed as dist\ndist.init_process_group('gloo')\n{guard}\n" \
+           "    print('once')\n    torch.save({{}}, 'x.pt')\ndist.destroy_process_group()\n"
+    assert lint_source(text) == []
+
+
+def test_early_return_is_a_guard():
+    text = """\
+import torch
+import torch.distributed as dist
+def save(state):
+    if not dist.get_rank() == 0:
+        return
+    torch.save(state, "x.pt")
+dist.init_process_group("gloo")
+save({})
+dist.destroy_process_group()
+"""
+    assert lint_source(text) == []
+
+
+def test_syntax_error_is_bad_input():
+    with pytest.raises(ValueError, match=r"broken\.py:1: not valid Python"):
+        lint_source("def (:\n", "broken.py")
+
+
+def test_select_and_ignore_rules():
+    assert [r.id for r in select_rules(["GS103"])] == ["GS103"]
+    assert "GS103" not in [r.id for r in select_rules(None, ["GS103"])]
+    with pytest.raises(ValueError, match="unknown rule id GS999; valid ids: GS101"):
+        select_rules(["GS999"])
+
+
+def test_cli_in_process_text_and_select(capsys):
+    script = str(CORPUS / "bad_gs103_print.py")
+    assert main(["lint", script]) == 1
+    out = capsys.readouterr().out
+    assert f"{script}:13:5: GS103 print() runs on every rank" in out
+    assert "\n    why: " in out and "\n    fix: " in out and out.rstrip().endswith("2 finding(s) in 1 file(s)")
+    assert main(["lint", script, "--ignore", "GS103"]) == 0
+    assert capsys.readouterr().out.strip() == "no findings"
+    assert main(["lint", script, "--select", "GS101,GS102"]) == 0
+    assert main(["lint", script, "--select", "GS1"]) == 2
+    assert "unknown rule id GS1;" in capsys.readouterr().err
+
+
+def test_cli_lints_folders_recursively(tmp_path, capsys):
+    nested = tmp_path / "a" / "b"
+    nested.mkdir(parents=True)
+    (nested / "train.py").write_text(DDP_PRINT.format(comment=""))
+    (tmp_path / "notes.txt").write_text("not python")
+    assert main(["lint", str(tmp_path), "--format", "json"]) == 1
+    (finding,) = json.loads(capsys.readouterr().out)
+    assert finding["path"] == str(nested / "train.py") and finding["rule"] == "GS103"
+
+
+def gpuscale_lint(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "gpuscale", "lint", *args], capture_output=True, text=True, cwd=cwd, timeout=120)
+
+
+def test_cli_exit_codes_and_json_subprocess(tmp_path):
+    clean = gpuscale_lint("examples", str(CORPUS / "clean_ddp_guards.py"))
+    assert (clean.returncode, clean.stdout.strip()) == (0, "no findings"), clean.stderr
+    bad = gpuscale_lint("--format", "json", str(CORPUS / "bad_gs109_division.py"))
+    assert bad.returncode == 1, bad.stderr
+    findings = json.loads(bad.stdout)
+    assert [(f["line"], f["rule"]) for f in findings] == [(19, "GS109"), (20, "GS109")]
+    assert set(findings[0]) == {"path", "line", "col", "rule", "title", "why", "fix"}
+    assert "gpuscale.plan_batch" in findings[0]["fix"]
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("missing.py", None, "missing.py does not exist"),
+    ("notes.txt", "just text\n", "notes.txt is not a Python file"),
+    ("broken.py", "def f(:\n    pass\n", "broken.py:1: not valid Python"),
+])
+def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, name, content, message):
+    path = tmp_path / name
+    if content is not None:
+        path.write_text(content)
+    result = gpuscale_lint(str(path))
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and message in result.stderr and "Traceback" not in result.stderr
+    assert result.stderr.startswith("gpuscale lint: error: ")
+
+
+def test_lint_help_lists_rules_and_examples():
+    result = gpuscale_lint("--help")
+    assert result.returncode == 0
+    assert "gpuscale lint train.py" in result.stdout and "GS113" in result.stdout and "gpuscale: ignore[GS103]" in result.stdout
