@@ -185,3 +185,33 @@ def test_lint_help_lists_rules_and_examples():
     result = gpuscale_lint("--help")
     assert result.returncode == 0
     assert "gpuscale lint train.py" in result.stdout and "GS113" in result.stdout and "gpuscale: ignore[GS103]" in result.stdout
+
+
+def test_a_flag_assigned_from_a_rank_test_is_a_guard_but_other_variables_are_not():
+    text = """\
+import torch
+import torch.distributed as dist
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+verbose = rank == 0
+device = torch.device("cpu", rank)
+if verbose:
+    print("once")
+if device.type == "cpu":
+    print("every rank")
+dist.destroy_process_group()
+"""
+    assert [(f.line, f.rule) for f in lint_source(text)] == [(10, "GS103")]
+
+
+def test_unfreezing_after_accelerate_prepare():
+    text = """\
+from accelerate import Accelerator
+import torch
+accelerator = Accelerator()
+model = torch.nn.Linear(2, 2)
+model.requires_grad_(False)
+model = accelerator.prepare(model)
+model.requires_grad_(True)
+"""
+    assert [(f.line, f.rule) for f in lint_source(text)] == [(7, "GS108")]

@@ -23,7 +23,7 @@ REDUCTIONS = frozenset({
     "reduce_scatter", "reduce_scatter_tensor", "all_reduce_sum", "all_reduce_max", "gather_for_metrics", "reduce_dict",
     "mesh_reduce", "all_reduce_mean", "Average", "Meter", "sync_dist",
 })
-METRIC = re.compile(r"correct|accuracy|(^|_)acc(_|$)|(^|_)top_?[15](_|$)", re.IGNORECASE)
+METRIC = re.compile(r"correct(?!_?bias)|accuracy|(^|_)acc(_|$)|(^|_)top_?[15](_|$)", re.IGNORECASE)
 NOT_BATCH = re.compile(r"cpu|core|worker|thread|mem", re.IGNORECASE)
 
 

@@ -156,7 +156,10 @@ class Script:
                    for n in self.nodes)
 
     def is_wrap(self, call: ast.Call) -> bool:
-        """Whether a call wraps a model for data parallelism (DDP, FSDP, deepspeed.initialize, gpuscale.setup/wrap)."""
+        """Whether a call wraps a model for data parallelism (DDP, FSDP, deepspeed.initialize, gpuscale.setup/wrap,
+        accelerate's prepare)."""
+        if last_name(call.func) == "prepare" and self.calls_named("Accelerator"):
+            return True
         return last_name(call.func) in WRAP_NAMES or self.qualname(call) in WRAP_QUALNAMES
 
     @cached_property
