@@ -380,7 +380,7 @@ def init(
             dist.init_process_group(
                 backend=chosen_backend, init_method="env://", rank=env.rank, world_size=env.world_size,
                 timeout=datetime.timedelta(seconds=timeout_s),
-                device_id=dev if dev.type == "cuda" else None,
+                device_id=dev if dev.type == "cuda" and chosen_backend == "nccl" else None,  # binds NCCL's communicator to it
             )
         rt = Runtime(
             env=env, device=dev, backend=chosen_backend, binding=plan, cores=tuple(cores),

@@ -209,3 +209,26 @@ def test_report_is_paste_ready_text_and_json():
     assert exit_code(findings) == 1
     data = json.loads(json.dumps(as_json(facts, findings, rows, "gloo")))
     assert data["passed"] is False and data["worst"] == "fail" and len(data["ranks"]) == 2 and data["bandwidth"] == rows
+
+
+def test_gpus_allocated_but_unseen_fail_on_a_gpu_build_and_warn_on_a_cpu_build():
+    facts = [rank(0, allocated=2), rank(1, allocated=2)]
+    fails = levels(check_placement(facts), "fail")
+    assert fails == ["SLURM gave this job 2 GPU(s) but torch (CUDA 12.8) sees none"]
+    cpu_build = {**VERSIONS, "cuda": None, "nccl": None}
+    facts = [rank(0, allocated=2, versions=cpu_build), rank(1, allocated=2, versions=cpu_build)]
+    found = check_placement(facts)
+    assert levels(found, "fail") == [] and "CPU-only build" in levels(found, "warn")[0]
+
+
+def test_a_gpu_missing_from_the_map_is_judged_by_numa_instead():
+    cores_map = [[0, 1], None]
+    facts = [rank(0, cores=[0, 1], gpu="a", gpu_index=0), rank(1, cores=[2, 3], gpu="b", gpu_index=1, gpu_numa=0, cores_numa=[0])]
+    found = check_placement(facts, cores_map)
+    assert levels(found, "fail") == [] and "bound next to its GPU (2 checked)" in levels(found, "ok")[-1]
+
+
+def test_nccl_version_skew_across_nodes_fails():
+    other = {**VERSIONS, "nccl": "2.18.1"}
+    facts = [rank(0, gpu="a"), rank(1, gpu="b", versions=other)]
+    assert levels(check_software(facts), "fail") == ["the ranks run different NCCL/RCCL versions (rank 0: 2.27.3; rank 1: 2.18.1)"]

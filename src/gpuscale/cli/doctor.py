@@ -59,7 +59,7 @@ def add_parser(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def _expectations(args: argparse.Namespace, num_nodes: int) -> tuple[float | None, list[list[int]] | None]:
+def _expectations(args: argparse.Namespace, num_nodes: int) -> tuple[float | None, list[list[int] | None] | None]:
     """(expected busbw in GB/s, GPU index -> nearby cores) from the options, the profile, or the job's environment."""
     from gpuscale.slurm.profiles import load_profile
     from gpuscale.topology import parse_cpulist
@@ -67,7 +67,7 @@ def _expectations(args: argparse.Namespace, num_nodes: int) -> tuple[float | Non
     expected, gpu_cores = args.expect_busbw, None
     if args.gpu_cores:
         try:
-            gpu_cores = [parse_cpulist(c) for c in args.gpu_cores.split(";")]
+            gpu_cores = [parse_cpulist(c) or None for c in args.gpu_cores.split(";")]
         except ValueError:
             raise ValueError(f"--gpu-cores {args.gpu_cores!r} is not a ';'-separated list of core lists like 49-55;57-63") from None
     if args.profile:
@@ -75,26 +75,17 @@ def _expectations(args: argparse.Namespace, num_nodes: int) -> tuple[float | Non
         if expected is None:
             expected = profile.inter_node_gbps if num_nodes > 1 else profile.intra_node_gbps
         if profile.gpu_cores and gpu_cores is None:
-            gpu_cores = [parse_cpulist(c) for c in profile.gpu_cores]
-    if gpu_cores is None and os.environ.get("GPUSCALE_GPU_CORES"):  # set by torchrun-mode batch scripts
-        try:
-            gpu_cores = [parse_cpulist(c) for c in os.environ["GPUSCALE_GPU_CORES"].split(";")]
-        except ValueError:
-            raise ValueError(f"GPUSCALE_GPU_CORES={os.environ['GPUSCALE_GPU_CORES']!r} is not a ';'-separated list "
-                             "of core lists like 49-55;57-63") from None
+            gpu_cores = [parse_cpulist(c) or None for c in profile.gpu_cores]
     if expected is not None and not 0 < expected < 1e6:
         raise ValueError(f"--expect-busbw {expected} must be a positive number of GB/s")
     return expected, gpu_cores
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
     import torch.distributed as dist
 
-    from gpuscale.doctor import Finding, check_port_free, judge
-    from gpuscale.doctor.bandwidth import message_sizes, parse_size, sweep, verdict
-    from gpuscale.doctor.facts import rank_facts
-    from gpuscale.doctor.report import as_json, exit_code, format_text
+    from gpuscale.doctor import check_port_free
+    from gpuscale.doctor.bandwidth import message_sizes, parse_size
     from gpuscale.env import detect_env
     from gpuscale.runtime import init
 
@@ -105,34 +96,79 @@ def run(args: argparse.Namespace) -> int:
     env = detect_env(environ)
     expected, gpu_cores = _expectations(args, env.num_nodes)
     rendezvous = None
-    if not env.is_distributed:
+    if env.launcher == "single":  # under a launcher the port is the launcher's own store, listening by design
         is_local = env.master_addr in (None, "", "127.0.0.1", "localhost", "::1") or env.master_addr == os.uname().nodename
         rendezvous = check_port_free(env.master_addr, env.master_port, is_local)
 
-    with init(bind=args.bind, show_placement=False, timeout=args.timeout) as rt:
-        mine = rank_facts(rt, environ)
-        facts: list[Any] = [mine]
-        if rt.is_distributed:
-            facts = [None] * rt.world_size
-            dist.all_gather_object(facts, mine)
-            rendezvous = Finding("ok", "rendezvous", f"all {rt.world_size} ranks met at {mine['master']}")
-        rows = sweep(rt.device, sizes) if rt.is_distributed and not args.no_bandwidth else None
-        code = 0
-        if rt.is_main:
+    # The ranks meet over gloo even on GPUs: the faults checked here (two ranks on one GPU) make NCCL fail at
+    # its set-up with an error about itself. NCCL gets its own group afterwards, for the bandwidth sweep only.
+    met = False
+    try:
+        with init(bind=args.bind, show_placement=False, timeout=args.timeout, backend="gloo") as rt:
+            met = True
+            return _examine(args, rt, environ, sizes, expected, gpu_cores, rendezvous)
+    except (RuntimeError, dist.DistError) as exc:
+        if met:
+            raise
+        print(f"gpuscale doctor: rank {env.rank} could not meet the other ranks at {env.master_addr}:{env.master_port} "
+              f"within {args.timeout:g} s (it was told RANK={env.rank}, WORLD_SIZE={env.world_size}): ranks that disagree on "
+              f"WORLD_SIZE or the rendezvous address, or a rank that never started ({str(exc).splitlines()[0][:200]})",
+              file=sys.stderr)
+        return 1
+
+
+def _examine(args: argparse.Namespace, rt: Any, environ: dict[str, str], sizes: list[int], expected: float | None,
+             gpu_cores: list[list[int] | None] | None, rendezvous: Any) -> int:
+    """Gather every rank's facts, judge them on rank 0, measure the all-reduce if the placement allows; the exit code."""
+    import torch.distributed as dist
+
+    from gpuscale.doctor import Finding, judge
+    from gpuscale.doctor.bandwidth import sweep, verdict
+    from gpuscale.doctor.facts import rank_facts
+    from gpuscale.doctor.report import as_json, exit_code, format_text
+
+    mine = rank_facts(rt, environ)
+    facts: list[Any] = [mine]
+    if rt.is_distributed:
+        facts = [None] * rt.world_size
+        dist.all_gather_object(facts, mine)
+        rendezvous = Finding("ok", "rendezvous", f"all {rt.world_size} ranks met at {mine['master']}")
+    findings: list[Finding] = []
+    measure = [False]
+    if rt.is_main:
+        try:
             findings = judge(facts, gpu_cores=gpu_cores, want_deepspeed=args.deepspeed, rendezvous=rendezvous)
-            if rows:
-                findings += verdict(rows, expected, rt.backend)
-            elif not rt.is_distributed:
-                findings.append(Finding("info", "bandwidth", "one process: no all-reduce to measure (run it under "
-                                        "gpuscale run --nproc-per-node N -m gpuscale doctor)"))
+        except Exception as exc:  # a bug of ours must not leave the other ranks waiting in the broadcast below
+            findings = [Finding("fail", "doctor", f"judging the facts failed: {type(exc).__name__}: {exc}", "report this as a gpuscale bug")]
+        shared_gpu = any(f.level == "fail" and "share one GPU" in f.message for f in findings)
+        measure = [rt.is_distributed and not args.no_bandwidth and not shared_gpu]
+        if shared_gpu and not args.no_bandwidth:
+            findings.append(Finding("info", "bandwidth", "not measured: ranks share a GPU (NCCL refuses that)"))
+    if rt.is_distributed:
+        dist.broadcast_object_list(measure, src=0)
+    rows = None
+    if measure[0]:
+        group = dist.new_group(backend="nccl") if rt.device.type == "cuda" else None
+        backend = "nccl" if group is not None else rt.backend
+        rows = sweep(rt.device, sizes, group)
+        if rt.is_main:
+            findings += verdict(rows, expected, backend)
+    else:
+        backend = rt.backend
+    code = [0]
+    if rt.is_main:
+        if not rt.is_distributed:
+            findings.append(Finding("info", "bandwidth", "one process: no all-reduce to measure (run it under "
+                                    "gpuscale run --nproc-per-node N -m gpuscale doctor)"))
+        try:
             if args.json:
-                print(json.dumps(as_json(facts, findings, rows, rt.backend), indent=2))
+                print(json.dumps(as_json(facts, findings, rows, backend), indent=2))
             else:
-                print(format_text(facts, findings, rows, rt.backend))
+                print(format_text(facts, findings, rows, backend))
             sys.stdout.flush()
-            code = exit_code(findings)
-        if rt.is_distributed:  # every rank exits alike, so srun and gpuscale run report the verdict
-            verdict_code = torch.tensor([code], device=rt.device)
-            dist.broadcast(verdict_code, 0)
-            code = int(verdict_code.item())
-    return code
+            code = [exit_code(findings)]
+        except OSError:  # stdout closed early (| head): still tell the other ranks
+            code = [1]
+    if rt.is_distributed:  # every rank exits alike, so srun and gpuscale run report the verdict
+        dist.broadcast_object_list(code, src=0)
+    return int(code[0])

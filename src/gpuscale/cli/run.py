@@ -198,11 +198,14 @@ def run(args: argparse.Namespace) -> int:
                   "run the same command again to resume", file=sys.stderr)
             return EXIT_STOPPED
         notes = _read_notes(Path(notes_dir.name))
-        codes = {failure.exitcode for failure in exc.failures.values()}
+        # the agent SIGTERMs the ranks still running once one has failed: they do not count as a verdict of their own
+        codes = {failure.exitcode for failure in exc.failures.values() if failure.exitcode != -signal.SIGTERM}
         if len(exc.failures) == nproc and len(codes) == 1 and min(codes) > 0 and not notes:
-            # every rank returned the same status and none raised: the script's own verdict (gpuscale doctor's 1), not a crash
-            print(f"gpuscale run: every rank exited with code {min(codes)} (the script's own exit status; no rank raised)",
-                  file=sys.stderr)
+            # every rank returned the same status and none reported an exception to gpuscale: most likely the script's own
+            # verdict (gpuscale doctor's 1); anything a rank printed is above
+            exited = sorted(rank for rank, failure in exc.failures.items() if failure.exitcode == min(codes))
+            who = "every rank" if len(exited) == nproc else f"rank(s) {', '.join(map(str, exited))} (the others were then stopped)"
+            print(f"gpuscale run: {who} exited with code {min(codes)}", file=sys.stderr)
             return min(codes)
         rank = first_failure(exc.failures, notes)
         failure = exc.failures[rank]

@@ -37,6 +37,7 @@ def check_port_free(addr: str | None, port: int, is_local: bool) -> Finding:
                            "set MASTER_ADDR to rank 0's host name as every node knows it")
         return Finding("info", "rendezvous", f"rendezvous {addr}:{port} is another host: its port is checked there")
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the store does: a port in TIME_WAIT is usable
         try:
             s.bind(("", port))
         except OSError:
@@ -47,7 +48,7 @@ def check_port_free(addr: str | None, port: int, is_local: bool) -> Finding:
     return Finding("ok", "rendezvous", f"port {port} is free for the rendezvous store")
 
 
-def judge(facts: Sequence[Mapping[str, Any]], *, gpu_cores: Sequence[Sequence[int]] | None = None,
+def judge(facts: Sequence[Mapping[str, Any]], *, gpu_cores: Sequence[Sequence[int] | None] | None = None,
           want_deepspeed: bool = False, rendezvous: Finding | None = None) -> list[Finding]:
     """All of rank 0's verdicts on the gathered facts, in report order. Pure."""
     found = check_placement(facts, gpu_cores)

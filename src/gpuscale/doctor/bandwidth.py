@@ -69,30 +69,30 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def sweep(device: torch.device, sizes: list[int]) -> list[dict[str, Any]]:
-    """Every rank calls this with the same sizes; returns one row per size (the same on every rank)."""
-    world = dist.get_world_size()
+def sweep(device: torch.device, sizes: list[int], group: Any = None) -> list[dict[str, Any]]:
+    """Every rank of `group` (default: the world) calls this with the same sizes; one row per size, alike on every rank."""
+    world = dist.get_world_size(group)
     rows = []
     for size in sizes:
         buf = torch.ones(size // 4, dtype=torch.float32, device=device)
-        dist.all_reduce(buf)  # warm-up: connections, buffers, the kernel's first launch
+        dist.all_reduce(buf, group=group)  # warm-up: connections, buffers, the kernel's first launch
         _sync(device)
         ok = bool(buf[0].item() == world and buf[-1].item() == world)
         # one timed call decides the repeat count; rank 0's choice is everyone's, so the calls match up
-        dist.barrier()
+        dist.barrier(group=group)
         start = time.perf_counter()
-        dist.all_reduce(buf)
+        dist.all_reduce(buf, group=group)
         _sync(device)
         once = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=device)
-        dist.broadcast(once, 0)
+        dist.broadcast(once, 0, group=group)
         repeats = int(min(MAX_REPEATS, max(3, TARGET_S / max(once.item(), 1e-6))))
-        dist.barrier()
+        dist.barrier(group=group)
         start = time.perf_counter()
         for _ in range(repeats):
-            dist.all_reduce(buf)
+            dist.all_reduce(buf, group=group)
         _sync(device)
         elapsed = torch.tensor([(time.perf_counter() - start) / repeats], dtype=torch.float64, device=device)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)
         seconds = float(elapsed.item())
         algbw = size / seconds / 1e9
         rows.append({"bytes": size, "seconds": seconds, "repeats": repeats, "algbw_gbps": algbw,

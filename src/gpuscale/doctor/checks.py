@@ -68,7 +68,7 @@ def _by_host(facts: Sequence[Facts]) -> dict[str, list[Facts]]:
 
 # ---------------------------------------------------------------------------------------------- placement
 
-def check_placement(facts: Sequence[Facts], gpu_cores: Sequence[Sequence[int]] | None = None) -> list[Finding]:
+def check_placement(facts: Sequence[Facts], gpu_cores: Sequence[Sequence[int] | None] | None = None) -> list[Finding]:
     """Ranks that agree on the world, one GPU each, disjoint cores next to their GPU, no GPU left idle.
 
     gpu_cores: a cluster profile's map, GPU index -> the cores next to it (LUMI's GCD table), used
@@ -119,7 +119,17 @@ def _check_world(facts: Sequence[Facts]) -> list[Finding]:
 def _check_gpus(facts: Sequence[Facts]) -> list[Finding]:
     found = []
     if not any(f.get("gpu") for f in facts):
-        return [Finding("info", "placement", "no rank uses a GPU (CPU run)")]
+        allocated = sum(max((f.get("gpus_allocated") or 0) for f in here) for here in _by_host(facts).values())
+        if not allocated:
+            return [Finding("info", "placement", "no rank uses a GPU (CPU run)")]
+        versions = facts[0]["versions"]
+        if versions.get("cuda") or versions.get("hip"):
+            return [Finding("fail", "placement", f"SLURM gave this job {allocated} GPU(s) but torch "
+                            f"({'CUDA ' + versions['cuda'] if versions.get('cuda') else 'ROCm ' + str(versions['hip'])}) sees none",
+                            "a driver or visibility problem on the node: check nvidia-smi / rocm-smi and CUDA_VISIBLE_DEVICES / "
+                            "ROCR_VISIBLE_DEVICES in the job")]
+        return [Finding("warn", "placement", f"SLURM gave this job {allocated} GPU(s) but this torch is a CPU-only build: "
+                        "the ranks run on CPU", "install a CUDA or ROCm build of torch in the job's environment")]
     for host, here in sorted(_by_host(facts).items()):
         users = defaultdict(list)
         for f in here:
@@ -172,14 +182,14 @@ def _check_cores(facts: Sequence[Facts]) -> list[Finding]:
     return found
 
 
-def _check_nearness(facts: Sequence[Facts], gpu_cores: Sequence[Sequence[int]] | None) -> list[Finding]:
+def _check_nearness(facts: Sequence[Facts], gpu_cores: Sequence[Sequence[int] | None] | None) -> list[Finding]:
     found = []
     judged = 0
     for f in facts:
         if not f.get("gpu") or not f["cores"]:
             continue
         index = f.get("gpu_index")
-        if gpu_cores is not None and index is not None and 0 <= index < len(gpu_cores):
+        if gpu_cores is not None and index is not None and 0 <= index < len(gpu_cores) and gpu_cores[index]:
             near = set(gpu_cores[index])
             judged += 1
             far = sorted(set(f["cores"]) - near)
@@ -219,12 +229,13 @@ def _check_nearness(facts: Sequence[Facts], gpu_cores: Sequence[Sequence[int]] |
 def check_software(facts: Sequence[Facts], want_deepspeed: bool = False) -> list[Finding]:
     """The same torch everywhere, a collective library for the GPUs, DeepSpeed if asked for."""
     found = []
-    for key, what in (("torch", "torch"), ("python", "Python"), ("cuda", "CUDA"), ("hip", "ROCm/HIP")):
+    for key, what in (("torch", "torch"), ("python", "Python"), ("cuda", "CUDA"), ("hip", "ROCm/HIP"), ("nccl", "NCCL/RCCL"),
+                      ("deepspeed", "DeepSpeed")):
         versions = defaultdict(list)
         for f in facts:
             versions[f["versions"].get(key)].append(f["rank"])
         if len(versions) > 1:
-            views = "; ".join(f"{_ranks(r)}: {v or 'none'}" for v, r in sorted(versions.items(), key=lambda kv: str(kv[0])))
+            views = "; ".join(f"{_ranks(r)}: {v or 'none'}" for v, r in sorted(versions.items(), key=lambda kv: min(kv[1])))
             found.append(Finding("fail", "software", f"the ranks run different {what} versions ({views})",
                                  "use one environment (container or venv) on every node"))
     first = facts[0]["versions"]
@@ -295,7 +306,8 @@ def check_environment(facts: Sequence[Facts]) -> list[Finding]:
             found.append(Finding("warn", "environment",
                                  f"MIOpen's cache is {'not set (' + ', '.join(unset) + ')' if unset else 'not node-local (' + ', '.join(shared) + ')'}: "
                                  "all ranks of all nodes share one database in $HOME and lock each other out",
-                                 "MIOPEN_USER_DB_PATH=MIOPEN_CUSTOM_CACHE_DIR=/tmp/$USER-miopen-cache-$SLURM_JOB_ID (the lumi-g profile sets it)"))
+                                 "export MIOPEN_USER_DB_PATH=/tmp/$USER-miopen-cache-$SLURM_JOB_ID MIOPEN_CUSTOM_CACHE_DIR=/tmp/$USER-miopen-cache-$SLURM_JOB_ID "
+                                 "(the lumi-g profile sets both)"))
         else:
             found.append(Finding("ok", "environment", "MIOpen's cache is node-local"))
     if facts[0].get("has_tokenizers") and not env0.get("TOKENIZERS_PARALLELISM"):

@@ -343,7 +343,7 @@ def render_sbatch(profile: Profile, job: JobSpec) -> str:
         lines += [
             "# Preflight: gpuscale doctor on every rank, launched exactly like the training (same tasks, GPUs, cores).",
             "# It prints the placement, checks and all-reduce bandwidth; if a check fails the job ends here.",
-            _step_command(profile, job, plan, srun, _doctor_program(profile, job))
+            _step_command(profile, job, plan, srun, _doctor_program(profile, job, plan))
             + ' || { echo "gpuscale: doctor found a problem (see above); the training was not started" >&2; exit 1; }',
             "",
         ]
@@ -351,13 +351,15 @@ def render_sbatch(profile: Profile, job: JobSpec) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _doctor_program(profile: Profile, job: JobSpec) -> list[str]:
-    """`python -m gpuscale doctor` with what the profile expects: link bandwidth and the cores next to each GPU."""
+def _doctor_program(profile: Profile, job: JobSpec, plan: _Plan) -> list[str]:
+    """`python -m gpuscale doctor` with what the profile expects: link bandwidth, and the cores next to each GPU where
+    the ranks are bound by that map (CPU masks in srun mode, torchrun on whole nodes); elsewhere SLURM chose the cores."""
     program = [job.python, "-m", "gpuscale", "doctor"]
     expected = profile.inter_node_gbps if job.nodes > 1 else profile.intra_node_gbps
     if expected:
         program += ["--expect-busbw", f"{expected:g}"]
-    if profile.gpu_cores:
+    whole_node = job.exclusive or plan.gpus_per_node == profile.gpus_per_node
+    if profile.gpu_cores and (plan.masks or (job.mode == "torchrun" and whole_node)):
         program += ["--gpu-cores", ";".join(profile.gpu_cores)]
     return program
 
