@@ -215,3 +215,141 @@ model = accelerator.prepare(model)
 model.requires_grad_(True)
 """
     assert [(f.line, f.rule) for f in lint_source(text)] == [(7, "GS108")]
+
+
+MULTILINE_PRINT = """\
+import torch.distributed as dist
+dist.init_process_group("gloo")
+print({first}
+    "hello",{middle}
+    "world",
+){last}
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+def test_suppression_comment_on_any_line_of_a_multiline_statement(where):
+    comments = {"first": "", "middle": "", "last": ""}
+    comments[where] = "  # gpuscale: ignore[GS103]"
+    assert lint_source(MULTILINE_PRINT.format(**comments)) == []
+    assert [(f.line, f.rule) for f in lint_source(MULTILINE_PRINT.format(first="", middle="", last=""))] == [(3, "GS103")]
+
+
+def test_suppression_comment_on_another_statement_does_not_silence():
+    text = MULTILINE_PRINT.format(first="", middle="", last="") + "x = 1  # gpuscale: ignore\n"
+    assert [(f.line, f.rule) for f in lint_source(text)] == [(3, "GS103")]
+
+
+METRIC_SCRIPT = """\
+import torch
+import torch.distributed as dist
+{imports}
+dist.init_process_group("gloo")
+def evaluate(model, loader):
+    correct = 0
+    for x, y in loader:
+        correct += (model(x).argmax(1) == y).sum()
+    {reduction}
+    return correct
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("imports, reduction, reduced", [
+    ("", "dist.all_reduce(correct)", True),
+    ("", "dist.reduce(correct, dst=0)", True),
+    ("", "dist.gather(correct, dst=0)", True),
+    ("from torch.distributed import gather", "gather(correct)", True),
+    ("from accelerate import Accelerator\naccelerator = Accelerator()", "correct = accelerator.gather(correct)", True),
+    ("", "correct = self.accelerator.reduce(correct)", True),
+    ("", "correct = fabric.all_reduce(correct)", True),
+    ("import gpuscale", "gpuscale.all_reduce_sum([correct])", True),
+    ("", "picked = correct.gather(0, torch.zeros(1, dtype=torch.long))", False),
+    ("", "picked = torch.gather(correct, 0, torch.zeros(1, dtype=torch.long))", False),
+    ("import functools, operator", "n = functools.reduce(operator.add, [1, 2])", False),
+    ("from functools import reduce", "n = reduce(lambda a, b: a + b, [1, 2])", False),
+])
+def test_only_collectives_count_as_reducing_metrics(imports, reduction, reduced):
+    findings = lint_source(METRIC_SCRIPT.format(imports=imports, reduction=reduction))
+    assert [f.rule for f in findings] == ([] if reduced else ["GS107"])
+
+
+def test_a_method_called_unguarded_through_self_is_unguarded():
+    text = """\
+import torch.distributed as dist
+class Trainer:
+    def report(self):
+        print("report")
+    def fit(self):
+        self.report()
+class Other:
+    def report(self):
+        pass
+dist.init_process_group("gloo")
+t = Trainer()
+if dist.get_rank() == 0:
+    t.report()
+t.fit()
+Other().report()
+dist.destroy_process_group()
+"""
+    assert [(f.line, f.rule) for f in lint_source(text)] == [(4, "GS103")]
+
+
+def test_a_method_called_only_on_unresolved_receivers_is_guarded_if_one_call_is():
+    text = """\
+import torch.distributed as dist
+class Trainer:
+    def evaluate(self):
+        print("evaluate")
+def run(trainer, judge):
+    if dist.get_rank() == 0:
+        trainer.evaluate()
+    judge.evaluate()
+dist.init_process_group("gloo")
+dist.destroy_process_group()
+"""
+    assert lint_source(text) == []
+
+
+@pytest.mark.parametrize("line, flagged", [
+    ('print(f"rank {rank} ready")', False),
+    ('print(f"[{dist.get_rank()}] ready")', False),
+    ('print("rank %d ready" % local_rank)', False),
+    ('print("rank {} ready".format(rank))', False),
+    ('print("rank", rank, "ready")', False),
+    ('print("rank 0 is slow")', True),
+    ('print(f"epoch {epoch}")', True),
+])
+def test_a_print_that_tells_its_rank_is_deliberate(line, flagged):
+    text = f"import torch.distributed as dist\ndist.init_process_group('gloo')\nrank = local_rank = epoch = 0\n{line}\n" \
+           "dist.destroy_process_group()\n"
+    assert [f.rule for f in lint_source(text)] == (["GS103"] if flagged else [])
+
+
+def test_cli_folder_with_an_unparsable_file_lints_the_rest_and_exits_2(tmp_path):
+    (tmp_path / "a_broken.py").write_text("def f(:\n    pass\n")
+    (tmp_path / "b_train.py").write_text(DDP_PRINT.format(comment=""))
+    (tmp_path / "c_bad_encoding.py").write_bytes(b"# -*- coding: nope -*-\nx = 1\n")
+    result = gpuscale_lint(str(tmp_path))
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 2 and "Traceback" not in result.stderr
+    assert lines[0].startswith("gpuscale lint: error: ") and "a_broken.py:1: not valid Python" in lines[0]
+    assert "fix the syntax error" in lines[0]
+    assert "c_bad_encoding.py" in lines[1]
+    assert f"{tmp_path / 'b_train.py'}:3:1: GS103 print() runs on every rank" in result.stdout
+    assert result.stdout.rstrip().endswith("1 finding(s) in 1 file(s)")
+    as_json = gpuscale_lint("--format", "json", str(tmp_path))
+    assert as_json.returncode == 2 and [f["rule"] for f in json.loads(as_json.stdout)] == ["GS103"]
+
+
+def test_lint_paths_collects_unparsable_files_when_asked(tmp_path):
+    (tmp_path / "broken.py").write_text("def f(:\n")
+    (tmp_path / "train.py").write_text(DDP_PRINT.format(comment=""))
+    with pytest.raises(ValueError, match="broken.py:1: not valid Python"):
+        lint_paths([tmp_path])
+    errors: list[str] = []
+    assert [f.rule for f in lint_paths([tmp_path], errors=errors)] == ["GS103"]
+    assert len(errors) == 1 and "broken.py:1: not valid Python" in errors[0]

@@ -19,16 +19,19 @@ checked for the mistakes that make N GPUs train wrong or slow:
 Each finding prints as `path:line:col: GS1xx what is wrong`, then why it matters and the fix (the
 gpuscale call that does it right). Folders are linted recursively (*.py).
 
-Silence a finding with a comment on its line: `# gpuscale: ignore[GS103]` (ids comma separated),
-or `# gpuscale: ignore` for every rule on that line.
+Silence a finding with a comment on its line (or on any line of its statement):
+`# gpuscale: ignore[GS103]` (ids comma separated), or `# gpuscale: ignore` for every rule there.
 
-Exit code: 0 no findings, 1 findings, 2 bad input (a missing file, not Python, a syntax error).
+Exit code: 0 no findings, 1 findings, 2 bad input (a missing file, not Python, a syntax error). A
+file that cannot be parsed is reported on stderr and the other files are still linted (and their
+findings printed); the exit code is then 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from gpuscale.lint import RULE_IDS, lint_paths, select_rules
@@ -63,7 +66,10 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     rules = select_rules(args.select, args.ignore)
-    findings = lint_paths(args.paths, rules)
+    errors: list[str] = []  # files that cannot be parsed: reported, the others still linted
+    findings = lint_paths(args.paths, rules, errors=errors)
+    for error in errors:
+        print("gpuscale lint: error: " + error.replace("\r", "\\r").replace("\n", "\\n"), file=sys.stderr)
     if args.format == "json":
         print(json.dumps([f.as_dict() for f in findings], indent=2))
     else:
@@ -71,4 +77,6 @@ def run(args: argparse.Namespace) -> int:
             print(finding.format())
         files = len({f.path for f in findings})
         print(f"{len(findings)} finding(s) in {files} file(s)" if findings else "no findings")
+    if errors:
+        return 2
     return 1 if findings else 0

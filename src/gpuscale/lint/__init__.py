@@ -31,10 +31,13 @@ DistributedSampler, horovod's init or torch.multiprocessing.spawn; other scripts
 
 Rank guards are understood generously (see `gpuscale.lint.guards`): an enclosing `if` or
 conditional whose test mentions the rank or the main process, an earlier `if not is_main: return`,
-a function every call of which is guarded, a `@rank_zero_only` decorator.
+a function every call of which is guarded (a method's calls resolved through `self.` where they
+can be), a `@rank_zero_only` decorator. A distributed-or-not test (`local_rank != -1`,
+`rank is not None`) is not a rank guard: it is true on every rank.
 
-Silence one finding with a comment on its line: `# gpuscale: ignore[GS103]` (ids comma
-separated), or `# gpuscale: ignore` for every rule on that line.
+Silence one finding with a comment on its line (or any line of its statement, for a call spread
+over several lines): `# gpuscale: ignore[GS103]` (ids comma separated), or `# gpuscale: ignore`
+for every rule there.
 """
 
 from gpuscale.lint.engine import expand, lint_paths, lint_source, select_rules, suppressions

@@ -1,11 +1,13 @@
 """Running the rules: over one source text (`lint_source`) or over files and folders (`lint_paths`).
 
 Suppression: a comment `# gpuscale: ignore[GS103]` (one or more ids, comma separated) or a bare
-`# gpuscale: ignore` on the line a finding points at silences it there.
+`# gpuscale: ignore` on any line of the flagged statement (the line a finding points at, or
+another line of the same multi-line call or statement) silences it there.
 """
 
 from __future__ import annotations
 
+import ast
 import io
 import re
 import tokenize
@@ -18,6 +20,8 @@ from gpuscale.lint.script import Script
 
 IGNORE = re.compile(r"#\s*gpuscale:\s*ignore\b(?:\[([^\]]*)\])?", re.IGNORECASE)
 ALL = "*"
+COMPOUND = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.Try, ast.FunctionDef,
+            ast.AsyncFunctionDef, ast.ClassDef, ast.Match) + ((ast.TryStar,) if hasattr(ast, "TryStar") else ())
 SKIPPED_DIRS = ("__pycache__", "node_modules", "site-packages")
 
 
@@ -60,10 +64,21 @@ def lint_source(text: str, path: str = "<string>", rules: Sequence[Rule] = RULES
     for rule in rules:
         for hit in rule.check(script):
             finding = rule.finding(path, hit)
-            ids = silenced.get(finding.line, set())
+            ids = set().union(*(silenced.get(line, set()) for line in _lines(script, hit.node, finding.line)))
             if ALL not in ids and finding.rule not in ids:
                 findings.add(finding)
     return sorted(findings, key=lambda f: (f.line, f.col, f.rule, f.title))
+
+
+def _lines(script: Script, node: ast.AST, line: int) -> range:
+    """The lines a suppression comment for a finding at `node` may sit on: the node's own lines, or those of
+    the simple statement that holds it (a call whose closing bracket is some lines below its start)."""
+    first, last = line, getattr(node, "end_lineno", None) or line
+    if isinstance(node, ast.stmt) or node in script.parents:
+        stmt = script.statement(node)
+        if not isinstance(stmt, COMPOUND):
+            first, last = min(first, stmt.lineno), max(last, stmt.end_lineno or last)
+    return range(first, last + 1)
 
 
 def expand(paths: Iterable[str | Path]) -> list[Path]:
@@ -96,16 +111,28 @@ def _has_python_shebang(path: Path) -> bool:
     return first.startswith(b"#!") and b"python" in first
 
 
-def lint_paths(paths: Iterable[str | Path], rules: Sequence[Rule] = RULES) -> list[Finding]:
+def lint_paths(paths: Iterable[str | Path], rules: Sequence[Rule] = RULES,
+               errors: list[str] | None = None) -> list[Finding]:
     """The findings of every script named (folders recursively), sorted by path and line.
 
-    Bad input (a missing path, not Python, undecodable or unparsable) raises ValueError naming the file.
+    A missing path or a named file that is not Python raises ValueError naming it. A file that
+    cannot be read or parsed raises ValueError too, unless `errors` is given: then its one-line
+    message (file, what is wrong, the fix) is appended there and the other files are still linted.
     """
     findings: list[Finding] = []
     for path in expand(paths):
         try:
-            text = tokenize.open(path).read()  # honours a coding: line, like Python does
-        except (SyntaxError, UnicodeDecodeError) as exc:
-            raise ValueError(f"{path}: cannot be read as Python source ({exc}); lint only Python training scripts") from None
-        findings.extend(lint_source(text, str(path), rules))
+            try:
+                with tokenize.open(path) as f:  # honours a coding: line, like Python does
+                    text = f.read()
+            except (SyntaxError, UnicodeDecodeError) as exc:
+                raise ValueError(f"{path}: cannot be read as Python source ({exc}); "
+                                 "fix its encoding, or lint only Python training scripts") from None
+            except OSError as exc:
+                raise ValueError(f"{path}: cannot be read ({exc.strerror or exc}); check its permissions") from None
+            findings.extend(lint_source(text, str(path), rules))
+        except ValueError as exc:
+            if errors is None:
+                raise
+            errors.append(str(exc))
     return findings

@@ -11,8 +11,15 @@ Read generously, because a missed guard is a false alarm: a node is guarded when
 - an earlier statement of an enclosing block leaves early under such a test (`if not rt.is_main:
   return`, `continue`, `break`, `raise`, `sys.exit()`);
 - its function is decorated with something rank-ish (`@rank_zero_only`), or every call of its
-  function in the script is itself guarded (a `save()` helper called under `if rank == 0`);
-- it runs in the launching process: the same function (or module body) that calls `mp.spawn`.
+  function in the script is itself guarded (a `save()` helper called under `if rank == 0`); a
+  method's calls are those resolved to its class (`self.evaluate()`, `trainer.evaluate()` with
+  `trainer = Trainer(...)`), not another object's method of the same name;
+- it runs in the launching process: the same function (or module body) that calls `mp.spawn`;
+- it is in the single-process branch of a distributed-or-not test (`if local_rank == -1:`).
+
+A distributed-or-not test (`local_rank != -1`, `rank >= 0`, `local_rank is not None`, or a flag
+assigned one: `is_dist = local_rank != -1`) is true on every rank of a distributed run: it is not
+a rank guard.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from __future__ import annotations
 import ast
 import re
 
-from gpuscale.lint.script import Script, last_name, names_in
+from gpuscale.lint.script import Script, dotted, last_name, names_in
 
 RANKISH = re.compile(r"rank|is_main|main_process|is_master|master_process|local_master|process_zero|global_zero|is_primary"
                      r"|is_chief|is_leader|is_root|main_only|on_main|process_index|should_save|should_log|gpu_id|^master$",
@@ -32,6 +39,64 @@ SPAWNS = ("spawn", "start_processes")
 def mentions_rank(expr: ast.AST) -> bool:
     """Whether an expression mentions the rank or the main process."""
     return any(RANKISH.search(name) for name in names_in(expr))
+
+
+def _constant(expr: ast.AST) -> object:
+    """The value of a constant, -1 for `-1` (and for the string '-1'); a marker for anything else."""
+    if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.USub) and isinstance(expr.operand, ast.Constant):
+        return -expr.operand.value if type(expr.operand.value) is int else _NOT_CONSTANT
+    if isinstance(expr, ast.Constant):
+        return int(expr.value) if expr.value in ("-1", "0") else expr.value
+    return _NOT_CONSTANT
+
+
+_NOT_CONSTANT = object()
+
+
+def is_distributed_test(expr: ast.AST) -> bool:
+    """A test of whether the script runs distributed at all, true on every rank or on none: `local_rank != -1`,
+    `rank >= 0`, `local_rank is not None`, `rank == -1` (the `-1` of launchers that pass no rank)."""
+    if not (isinstance(expr, ast.Compare) and len(expr.ops) == 1):
+        return False
+    left, op, right = expr.left, expr.ops[0], expr.comparators[0]
+    if not mentions_rank(left):
+        left, right = right, left
+        op = {ast.Lt: ast.Gt(), ast.Gt: ast.Lt(), ast.LtE: ast.GtE(), ast.GtE: ast.LtE()}.get(type(op), op)
+        if not mentions_rank(left) or mentions_rank(right):
+            return False
+    value = _constant(right)
+    if value is None or value == -1:
+        return isinstance(op, (ast.Is, ast.IsNot, ast.Eq, ast.NotEq, ast.Gt, ast.LtE))
+    if value == 0 and type(value) is int:
+        return isinstance(op, (ast.GtE, ast.Lt))
+    return False
+
+
+def distributed_when_true(expr: ast.AST) -> bool | None:
+    """For a distributed-or-not test: True when the test holds exactly when distributed (`local_rank != -1`),
+    False when it holds exactly when not (`local_rank == -1`, `rank is None`); None for any other test."""
+    if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.Not):
+        inner = distributed_when_true(expr.operand)
+        return None if inner is None else not inner
+    if not is_distributed_test(expr):
+        return None
+    assert isinstance(expr, ast.Compare)
+    op = expr.ops[0]
+    if not mentions_rank(expr.left):  # -1 != local_rank: mirror the order
+        op = {ast.Lt: ast.Gt(), ast.Gt: ast.Lt(), ast.LtE: ast.GtE(), ast.GtE: ast.LtE()}.get(type(op), op)
+    return isinstance(op, (ast.IsNot, ast.NotEq, ast.Gt, ast.GtE))
+
+
+def is_rank_test(expr: ast.AST) -> bool:
+    """Whether a test tells the main rank from the others: it mentions the rank or the main process other
+    than in a distributed-or-not test (`is_dist = local_rank != -1` is true on every rank)."""
+    if is_distributed_test(expr):
+        return False
+    if isinstance(expr, ast.BoolOp):
+        return any(is_rank_test(v) for v in expr.values)
+    if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.Not):
+        return is_rank_test(expr.operand)
+    return mentions_rank(expr)
 
 
 def _leaves(body: list[ast.stmt]) -> bool:
@@ -51,18 +116,19 @@ class Guards:
         self.script = script
         self._functions: dict[ast.AST, bool] = {}
         self._variables: dict[str, bool] = {}
+        self._class_names: dict[str, ast.ClassDef] | None = None
         self._spawning = {script.scope(c) for c in script.calls_named(*SPAWNS)
                           if "multiprocessing" in script.qualname(c) or last_name(c.func) == "start_processes"
                           or script.qualname(c).startswith("mp.")}
 
     def rankish(self, test: ast.AST) -> bool:
         """Whether a test mentions the rank, directly or through a flag assigned a rank test (`verbose = rank == 0`)."""
-        if mentions_rank(test):
+        if is_rank_test(test):
             return True
         for name in {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}:
             if name not in self._variables:
                 self._variables[name] = False  # a variable assigned from itself does not guard
-                self._variables[name] = any(isinstance(v, (ast.Compare, ast.BoolOp, ast.UnaryOp)) and mentions_rank(v)
+                self._variables[name] = any(isinstance(v, (ast.Compare, ast.BoolOp, ast.UnaryOp)) and is_rank_test(v)
                                             for v in self.script.assignments(name))
             if self._variables[name]:
                 return True
@@ -75,8 +141,9 @@ class Guards:
             return True
         child = node
         for ancestor in script.ancestors(node):
-            if isinstance(ancestor, (ast.If, ast.While, ast.IfExp)) and child is not ancestor.test and self.rankish(ancestor.test):
-                return True
+            if isinstance(ancestor, (ast.If, ast.While, ast.IfExp)) and child is not ancestor.test:
+                if self.rankish(ancestor.test) or self._single_process_branch(ancestor, child):
+                    return True
             if isinstance(ancestor, ast.BoolOp):
                 index = ancestor.values.index(child)
                 if any(self.rankish(v) for v in ancestor.values[:index]):
@@ -87,6 +154,25 @@ class Guards:
                 return self._function_guarded(ancestor)
             child = ancestor
         return False
+
+    def _single_process_branch(self, branch: ast.If | ast.While | ast.IfExp, child: ast.AST) -> bool:
+        """Whether `child` is in the branch of a distributed-or-not test that runs only without a process group
+        (`if local_rank == -1: print(...)`, the else of `if local_rank != -1:`): one process, printing once."""
+        when = self._distributed_when_true(branch.test)
+        if when is None:
+            return False
+        in_body = child in branch.body if isinstance(branch.body, list) else child is branch.body
+        return in_body != when
+
+    def _distributed_when_true(self, test: ast.AST) -> bool | None:
+        """`distributed_when_true`, also through `not` and a flag assigned such a test (`is_dist = rank != -1`)."""
+        if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+            inner = self._distributed_when_true(test.operand)
+            return None if inner is None else not inner
+        if isinstance(test, ast.Name):
+            whens = {distributed_when_true(v) for v in self.script.assignments(test.id)}
+            return whens.pop() if len(whens) == 1 else None
+        return distributed_when_true(test)
 
     def _early_exit_before(self, stmt: ast.stmt) -> bool:
         """Whether a statement before `stmt`, in a block that holds it, leaves early under a rank test."""
@@ -108,16 +194,83 @@ class Guards:
         if RANKISH.search(function.name) or any(mentions_rank(d) for d in function.decorator_list):
             result = True
         else:
-            sites = [c for c in self._call_sites(function) if not self._inside(c, function)]
-            result = bool(sites) and all(self.guarded(c) for c in sites)
+            result = self._sites_guarded(function)
         self._functions[function] = result
         return result
 
-    def _call_sites(self, function: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.Call]:
-        """Calls of a function by its name (`f(...)`), or of a method by attribute (`obj.f(...)`)."""
-        method = isinstance(self.script.parent(function), ast.ClassDef)
-        kind = ast.Attribute if method else ast.Name
-        return [c for c in self.script.calls_named(function.name) if isinstance(c.func, kind)]
+    def _sites_guarded(self, function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+        """Whether the function is only called under a rank guard.
+
+        A function's calls are found by name (`f(...)`). A method's calls are resolved where the
+        receiver says whose method it is: `self.f()` in its own class (or a subclass), `obj.f()` where
+        `obj` was assigned an instance of its class, `Class.f(...)`; calls on an instance of another
+        class of the script or on an imported module (`torch.save`) are not its calls. Calls on a
+        receiver that cannot be resolved (`other.evaluate()`) only count when there is no resolved call,
+        and then one guarded call is enough: a missed guard is a false alarm.
+        """
+        cls = self.script.parent(function)
+        if not isinstance(cls, ast.ClassDef):
+            sites = [c for c in self.script.calls_named(function.name)
+                     if isinstance(c.func, ast.Name) and not self._inside(c, function)]
+            return bool(sites) and all(self.guarded(c) for c in sites)
+        resolved, unresolved = [], []
+        for call in self.script.calls_named(function.name):
+            if not isinstance(call.func, ast.Attribute) or self._inside(call, function):
+                continue
+            owner = self._receiver_class(call.func.value, call)
+            if owner is None:
+                unresolved.append(call)
+            elif isinstance(owner, ast.ClassDef) and self._resolves_to(owner, cls, function.name):
+                resolved.append(call)
+        if resolved:
+            return all(self.guarded(c) for c in resolved)
+        return any(self.guarded(c) for c in unresolved)
+
+    def _classes(self) -> dict[str, ast.ClassDef]:
+        if self._class_names is None:
+            self._class_names = {n.name: n for n in self.script.nodes if isinstance(n, ast.ClassDef)}
+        return self._class_names
+
+    def _receiver_class(self, receiver: ast.AST, call: ast.Call) -> ast.AST | None:
+        """The class a method call's receiver is an instance of (or is): a ClassDef of the script, the
+        Module for an imported module or something not of this script, None when unknown."""
+        classes = self._classes()
+        if isinstance(receiver, ast.Name) and receiver.id in ("self", "cls"):
+            for ancestor in self.script.ancestors(call):
+                if isinstance(ancestor, ast.ClassDef):
+                    return ancestor
+            return None
+        name = dotted(receiver)
+        if name is None:
+            if isinstance(receiver, ast.Call) and last_name(receiver.func) in classes:  # Trainer(...).evaluate()
+                return classes[last_name(receiver.func)]
+            return None
+        if name in classes:
+            return classes[name]
+        if name.partition(".")[0] in self.script.aliases or self.script.imports(name.partition(".")[0]):
+            return self.script.tree  # torch.save, np.mean: a module's function
+        owners = set()
+        for value in self.script.assignments(name):
+            if isinstance(value, ast.Call) and last_name(value.func) in classes:
+                owners.add(classes[last_name(value.func)])
+            else:
+                return None
+        return owners.pop() if len(owners) == 1 else None
+
+    def _resolves_to(self, owner: ast.ClassDef, cls: ast.ClassDef, method: str) -> bool:
+        """Whether calling `method` on an instance of `owner` calls the one `cls` defines: `owner` is `cls`, or
+        a subclass of it (by the base names written in the script) that does not define it again."""
+        seen: set[ast.AST] = set()
+        classes = self._classes()
+        current: ast.ClassDef | None = owner
+        while current is not None and current not in seen:
+            if current is cls:
+                return True
+            seen.add(current)
+            if any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == method for n in current.body):
+                return False
+            current = next((classes[last_name(b)] for b in current.bases if last_name(b) in classes), None)
+        return False
 
     def _inside(self, node: ast.AST, function: ast.AST) -> bool:
         return any(a is function for a in self.script.ancestors(node))

@@ -18,12 +18,20 @@ PLAIN_SAMPLERS = ("RandomSampler", "SequentialSampler", "SubsetRandomSampler", "
 SHARDING = re.compile(r"rank|world_size|num_replicas|shard|split_dataset_by_node", re.IGNORECASE)
 EVAL = re.compile(r"val|eval|test|dev", re.IGNORECASE)
 # Collectives and helpers that combine values over ranks; one anywhere means metrics may be reduced.
+# By name where the name says so; `gather` / `reduce` only where they are torch.distributed's or a
+# library object's (accelerator.gather, fabric.all_reduce): `logits.gather(1, idx)` and
+# functools.reduce combine nothing over ranks.
 REDUCTIONS = frozenset({
-    "all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor", "reduce", "gather", "gather_object",
-    "reduce_scatter", "reduce_scatter_tensor", "all_reduce_sum", "all_reduce_max", "gather_for_metrics", "reduce_dict",
-    "mesh_reduce", "all_reduce_mean", "Average", "Meter", "sync_dist",
+    "all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor", "reduce_scatter",
+    "reduce_scatter_tensor", "all_reduce_sum", "all_reduce_max", "gather_for_metrics", "reduce_dict",
+    "mesh_reduce", "all_reduce_mean", "allreduce", "allgather", "allgather_object", "Average", "Meter", "sync_dist",
 })
-METRIC = re.compile(r"correct(?!_?bias)|accuracy|(^|_)acc(_|$)|(^|_)top_?[15](_|$)", re.IGNORECASE)
+RANK_COLLECTIVES = frozenset({"gather", "gather_object", "reduce", "broadcast_object_list"})
+COLLECTIVE_OWNERS = re.compile(r"^(torch\.distributed|horovod|gpuscale|torch_xla)\b|accelerat|fabric|(^|[._])dist(ributed)?$|"
+                               r"^(hvd|xm)$|strategy|(^|[._])state$", re.IGNORECASE)
+# Accuracy-like counters: correct / n_correct / running_corrects / correct_k, accuracy, acc / acc1 / val_acc /
+# top1_acc, top1 / top5. Not correct_bias, bias_correction1, grad_acc_steps, acc_steps.
+METRIC = re.compile(r"(^|_)corrects?(_(?!bias)|$|\d)|accuracy|(^|_)acc\d*$|(^|_)top_?[15](_|$)", re.IGNORECASE)
 NOT_BATCH = re.compile(r"cpu|core|worker|thread|mem", re.IGNORECASE)
 
 
@@ -57,14 +65,39 @@ def check_loader_sampler(script: Script) -> Iterator[Hit]:
     """GS101: `DataLoader(...)` with no sampler, or a plain one, so every rank reads the whole dataset."""
     guards = Guards(script)
     for call in script.calls_named("DataLoader"):
-        sampler = keyword(call, "sampler") or (call.args[3] if len(call.args) > 3 else None)
-        batch_sampler = keyword(call, "batch_sampler") or (call.args[4] if len(call.args) > 4 else None)
+        sampler = _argument(call, "sampler", 3)
+        batch_sampler = _argument(call, "batch_sampler", 4)
         if batch_sampler is not None or (sampler is not None and not _sampler_is_plain(script, sampler)):
             continue
         dataset = keyword(call, "dataset") or (call.args[0] if call.args else None)
         if _sharded_dataset(script, dataset) or _handed_to_library(script, call) or guards.guarded(call):
             continue
+        if _only_used_on_main(script, guards, call):
+            continue
         yield Hit(call, "DataLoader without a DistributedSampler: every rank reads the whole dataset")
+
+
+def _argument(call: ast.Call, name: str, position: int) -> ast.AST | None:
+    """A call's argument by keyword or position; None when absent or passed as None (`sampler=None`)."""
+    value = keyword(call, name) or (call.args[position] if len(call.args) > position else None)
+    if isinstance(value, ast.Constant) and value.value is None:
+        return None
+    return value
+
+
+def _only_used_on_main(script: Script, guards: Guards, call: ast.Call) -> bool:
+    """Whether the loader is assigned to a name (`val_loader = DataLoader(...)`) that is only ever read under
+    a rank-0 guard (`if rank == 0: evaluate(val_loader)`): only the main rank reads it, once, which is right."""
+    stmt = script.statement(call)
+    if not (isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is call):
+        return False
+    targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+    names = {dotted(t) for t in targets}
+    if None in names or not names:
+        return False
+    uses = [n for n in script.nodes if isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Load)
+            and dotted(n) in names]
+    return bool(uses) and all(guards.guarded(use) for use in uses)
 
 
 def is_eval_loader(script: Script, call: ast.Call) -> bool:
@@ -101,9 +134,25 @@ def _metric_statement(node: ast.AST) -> bool:
     return False
 
 
+def _is_reduction(script: Script, call: ast.Call) -> bool:
+    """Whether a call combines values over ranks: a collective by its name, or torch.distributed's (or an
+    accelerator's, fabric's) gather / reduce."""
+    name = last_name(call.func)
+    if name in REDUCTIONS:
+        return True
+    if name not in RANK_COLLECTIVES:
+        return False
+    qualname = script.qualname(call)
+    if qualname.startswith("torch.distributed."):
+        return True
+    owner = call.func.value if isinstance(call.func, ast.Attribute) else None
+    names = {script.qualname(owner), dotted(owner) or ""} if owner is not None else set()
+    return any(name and COLLECTIVE_OWNERS.search(name) for name in names)
+
+
 def check_metrics_reduced(script: Script) -> Iterator[Hit]:
     """GS107: accuracy-like counters computed on this rank's shard, in a script with no reduction at all."""
-    if any(last_name(c.func) in REDUCTIONS for c in script.calls) or script.imports("torchmetrics"):
+    if any(_is_reduction(script, c) for c in script.calls) or script.imports("torchmetrics"):
         return
     guards = Guards(script)
     reported: set[ast.AST] = set()

@@ -11,7 +11,7 @@ import ast
 from collections.abc import Iterator
 
 from gpuscale.lint.findings import Hit
-from gpuscale.lint.guards import Guards, mentions_rank
+from gpuscale.lint.guards import RANKISH, Guards, mentions_rank
 from gpuscale.lint.script import Script, dotted, keyword, last_name
 
 QUIET_LEVELS = ("debug", "info")  # warnings and errors from every rank are right: each rank's own trouble
@@ -25,9 +25,25 @@ def check_print(script: Script) -> Iterator[Hit]:
     for call in script.calls:
         if not (isinstance(call.func, ast.Name) and call.func.id == "print"):
             continue
-        if keyword(call, "file") is not None or script.in_except(call) or guards.guarded(call):
+        if keyword(call, "file") is not None or script.in_except(call) or _tells_rank(call) or guards.guarded(call):
             continue
         yield Hit(call, "print() runs on every rank")
+
+
+def _tells_rank(call: ast.Call) -> bool:
+    """Whether a print's text includes the rank (`f"rank {rank} ready"`, `"[%d]" % dist.get_rank()`,
+    `print("rank", rank)`): a deliberate message from each rank, as a per-rank file name is for GS105.
+    Only values count, not the words of the text: `print("rank 0 is slow")` is an ordinary print."""
+    for arg in call.args:
+        for node in ast.walk(arg):
+            if isinstance(node, ast.Name) and RANKISH.search(node.id):
+                return True
+            if isinstance(node, ast.Attribute) and RANKISH.search(node.attr):
+                return True
+            if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) \
+                    and isinstance(node.slice.value, str) and RANKISH.search(node.slice.value):
+                return True  # os.environ["RANK"]
+    return False
 
 
 def _stdlib_loggers(script: Script) -> set[str]:

@@ -15,6 +15,22 @@ from gpuscale.lint.script import Script, int_constant, keyword, last_name, names
 
 PARAMETER_WORDS = re.compile(r"param|weight|bias|model|module|layer|net|encoder|decoder|backbone|head|block|embed|"
                              r"features|classifier|fc|lm_head|transformer", re.IGNORECASE)
+# Names of what a script makes trainable on purpose: parameters and modules (a bare name, or a chain's last part).
+PARAMETER_NAME = re.compile(r"^(p|w|b|params?|parameters?|weights?|biases?)$|param|weight|bias|model|module|layer|"
+                            r"net|encoder|decoder|backbone|block|classifier|lm_head|transformer", re.IGNORECASE)
+# Names of input tensors and outputs: asking for their gradient is attribution or adversarial code, not unfreezing.
+INPUT_WORDS = re.compile(r"^(x\d*|xs|inp|inputs?|input_\w+|inputs_\w+|images?|imgs?|pixel_values|batch|data|samples?|"
+                         r"tensors?|targets?|labels?|tokens?|noise|delta|perturbations?|adv\w*|out|outputs?|logits|loss|"
+                         r"activations?|hidden_states?|grads?|y|z|h)$|embeds$|masks?$|_ids$|^ids$",
+                         re.IGNORECASE)
+MODULE_GETTERS = ("get_input_embeddings", "get_output_embeddings", "get_submodule", "get_parameter", "get_encoder",
+                  "get_decoder", "getattr")
+TENSOR_FACTORIES = frozenset({
+    "zeros", "ones", "randn", "rand", "randint", "empty", "full", "tensor", "as_tensor", "from_numpy", "arange",
+    "zeros_like", "ones_like", "randn_like", "rand_like", "empty_like", "full_like", "clone", "detach", "new_zeros",
+    "new_ones", "new_empty", "new_full", "new_tensor", "stack", "cat",
+})
+MODULE_NAMES = ("model", "net", "module", "encoder", "decoder", "backbone", "embed", "embedding", "embeddings")
 PARAMETER_SOURCES = ("parameters", "named_parameters", "modules", "children", "named_modules", "named_children")
 TCP_PORT = re.compile(r"^tcp://.*:\d+/?$")
 CUDA_INDEX = re.compile(r"^cuda:\d+$")
@@ -42,10 +58,64 @@ def _loop_over_parameters(script: Script, name: str, node: ast.AST) -> bool:
 
 
 def _is_parameter(script: Script, expr: ast.AST, node: ast.AST) -> bool:
-    """Whether the thing made trainable is a parameter or module, not an input tensor (`x.requires_grad_()`)."""
-    if isinstance(expr, ast.Name) and _loop_over_parameters(script, expr.id, node):
+    """Whether the thing made trainable is a parameter or module, not an input tensor.
+
+    Parameters: a loop variable over `.parameters()` / `.named_parameters()` (or modules), names like
+    `param`, `p`, `weight`, `bias`, `model`, `net.head`, `model.encoder.layer[0]`, a name assigned one of
+    those or `nn.Parameter(...)`. Not: input tensors (`x`, `inputs*`, `*embeds`, `*mask*`, `*_ids`, outputs)
+    and tensors created in the function (`emb = model.embed(ids)`, `delta = torch.zeros_like(x)`), as in
+    attribution and adversarial code that asks for the gradient of an input.
+    """
+    if isinstance(expr, ast.Subscript):  # params[name], dict(model.named_parameters())["fc.weight"]
+        return _is_parameter(script, expr.value, node)
+    if isinstance(expr, ast.Call):  # model.get_input_embeddings().requires_grad_(), getattr(model, "fc")
+        return last_name(expr.func) in MODULE_GETTERS
+    if isinstance(expr, ast.Attribute):
+        if expr.attr == "data":  # param.data: the tensor of whatever it is
+            return _is_parameter(script, expr.value, node)
+        if INPUT_WORDS.search(expr.attr):
+            return False
+        return any(PARAMETER_WORDS.search(name) for name in names_in(expr)) or _is_parameter(script, expr.value, node)
+    if not isinstance(expr, ast.Name):
+        return False
+    if _loop_over_parameters(script, expr.id, node):
         return True
-    return any(PARAMETER_WORDS.search(name) for name in names_in(expr))
+    if INPUT_WORDS.search(expr.id):
+        return False
+    scope = script.scope(node)
+    values = [v for v in script.assignments(expr.id) if script.scope(v) is scope]
+    if values and all(_creates_tensor(script, v) for v in values):
+        return False  # weights = torch.ones(n), emb = model.embed(ids): a tensor of this function
+    if PARAMETER_NAME.search(expr.id):
+        return True
+    return any(_is_parameter_value(script, v, node) for v in values)
+
+
+def _creates_tensor(script: Script, value: ast.AST) -> bool:
+    """Whether a value is certainly a tensor computed here: `torch.zeros(...)`, `x.clone()`, `torch.ones_like(w)`,
+    or a module's output (`model(x)`, `model.embed_tokens(ids)`); not `Net()`, `nn.Parameter(...)`,
+    `accelerator.prepare(model)` or `build_model(cfg)`."""
+    if not isinstance(value, ast.Call):
+        return False
+    func = value.func
+    name = last_name(func)
+    if name in ("to", "cuda", "cpu", "float", "half", "bfloat16", "double") and isinstance(func, ast.Attribute):
+        return _creates_tensor(script, func.value)
+    if name in TENSOR_FACTORIES:
+        return True
+    if isinstance(func, ast.Name):
+        return func.id in MODULE_NAMES
+    return isinstance(func, ast.Attribute) and bool(PARAMETER_WORDS.search(name)) and not name.startswith(
+        ("get_", "named_", "parameters", "modules", "children", "from_", "build", "create", "load", "make", "prepare"))
+
+
+def _is_parameter_value(script: Script, value: ast.AST, node: ast.AST) -> bool:
+    """Whether an assigned value is a parameter or module: `nn.Parameter(...)`, `model.fc.weight`, `model.fc`."""
+    if isinstance(value, ast.Call):
+        return last_name(value.func) in ("Parameter", *MODULE_GETTERS)
+    if isinstance(value, (ast.Attribute, ast.Subscript)):
+        return _is_parameter(script, value, node)
+    return False
 
 
 def check_unfreeze_after_wrap(script: Script) -> Iterator[Hit]:

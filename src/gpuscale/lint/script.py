@@ -33,7 +33,7 @@ WRAP_QUALNAMES = frozenset({"deepspeed.initialize", "gpuscale.setup", "gpuscale.
                             "gpuscale.strategy.wrap"})
 WORLD_SIZE = re.compile(
     r"(^|_)(world_?size|world|num_?gpus?|n_?gpus?|gpus|gpu_count|nprocs?|num_?procs|n_?procs|num_?processes|"
-    r"num_?replicas|num_?devices|n_?devices|device_count|get_world_size)$", re.IGNORECASE)
+    r"num_?replicas|num_?devices|n_?devices|device_count|get_world_size)(_per_node)?$", re.IGNORECASE)
 
 
 def dotted(expr: ast.AST) -> str | None:

@@ -16,7 +16,8 @@ def report(epoch, loss):
 def main():
     local_rank = int(os.environ["LOCAL_RANK"])
     dist.init_process_group("gloo")
-    print(f"hello from rank {dist.get_rank()}")  # expect: GS103
+    print("process group ready")  # expect: GS103
+    print(f"rank {dist.get_rank()} ready")  # the rank in the text: a deliberate message from each rank
     dataset = TensorDataset(torch.randn(64, 8), torch.randn(64, 1))
     sampler = DistributedSampler(dataset)
     loader = DataLoader(dataset, batch_size=8, sampler=sampler)
