@@ -26,17 +26,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("names", nargs="*", metavar="NAME", help=f"benchmarks to run (default: all of {', '.join(BENCHMARKS)})")
     parser.add_argument("--repeat", type=int, default=None, help="rounds per benchmark (default: each benchmark's own)")
     parser.add_argument("--out", type=Path, default=Path("bench/results"), help="where the JSON goes (default bench/results)")
+    parser.add_argument("--nproc", default=None, metavar="1,2,4,8",
+                        help="scaling_cpu: process counts to try (default 1,2; each process needs a core of its own)")
     args = parser.parse_args(argv)
     unknown = [n for n in args.names if n not in BENCHMARKS]
     if unknown:
         parser.error(f"unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}")
+    if args.nproc is not None and not all(part.isdigit() and int(part) > 0 for part in args.nproc.split(",")):
+        parser.error(f"--nproc {args.nproc!r} is not a comma-separated list of process counts like 1,2,4")
     if args.repeat is not None and args.repeat < 1:
         parser.error(f"--repeat {args.repeat} must be at least 1")
     from bench.stats import write
 
     for name in args.names or BENCHMARKS:
         module = importlib.import_module(f"bench.{name}")
-        record = module.run(**({"repeat": args.repeat} if args.repeat else {}))
+        options = {"repeat": args.repeat} if args.repeat else {}
+        if name == "scaling_cpu" and args.nproc:
+            options["nproc"] = args.nproc
+        record = module.run(**options)
         path = write(name, record, args.out)
         print(f"== {name} ({path})\n{module.report(record)}", flush=True)
     return 0

@@ -20,7 +20,8 @@ def test_summary_gives_median_range_and_relative_spread():
     assert summary([5.0])["spread"] == 0.0
 
 
-@pytest.mark.parametrize("argv, message", [(["nosuch"], "unknown benchmark(s) nosuch"), (["--repeat", "0"], "--repeat 0 must be at least 1")])
+@pytest.mark.parametrize("argv, message", [(["nosuch"], "unknown benchmark(s) nosuch"), (["--repeat", "0"], "--repeat 0 must be at least 1"),
+                                           (["--nproc", "1,x"], "is not a comma-separated list of process counts")])
 def test_bad_arguments_are_one_line_errors(argv, message):
     result = subprocess.run([sys.executable, "-m", "bench", *argv], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
