@@ -39,6 +39,8 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from gpuscale.secrets import mask_secrets
+
 __all__ = [
     "DistEnv",
     "LAUNCHERS",
@@ -50,6 +52,7 @@ __all__ = [
     "device_index",
     "check_one_launcher_per_node",
     "check_master_addr",
+    "relevant_environment",
 ]
 
 LAUNCHERS = ("torchrun", "slurm", "manual", "single")
@@ -406,3 +409,17 @@ def device_index(env: DistEnv, num_visible: int) -> int:
             "(--nproc-per-node / --ntasks-per-node) or make more GPUs visible"
         )
     return env.local_rank
+
+
+# What decides where ranks run and how they talk: launchers, GPU runtimes, collectives, thread
+# pools, gpuscale itself, and the Hugging Face stack of the examples.
+ENV_PREFIXES = ("SLURM_", "CUDA_", "HIP_", "ROCR_", "ROCM_", "NCCL_", "RCCL_", "GLOO_", "FI_", "MIOPEN_", "TORCH",
+                "PYTORCH_", "OMP_", "KMP_", "MKL_", "GPUSCALE_", "HF_", "HUGGING_FACE_", "TRANSFORMERS_", "TOKENIZERS_",
+                "MASTER_")
+ENV_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK")
+
+
+def relevant_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables `gpuscale env` and `gpuscale doctor` show, sorted by name, secrets masked. Pure."""
+    chosen = {k: v for k, v in environ.items() if k in ENV_NAMES or k.startswith(ENV_PREFIXES)}
+    return dict(sorted(mask_secrets(chosen).items()))

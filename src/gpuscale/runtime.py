@@ -43,7 +43,7 @@ import sys
 import time
 from pathlib import Path
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,7 +60,7 @@ from gpuscale.topology import (
     allowed_cores,
     format_cpulist,
     gpu_local_cores,
-    parse_cpulist,
+    parse_gpu_core_map,
     plan_binding,
     set_affinity,
 )
@@ -243,7 +243,7 @@ def _gpu_cores_from_profile(env: DistEnv) -> list[list[int] | None] | None:
     if not text:
         return None
     try:
-        per_gpu = [parse_cpulist(part) for part in text.split(";")]
+        per_gpu = parse_gpu_core_map(text)
     except ValueError:
         raise ValueError(f"{GPU_CORES}={text!r} is not a ';'-separated list of core lists like 49-55;57-63") from None
     # The map is in the node's GPU order; SLURM may have given this job other GPUs than the first
@@ -255,7 +255,7 @@ def _gpu_cores_from_profile(env: DistEnv) -> list[list[int] | None] | None:
             f"{GPU_CORES} lists {len(per_gpu)} GPUs, but this node's {env.local_world_size} local ranks use GPUs "
             f"{physical[: env.local_world_size]}; it needs one entry per GPU of the node"
         )
-    return [per_gpu[gpu] or None for gpu in physical[: env.local_world_size]]
+    return [per_gpu[gpu] for gpu in physical[: env.local_world_size]]
 
 
 def _gpu_cores_for_local_ranks(env: DistEnv) -> list[list[int] | None] | None:
@@ -420,6 +420,11 @@ def format_placements(placements: list[dict[str, Any]]) -> str:
         (p["host"], str(p["rank"]), str(p["local_rank"]), p["device"], p["device_name"], p["cores"], p["binding"], str(p["threads"]))
         for p in placements
     ]
+    return format_table(header, rows)
+
+
+def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Columns padded to their widest cell, two spaces apart, no trailing blanks. Pure."""
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [header, *rows])
 

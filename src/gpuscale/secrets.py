@@ -1,7 +1,7 @@
 """Masking secrets before anything gpuscale prints leaves the machine (bug reports, CI logs).
 
-Everything that prints environment values goes through here: `gpuscale env` (text and ``--json``)
-today, and `gpuscale doctor` must too when it is built. The masked form keeps the name and shows
+Everything that prints environment values goes through here: `gpuscale env` and `gpuscale doctor`
+(text and ``--json``, by way of `gpuscale.env.relevant_environment`). The masked form keeps the name and shows
 that a value was set, not what it is::
 
     >>> mask_secrets({"HF_TOKEN": "hf_abcdefghijklmnopqrstuvwxyz0123456789", "NCCL_DEBUG": "INFO"})

@@ -19,6 +19,7 @@ __all__ = [
     "BindingPlan",
     "parse_cpulist",
     "format_cpulist",
+    "parse_gpu_core_map",
     "split_evenly",
     "plan_binding",
     "allowed_cores",
@@ -63,6 +64,14 @@ def parse_cpulist(text: str) -> list[int]:
         else:
             cores.add(int(part))
     return sorted(cores)
+
+
+def parse_gpu_core_map(text: str) -> list[list[int] | None]:
+    """The cores next to each GPU of a node, in GPU order: ``"49-55;57-63;;1-7"`` -> [[49..55], [57..63], None, [1..7]].
+
+    An empty entry means unknown. Raises ValueError on anything that is not core lists separated by ';'.
+    """
+    return [parse_cpulist(part) or None for part in text.split(";")]
 
 
 def format_cpulist(cores: Sequence[int]) -> str:

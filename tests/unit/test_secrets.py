@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from gpuscale.cli.env import relevant_environment
+from gpuscale.env import relevant_environment
 from gpuscale.secrets import is_secret_name, mask_secret, mask_secrets, mask_text, mask_value
 
 # Shaped like the real thing, valid nowhere.

@@ -60,14 +60,14 @@ def add_parser(subparsers: Any) -> None:
 
 
 def _expectations(args: argparse.Namespace, num_nodes: int) -> tuple[float | None, list[list[int] | None] | None]:
-    """(expected busbw in GB/s, GPU index -> nearby cores) from the options, the profile, or the job's environment."""
+    """(expected busbw in GB/s, GPU index -> nearby cores) from the options or the profile."""
     from gpuscale.slurm.profiles import load_profile
-    from gpuscale.topology import parse_cpulist
+    from gpuscale.topology import parse_gpu_core_map
 
     expected, gpu_cores = args.expect_busbw, None
     if args.gpu_cores:
         try:
-            gpu_cores = [parse_cpulist(c) or None for c in args.gpu_cores.split(";")]
+            gpu_cores = parse_gpu_core_map(args.gpu_cores)
         except ValueError:
             raise ValueError(f"--gpu-cores {args.gpu_cores!r} is not a ';'-separated list of core lists like 49-55;57-63") from None
     if args.profile:
@@ -75,7 +75,7 @@ def _expectations(args: argparse.Namespace, num_nodes: int) -> tuple[float | Non
         if expected is None:
             expected = profile.inter_node_gbps if num_nodes > 1 else profile.intra_node_gbps
         if profile.gpu_cores and gpu_cores is None:
-            gpu_cores = [parse_cpulist(c) or None for c in profile.gpu_cores]
+            gpu_cores = parse_gpu_core_map(";".join(profile.gpu_cores))
     if expected is not None and not 0 < expected < 1e6:
         raise ValueError(f"--expect-busbw {expected} must be a positive number of GB/s")
     return expected, gpu_cores

@@ -19,13 +19,12 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 
+from gpuscale.env import relevant_environment
 from gpuscale.runtime import format_placements, init
-from gpuscale.secrets import mask_secrets
 
 EPILOG = """examples:
   gpuscale env
@@ -45,20 +44,6 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     parser.add_argument("--bind", choices=("auto", "none"), default=None, help="CPU binding to apply (default: auto, or GPUSCALE_BIND)")
     parser.set_defaults(func=run)
-
-
-# What decides where ranks run and how they talk: launchers, GPU runtimes, collectives, thread
-# pools, gpuscale itself, and the Hugging Face stack of the examples.
-ENV_PREFIXES = ("SLURM_", "CUDA_", "HIP_", "ROCR_", "ROCM_", "NCCL_", "RCCL_", "GLOO_", "FI_", "MIOPEN_", "TORCH",
-                "PYTORCH_", "OMP_", "KMP_", "MKL_", "GPUSCALE_", "HF_", "HUGGING_FACE_", "TRANSFORMERS_", "TOKENIZERS_",
-                "MASTER_")
-ENV_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK")
-
-
-def relevant_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    """The variables `gpuscale env` shows, sorted by name, secrets masked. Pure."""
-    chosen = {k: v for k, v in environ.items() if k in ENV_NAMES or k.startswith(ENV_PREFIXES)}
-    return dict(sorted(mask_secrets(chosen).items()))
 
 
 def describe(rt: Any) -> dict[str, Any]:

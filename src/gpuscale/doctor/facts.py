@@ -19,8 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gpuscale.cli.env import relevant_environment
-from gpuscale.env import visible_devices
+from gpuscale.env import relevant_environment, visible_devices
 from gpuscale.topology import allowed_cores, numa_node_of_pci, parse_cpulist
 
 __all__ = ["rank_facts", "core_numa_nodes", "SYSFS_NODES"]

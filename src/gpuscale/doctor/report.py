@@ -9,16 +9,12 @@ from typing import Any
 from gpuscale._version import __version__
 from gpuscale.doctor.bandwidth import format_size
 from gpuscale.doctor.checks import Finding, worst
+from gpuscale.runtime import format_table
 from gpuscale.topology import format_cpulist
 
 __all__ = ["placement_table", "format_text", "as_json", "exit_code"]
 
 _MARK = {"fail": "FAIL", "warn": "warn", "ok": "ok", "info": "info"}
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [header, *rows])
 
 
 def _numa(value: Any) -> str:
@@ -36,7 +32,7 @@ def placement_table(facts: Sequence[dict[str, Any]]) -> str:
         gpu = "-" if not f.get("gpu") else (str(f["gpu_index"]) if f.get("gpu_index") is not None else "?") + f" {f['device_name']}"
         rows.append((f["host"], str(f["rank"]), str(f["local_rank"]), seen, f["device"], gpu, _numa(f.get("gpu_numa")),
                      format_cpulist(f["cores"]), _numa(f.get("cores_numa")), str(f["threads"])))
-    return _table(header, rows)
+    return format_table(header, rows)
 
 
 def exit_code(findings: Sequence[Finding]) -> int:
@@ -66,7 +62,7 @@ def format_text(facts: Sequence[dict[str, Any]], findings: Sequence[Finding], sw
             lines.append(f"  {'':<4}  {'':<11}  fix: {f.fix}")
     if sweep:
         lines += ["", f"all-reduce bandwidth ({backend}, {len(facts)} ranks, float32; busbw = algbw x 2(N-1)/N):"]
-        lines.append(_table(("size", "time", "repeats", "algbw GB/s", "busbw GB/s"), [
+        lines.append(format_table(("size", "time", "repeats", "algbw GB/s", "busbw GB/s"), [
             (format_size(r["bytes"]), f"{r['seconds'] * 1e3:.3f} ms", str(r["repeats"]), f"{r['algbw_gbps']:.3g}",
              f"{r['busbw_gbps']:.3g}") for r in sweep]))
     shown = {k: v for k, v in (first.get("environ") or {}).items() if not k.startswith("SLURM_")}
