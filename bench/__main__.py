@@ -7,6 +7,8 @@ BENCHMARKS.md reports the latest figures and how to reproduce each.
     overhead     plain PyTorch DDP vs Accelerate vs gpuscale, step time on 2 CPU processes
     startup      launch to first step: gpuscale run vs bare torchrun
     scaling_cpu  weak-scaling efficiency of the dogs-vs-cats example, 1 -> 2 processes
+    gpu          on a GPU: the examples at gpuscale's defaults vs the course's way; GPT-neo's MFU
+                 (not in the default set; refuses to run without a GPU unless --allow-cpu)
 
 Run it on a quiet machine: other work on the cores shows up as spread.
 """
@@ -18,31 +20,55 @@ import importlib
 import sys
 from pathlib import Path
 
-BENCHMARKS = ("overhead", "startup", "scaling_cpu")
+BENCHMARKS = ("overhead", "startup", "scaling_cpu", "gpu")
+DEFAULT = ("overhead", "startup", "scaling_cpu")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("names", nargs="*", metavar="NAME", help=f"benchmarks to run (default: all of {', '.join(BENCHMARKS)})")
+    parser.add_argument("names", nargs="*", metavar="NAME", help=f"benchmarks to run (default: {', '.join(DEFAULT)})")
     parser.add_argument("--repeat", type=int, default=None, help="rounds per benchmark (default: each benchmark's own)")
     parser.add_argument("--out", type=Path, default=Path("bench/results"), help="where the JSON goes (default bench/results)")
     parser.add_argument("--nproc", default=None, metavar="1,2,4,8",
                         help="scaling_cpu: process counts to try (default 1,2; each process needs a core of its own)")
+    parser.add_argument("--batch-sizes", default=None, metavar="32,128",
+                        help="scaling_cpu: per-process batch sizes to measure (default 32, the course's)")
+    parser.add_argument("--cases", default=None, metavar="dogs_vs_cats,vit,gptneo", help="gpu: which examples (default all)")
+    parser.add_argument("--compile", action="store_true", help="gpu: also measure the defaults with --compile")
+    parser.add_argument("--allow-cpu", action="store_true", help="gpu: run the pipeline on a CPU with small settings (a check, not a figure)")
     args = parser.parse_args(argv)
     unknown = [n for n in args.names if n not in BENCHMARKS]
     if unknown:
         parser.error(f"unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}")
-    if args.nproc is not None and not all(part.isdigit() and int(part) > 0 for part in args.nproc.split(",")):
-        parser.error(f"--nproc {args.nproc!r} is not a comma-separated list of process counts like 1,2,4")
+    for flag, value in (("--nproc", args.nproc), ("--batch-sizes", args.batch_sizes)):
+        if value is not None and not all(part.isdigit() and int(part) > 0 for part in value.split(",")):
+            parser.error(f"{flag} {value!r} is not a comma-separated list of positive numbers like 1,2,4")
+    named = args.names or DEFAULT
+    for flag, given, owner in (("--cases", args.cases is not None, "gpu"), ("--compile", args.compile, "gpu"),
+                               ("--allow-cpu", args.allow_cpu, "gpu"), ("--batch-sizes", args.batch_sizes is not None, "scaling_cpu"),
+                               ("--nproc", args.nproc is not None, "scaling_cpu")):
+        if given and owner not in named:
+            parser.error(f"{flag} is an option of the {owner} benchmark; name it: python -m bench {owner} {flag} ...")
+    if args.cases is not None:
+        from bench.gpu import CASES
+        bad = [c for c in args.cases.split(",") if c not in CASES]
+        if bad:
+            parser.error(f"--cases: unknown example(s) {', '.join(bad)}; choose from {', '.join(CASES)}")
     if args.repeat is not None and args.repeat < 1:
         parser.error(f"--repeat {args.repeat} must be at least 1")
     from bench.stats import write
 
-    for name in args.names or BENCHMARKS:
+    for name in named:
         module = importlib.import_module(f"bench.{name}")
         options = {"repeat": args.repeat} if args.repeat else {}
         if name == "scaling_cpu" and args.nproc:
             options["nproc"] = args.nproc
+        if name == "scaling_cpu" and args.batch_sizes:
+            options["batch_sizes"] = args.batch_sizes
+        if name == "gpu":
+            options.update(compile=args.compile, allow_cpu=args.allow_cpu)
+            if args.cases:
+                options["cases"] = tuple(args.cases.split(","))
         record = module.run(**options)
         path = write(name, record, args.out)
         print(f"== {name} ({path})\n{module.report(record)}", flush=True)

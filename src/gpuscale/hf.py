@@ -85,6 +85,9 @@ def trainer_arguments(
     offload: bool = False,
     ds_config: str | dict[str, Any] | None = None,
     max_grad_norm: float = 1.0,
+    channels_last: bool | None = None,
+    fused: bool | None = None,
+    compile: bool | str = False,
     rt: Any = None,
 ) -> dict[str, Any]:
     """The `TrainingArguments` keywords that must agree with gpuscale; see the module docstring.
@@ -92,6 +95,10 @@ def trainer_arguments(
     The keywords mirror `gpuscale.setup`, so ``**gpuscale.training.training_options(args)``
     from a parser built with `gpuscale.training.add_arguments` fits. max_grad_norm: the
     Trainer's clipping norm (its default, 1.0; 0 turns clipping off), also DeepSpeed's.
+    fused: True or False picks the Trainer's ``adamw_torch_fused`` or ``adamw_torch`` optimizer (None:
+    the Trainer's default, fused where torch has it); compile: ``torch_compile`` with that backend. Under
+    deepspeed both are refused, as in `gpuscale.setup`. channels_last=True is refused: the Trainer does not
+    change memory formats (the language models here have no convolutions).
     """
     from gpuscale.runtime import current
 
@@ -116,6 +123,15 @@ def trainer_arguments(
         "max_grad_norm": max_grad_norm,
         **resolved.trainer_arguments(),
     }
+    if channels_last:
+        raise ValueError("channels-last is not applied by the HF Trainer; leave --channels-last at auto or off")
+    if strategy == "deepspeed" and (fused is not None or compile):
+        raise ValueError("--fused and --compile are not available with strategy 'deepspeed' (DeepSpeed runs its own "
+                         "optimizer step); leave them at their defaults")
+    if fused is not None:
+        arguments["optim"] = "adamw_torch_fused" if fused else "adamw_torch"
+    if compile:
+        arguments.update(torch_compile=True, torch_compile_backend=compile if isinstance(compile, str) else "inductor")
     if strategy == "deepspeed":
         arguments["deepspeed"] = build_config(plan, resolved, zero_stage=zero_stage, offload=offload,
                                               clip_grad_norm=float(max_grad_norm), user_config=user_config,

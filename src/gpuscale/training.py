@@ -35,13 +35,16 @@ from typing import Any
 import torch
 from torch import nn
 
+from gpuscale import speed
 from gpuscale.data import BatchPlan
 from gpuscale.log import get_logger
 from gpuscale.precision import PRECISIONS, Precision, resolve_precision
 from gpuscale.strategy import STRATEGIES, get_strategy, gradient_bytes, no_sync, unwrap, wrap
 from gpuscale.strategy.deepspeed_config import ZERO_STAGES, build_config, config_precision, load_config
 
-__all__ = ["Training", "setup", "add_arguments", "training_options"]
+__all__ = ["Training", "setup", "add_arguments", "training_options", "loader_options"]
+
+SWITCH = ("auto", "on", "off")
 
 ELEMENTWISE_OPTIMIZERS = (
     torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad, torch.optim.Adadelta,
@@ -142,6 +145,9 @@ def setup(
     offload: bool = False,
     ds_config: str | dict[str, Any] | None = None,
     clip_grad_norm: float | None = None,
+    channels_last: bool | None = None,
+    fused: bool | None = None,
+    compile: bool | str = False,
     rt: Any = None,
 ) -> Training:
     """Spread `model` over the ranks with `strategy` and build its optimizer; see the module docstring.
@@ -155,6 +161,9 @@ def setup(
     precision: 'auto', 'fp32', 'bf16' or 'fp16' (see `gpuscale.precision`).
     zero_stage, offload, ds_config: DeepSpeed only (ds_config: a path to JSON/hjson, or a dict).
     clip_grad_norm: clip the gradients' global norm to this value before each step.
+    channels_last, fused, compile: the speed defaults of `gpuscale.speed` (None = auto: channels-last
+    for convolutional models and fused SGD/Adam/AdamW, both under ddp on GPUs only; compile off).
+    DeepSpeed runs its own step and keeps flat shards: there, an explicit True of any is refused.
     """
     from gpuscale.runtime import current
 
@@ -167,10 +176,17 @@ def setup(
         if optimizer is None:
             raise ValueError("pass optimizer=, a function from parameters to a torch optimizer")
         resolved = resolve_precision(precision, rt.device)
+        if speed.use_channels_last(channels_last, unwrap(model), rt.device, strategy):
+            speed.to_channels_last(unwrap(model))
         wrapped = wrap(model, strategy=strategy, rt=rt, precision=resolved)
         trainable = [p for p in wrapped.parameters() if p.requires_grad]
-        return Training(model=wrapped, optimizer=optimizer(trainable), plan=plan, precision=resolved,
+        built = speed.fuse_optimizer(optimizer(trainable), fused, rt.device, strategy)
+        return Training(model=speed.compile_model(wrapped, compile), optimizer=built, plan=plan, precision=resolved,
                         strategy=strategy, clip_grad_norm=clip_grad_norm)
+    if fused or compile:
+        raise ValueError("fused and compile are not available with strategy 'deepspeed' (DeepSpeed runs its own "
+                         "optimizer step); leave them at their defaults")
+    speed.use_channels_last(channels_last, unwrap(model), rt.device, strategy)  # refuses an explicit True
     return _setup_deepspeed(model, optimizer, plan=plan, precision=precision, zero_stage=zero_stage,
                             offload=offload, ds_config=ds_config, clip_grad_norm=clip_grad_norm, rt=rt)
 
@@ -220,7 +236,13 @@ def _setup_deepspeed(model: nn.Module, optimizer: OptimizerFactory | None, *, pl
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, default_strategy: str = "ddp", default_zero_stage: int | None = None) -> None:
-    """Add the strategy switch to a script's parser: --strategy, --precision, --zero-stage, --offload, --ds-config."""
+    """Add the strategy switch and the speed switches to a script's parser.
+
+    Strategy: --strategy, --precision, --zero-stage, --offload, --ds-config. Speed (`gpuscale.speed`,
+    each auto by default): --channels-last, --fused, --compile, --loader-workers, --pin-memory; the
+    course's way of running is ``--precision fp32 --channels-last off --fused off --loader-workers 0
+    --pin-memory off``.
+    """
     group = parser.add_argument_group("parallelism (gpuscale)")
     group.add_argument("--strategy", choices=list(STRATEGIES), default=default_strategy,
                        help=f"how the model is spread over ranks (default {default_strategy})")
@@ -231,13 +253,30 @@ def add_arguments(parser: argparse.ArgumentParser, *, default_strategy: str = "d
     group.add_argument("--offload", action="store_true", help="DeepSpeed: keep optimizer states in CPU memory")
     group.add_argument("--ds-config", metavar="FILE", help="your DeepSpeed config (JSON or hjson); gpuscale checks its batch")
     parser.set_defaults(_default_zero_stage=default_zero_stage)  # tells an explicit --zero-stage from the default
+    fast = parser.add_argument_group("speed (gpuscale)")
+    fast.add_argument("--channels-last", choices=SWITCH, default="auto",
+                      help="channels-last memory format for convolutions (default auto: on GPUs, under ddp, for models with Conv2d)")
+    fast.add_argument("--fused", choices=SWITCH, default="auto",
+                      help="fused optimizer kernel for SGD/Adam/AdamW (default auto: on GPUs, under ddp; other optimizers refuse 'on')")
+    fast.add_argument("--compile", nargs="?", const="inductor", default=None, metavar="BACKEND",
+                      help="torch.compile the model (backend default inductor; first steps are slow while it compiles)")
+    fast.add_argument("--loader-workers", type=int, default=None, metavar="N",
+                      help="data-loader worker processes per rank (default: the rank's cores minus one on GPUs, 0 on CPUs)")
+    fast.add_argument("--pin-memory", choices=SWITCH, default="auto",
+                      help="page-locked loader batches for asynchronous copies to the GPU (default auto: on GPUs)")
+
+
+def _switch(value: str) -> bool | None:
+    return None if value == "auto" else value == "on"
 
 
 def training_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The keyword arguments of `setup` from a namespace parsed with `add_arguments`.
+    """The keyword arguments of `setup` (and of `gpuscale.hf.trainer_arguments`) from a namespace
+    parsed with `add_arguments`.
 
     DeepSpeed-only options left at their defaults are dropped for the other strategies, so a
     script's default --zero-stage does not trip the ddp and fsdp runs; given explicitly, they are refused.
+    Speed switches left at auto are dropped too, so `setup` decides them for the device.
     """
     options: dict[str, Any] = {"strategy": args.strategy, "precision": args.precision}
     if args.strategy == "deepspeed":
@@ -248,4 +287,20 @@ def training_options(args: argparse.Namespace) -> dict[str, Any]:
                                           ("--ds-config", args.ds_config)) if value]
         if given:
             raise ValueError(f"{' and '.join(given)}: for --strategy deepspeed only")
+    for name in ("channels_last", "fused"):
+        if getattr(args, name, "auto") != "auto":
+            options[name] = _switch(getattr(args, name))
+    if getattr(args, "compile", None):
+        options["compile"] = args.compile
+    return options
+
+
+def loader_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The keyword arguments of `gpuscale.make_loader` from a namespace parsed with `add_arguments`."""
+    workers = getattr(args, "loader_workers", None)
+    if workers is not None and workers < 0:
+        raise ValueError(f"--loader-workers {workers}: give 0 (load in the training process) or more")
+    options: dict[str, Any] = {} if workers is None else {"num_workers": workers}
+    if getattr(args, "pin_memory", "auto") != "auto":
+        options["pin_memory"] = _switch(args.pin_memory)
     return options

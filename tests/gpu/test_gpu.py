@@ -62,3 +62,11 @@ def test_fp16_with_loss_scaling_on_gpu(tmp_path):
     result = _accumulate(tmp_path, "--strategy", "ddp", "--precision", "fp16", "--clip", "0.5")
     assert result["precision"] == "fp16"
     assert result["losses"][-1] < result["losses"][0]
+
+
+def test_gpu_defaults_fuse_the_optimizer_under_ddp_and_take_the_same_steps(tmp_path):
+    """On a GPU gpuscale's defaults fuse SGD (ddp) and compile on request; the losses follow the plain fp32 run."""
+    plain = _accumulate(tmp_path / "plain", "--strategy", "ddp", "--precision", "fp32", "--clip", "0.5", "--fused", "off")
+    fused = _accumulate(tmp_path / "fused", "--strategy", "ddp", "--precision", "fp32", "--clip", "0.5", "--compile", "inductor")
+    assert fused["fused"] and fused["compiled"] and not plain["fused"] and not plain["compiled"]
+    assert fused["losses"] == pytest.approx(plain["losses"], rel=1e-4)

@@ -22,3 +22,25 @@ def test_plain_and_gpuscale_loops_take_identical_steps(tmp_path):
     assert records["plain_ddp"]["losses"] == records["gpuscale_ddp"]["losses"] and len(records["plain_ddp"]["losses"]) == 2
     assert all(r["world_size"] == 2 and r["threads"] == 1 and r["step_s"] > 0 for r in records.values())
     assert len(records["accelerate_ddp"]["losses"]) == 2
+
+
+def test_gpu_benchmark_pipeline_runs_both_ways_and_computes_mfu(tmp_path):
+    """`python -m bench gpu --allow-cpu`: the course's way and gpuscale's defaults of two examples really ran, each
+    with its throughput and quality, and GPT-neo's model FLOPs utilisation comes from its own summary (a check of
+    the plumbing for the first session with a GPU; CPU figures are not reported)."""
+    import sys
+
+    result = run([sys.executable, "-m", "bench", "gpu", "--allow-cpu", "--cases", "dogs_vs_cats,gptneo", "--out", str(tmp_path)],
+                 timeout=900, GPUSCALE_DATA=str(tmp_path / "data"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads((tmp_path / "gpu.json").read_text())
+    assert record["allow_cpu"] is True and record["peak"]["flops"] > 0
+    for case, quality in (("dogs_vs_cats", "test_accuracy"), ("gptneo", "perplexity")):
+        entry = record["cases"][case]
+        assert set(entry["samples_per_s"]) == {"course", "gpuscale"} and all(v > 0 for v in entry["samples_per_s"].values())
+        for runs in entry["runs"].values():
+            assert runs[0]["quality"][quality] is not None and runs[0]["steps"] > 0
+    mfu = record["cases"]["gptneo"]["mfu"]
+    assert mfu["flops_per_token"] > 6 * mfu["parameters"], "attention adds to 6 FLOPs per parameter"
+    assert mfu["mfu"] == mfu["tokens_per_s"] * mfu["flops_per_token"] / mfu["peak_flops"]
+    assert "MFU" in result.stdout and "x the course's" in result.stdout

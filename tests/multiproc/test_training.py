@@ -94,3 +94,15 @@ def test_deepspeed_fp16_on_cpu_is_refused_in_one_line(tmp_path):
     result = _train(tmp_path, 1, "--strategy", "deepspeed", "--precision", "fp16")
     assert result.returncode != 0
     assert "DeepSpeed runs fp16 only on GPUs; use --precision bf16 or fp32 on CPU" in result.stderr
+
+
+def test_fused_optimizer_and_compiled_ddp_take_the_same_steps(tmp_path, reference):
+    """gpuscale's speed switches change kernels, not numbers: a fused SGD and a compiled DDP model (the
+    aot_eager backend: no C compiler needed) with gradient accumulation on 2 ranks match one plain pass of 8."""
+    assert_ok(_train(tmp_path, 2, "--strategy", "ddp", "--max-per-device", "2", "--clip", "0.5", "--fused", "on", "--compile", "aot_eager"))
+    result, weights = _result(tmp_path)
+    assert result["fused"] and result["compiled"], "both switches must really be on"
+    assert result["losses"] == pytest.approx(reference[0]["losses"], rel=1e-4)
+    for name, tensor in reference[1].items():
+        assert torch.allclose(weights[name].float(), tensor, atol=1e-5), name
+    assert result["ddp_allreduces"] == 4, "the compiled model still skips the all-reduce of the first micro-batch"

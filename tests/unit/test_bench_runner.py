@@ -21,7 +21,35 @@ def test_summary_gives_median_range_and_relative_spread():
 
 
 @pytest.mark.parametrize("argv, message", [(["nosuch"], "unknown benchmark(s) nosuch"), (["--repeat", "0"], "--repeat 0 must be at least 1"),
-                                           (["--nproc", "1,x"], "is not a comma-separated list of process counts")])
+                                           (["--nproc", "1,x"], "is not a comma-separated list of positive numbers"),
+                                           (["--batch-sizes", "0"], "is not a comma-separated list of positive numbers"),
+                                           (["overhead", "--compile"], "--compile is an option of the gpu benchmark"),
+                                           (["gpu", "--cases", "resnet"], "unknown example(s) resnet")])
 def test_bad_arguments_are_one_line_errors(argv, message):
     result = subprocess.run([sys.executable, "-m", "bench", *argv], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_model_flops_per_token_count_parameters_and_attention_span():
+    """6 N + 12 L d S with S the tokens each layer attends to: the block for global layers, the window for local ones."""
+    from bench.gpu import flops_per_token, throughput
+
+    summary = {"parameters": 92_000_000, "block_size": 512,
+               "model_shape": {"num_layers": 12, "hidden_size": 768, "window_size": 256, "attention_layers": ["global", "local"] * 6,
+                               "position_embedding_parameters": 2048 * 768}}
+    matmuls = 92_000_000 - 2048 * 768  # position embeddings are a lookup
+    assert flops_per_token(summary) == 6 * matmuls + 12 * 768 * (6 * 512 + 6 * 256)
+    summary["block_size"] = 128  # shorter than the window: every layer attends to the whole block
+    assert flops_per_token(summary) == 6 * matmuls + 12 * 768 * 12 * 128
+    assert flops_per_token({"parameters": 1, "block_size": 8, "model_shape": None}) is None, "not a GPT-neo: no MFU"
+    assert throughput({"global_batch": 64, "step_time_s": 0.5}) == 128.0
+
+
+def test_gpu_benchmark_refuses_a_machine_without_a_gpu_in_one_line():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    result = subprocess.run([sys.executable, "-m", "bench", "gpu"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and "no GPU is visible" in result.stderr and "--allow-cpu" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -1,6 +1,6 @@
 """Train 4 steps of global batch 8 through gpuscale.setup; write the final weights and losses.
 
-argv: OUT --strategy S [--zero-stage Z] [--max-per-device M] [--precision P] [--eval-uneven]
+argv: OUT --strategy S [--zero-stage Z] [--max-per-device M] [--precision P] [--eval-uneven] [--fused auto|on|off] [--compile BACKEND]
 With --max-per-device smaller than the per-rank share, each step is split into gradient-accumulation
 micro-batches; the optimizer must still see exactly the gradient of the whole global batch.
 Rank 0 writes OUT/final.pt, OUT/result.json (losses per step, plan, grad norms, eval accuracy).
@@ -22,6 +22,8 @@ parser.add_argument("--zero-stage", type=int, default=None)
 parser.add_argument("--max-per-device", type=int, default=None)
 parser.add_argument("--precision", default="fp32")
 parser.add_argument("--clip", type=float, default=None)
+parser.add_argument("--fused", choices=("auto", "on", "off"), default="auto", help="setup(fused=...): the fused SGD kernel")
+parser.add_argument("--compile", default=None, help="setup(compile=BACKEND)")
 parser.add_argument("--eval-uneven", action="store_true", help="evaluate with unpadded shards of unequal length")
 args = parser.parse_args()
 out = Path(args.out)
@@ -33,6 +35,7 @@ with gpuscale.init() as rt:
     loader = gpuscale.make_loader(data, plan, seed=3)
     net = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
     options = {"zero_stage": args.zero_stage} if args.strategy == "deepspeed" else {}
+    options.update({} if args.fused == "auto" else {"fused": args.fused == "on"}, **({"compile": args.compile} if args.compile else {}))
     training = gpuscale.setup(net, lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9), plan=plan,
                               strategy=args.strategy, precision=args.precision, clip_grad_norm=args.clip, **options)
     allreduces = [0]
@@ -78,4 +81,6 @@ with gpuscale.init() as rt:
         (out / "result.json").write_text(json.dumps({
             "losses": losses, "grad_norms": norms, "plan": plan.as_dict(), "precision": training.precision.name,
             "eval_samples": eval_samples, "ddp_allreduces": allreduces[0],
+            "fused": bool(getattr(training.optimizer, "defaults", {}).get("fused")),
+            "compiled": getattr(training.model, "_compiled_call_impl", None) is not None,
         }))
