@@ -7,6 +7,7 @@ BENCHMARKS.md reports the latest figures and how to reproduce each.
     overhead     plain PyTorch DDP vs Accelerate vs gpuscale, step time on 2 CPU processes
     startup      launch to first step: gpuscale run vs bare torchrun
     scaling_cpu  weak-scaling efficiency of the dogs-vs-cats example, 1 -> 2 processes
+    gloo_latency gloo's collectives and one DDP synchronisation, 2 processes, against a socket round trip
     gpu          on a GPU: the examples at gpuscale's defaults vs the course's way; GPT-neo's MFU
                  (not in the default set; refuses to run without a GPU unless --allow-cpu)
 
@@ -20,8 +21,8 @@ import importlib
 import sys
 from pathlib import Path
 
-BENCHMARKS = ("overhead", "startup", "scaling_cpu", "gpu")
-DEFAULT = ("overhead", "startup", "scaling_cpu")
+BENCHMARKS = ("overhead", "startup", "scaling_cpu", "gloo_latency", "gpu")
+DEFAULT = ("overhead", "startup", "scaling_cpu", "gloo_latency")
 
 
 def main(argv: list[str] | None = None) -> int:

