@@ -97,7 +97,7 @@ def trainer_arguments(
     Trainer's clipping norm (its default, 1.0; 0 turns clipping off), also DeepSpeed's.
     fused: True or False picks the Trainer's ``adamw_torch_fused`` or ``adamw_torch`` optimizer (None:
     the Trainer's default, fused where torch has it); compile: ``torch_compile`` with that backend. Under
-    deepspeed both are refused, as in `gpuscale.setup`. channels_last=True is refused: the Trainer does not
+    deepspeed fused=True and compile are refused, as in `gpuscale.setup`. channels_last=True is refused: the Trainer does not
     change memory formats (the language models here have no convolutions).
     """
     from gpuscale.runtime import current
@@ -125,7 +125,7 @@ def trainer_arguments(
     }
     if channels_last:
         raise ValueError("channels-last is not applied by the HF Trainer; leave --channels-last at auto or off")
-    if strategy == "deepspeed" and (fused is not None or compile):
+    if strategy == "deepspeed" and (fused or compile):
         raise ValueError("--fused and --compile are not available with strategy 'deepspeed' (DeepSpeed runs its own "
                          "optimizer step); leave them at their defaults")
     if fused is not None:

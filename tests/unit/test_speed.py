@@ -189,3 +189,6 @@ def test_the_trainer_gets_the_same_switches_in_its_own_words():
     assert compiled["torch_compile"] is True and compiled["torch_compile_backend"] == "aot_eager"
     with pytest.raises(ValueError, match="channels-last is not applied by the HF Trainer"):
         trainer_arguments(plan, channels_last=True, rt=rt)
+    with pytest.raises(ValueError, match="not available with strategy 'deepspeed'"):
+        trainer_arguments(plan, strategy="deepspeed", fused=True, rt=rt)
+    assert trainer_arguments(plan, strategy="deepspeed", fused=False, rt=rt)["optim"] == "adamw_torch"
