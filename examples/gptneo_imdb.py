@@ -88,7 +88,7 @@ OFFLINE_VOCAB = 8192
 OFFLINE_TEST_EVERY = 50  # offline: every 50th review is a test review
 EOS = "<|endoftext|>"
 # --model offline builds a GPT-neo at random: "tiny" learns in minutes on a CPU; "125m" has GPT-neo-125M's layers,
-# widths and alternating global/local attention (with the 8,192-token offline vocabulary: 92 M parameters), for
+# widths and alternating global/local attention (with the 8,192-token offline vocabulary: 92.9 M parameters), for
 # throughput and model-FLOPs-utilisation measurements on a GPU (bench/gpu.py)
 OFFLINE_SIZES = {
     "tiny": {"hidden_size": 32, "num_heads": 2, "num_layers": 2, "intermediate_size": 128, "max_position_embeddings": 0},
