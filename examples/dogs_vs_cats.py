@@ -379,6 +379,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.epochs < 0 or args.finetune_epochs < 0 or args.epochs + args.finetune_epochs == 0:
         parser.error("--epochs and --finetune-epochs must not be negative, and not both 0")
+    if args.fused == "on" and args.finetune_epochs > 0:
+        parser.error("--fused on: fine-tuning uses RMSprop, which has no fused kernel; use --fused auto (SGD is fused on "
+                     "GPUs) or --finetune-epochs 0")
     return args
 
 
