@@ -217,6 +217,7 @@ class MeterCallback(TrainerCallback):
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.meter.batches += args.gradient_accumulation_steps
         self.meter.samples += args.gradient_accumulation_steps * args.per_device_train_batch_size
+        self.meter.mark_warmup()
         self._now()
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:

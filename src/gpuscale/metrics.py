@@ -122,9 +122,14 @@ class Meter:
     monitor: sample this rank's device from now until `write_summary` (see `gpuscale.monitor`;
     GPUSCALE_MONITOR=0 turns it off too). The sampling thread is a daemon and also stops when
     the Meter is garbage-collected or the process exits. Pass the same value on every rank.
+
+    warmup_steps: ``steady_step_time_s`` in the summary is the time per optimizer step after the
+    first `warmup_steps` (compilation, cuDNN's algorithm search, allocator growth and the loader
+    workers' start all fall into those), evaluation and checkpoints excluded; None when the run
+    took no more steps than that. ``step_time_s`` keeps every step.
     """
 
-    def __init__(self, plan: BatchPlan, rt: Any = None, monitor: bool = True) -> None:
+    def __init__(self, plan: BatchPlan, rt: Any = None, monitor: bool = True, warmup_steps: int = 10) -> None:
         self.rt = _runtime(rt)
         self.plan = plan
         self.seconds = {"data_wait": 0.0, "eval": 0.0, "checkpoint": 0.0}
@@ -133,6 +138,8 @@ class Meter:
         self.epochs = 0
         self.created = time.time()
         self.train_started: float | None = None  # wall clock of the first batch request
+        self.warmup_steps = warmup_steps
+        self._steady: tuple[float, int, dict[str, float]] | None = None  # (wall clock, steps, phase seconds) after warm-up
         self.monitor: Monitor | None = None
         if monitor and monitor_enabled():
             self.monitor = Monitor(self.rt).start()
@@ -155,6 +162,7 @@ class Meter:
             except StopIteration:
                 break
             self.seconds["data_wait"] += time.perf_counter() - start
+            self.mark_warmup()
             self.batches += 1
             self.samples += _batch_len(batch)
             yield batch
@@ -174,6 +182,12 @@ class Meter:
             self._sync()
             self.seconds[name] += time.perf_counter() - start
 
+    def mark_warmup(self) -> None:
+        """Note the time once `warmup_steps` optimizer steps are done (called as batches are counted)."""
+        if self._steady is None and self.steps >= self.warmup_steps:
+            self._sync()
+            self._steady = (time.time(), self.steps, dict(self.seconds))
+
     @property
     def steps(self) -> int:
         """Optimizer steps so far (batches / gradient-accumulation steps)."""
@@ -191,7 +205,13 @@ class Meter:
         )
         world = self.rt.world_size
         data_wait, eval_s, ckpt_s = data_wait / world, eval_s / world, ckpt_s / world
-        wall, startup, peak = all_reduce_max([wall, startup, float(_peak_memory_bytes(self.rt.device))], self.rt)
+        steady = -1.0
+        if self._steady is not None and self.steps > self._steady[1]:
+            at, steps_then, seconds_then = self._steady
+            steady_time = (now - at) - (self.seconds["eval"] - seconds_then["eval"]) - (self.seconds["checkpoint"] - seconds_then["checkpoint"])
+            steady = max(steady_time, 0.0) / (self.steps - steps_then)
+        wall, startup, peak, steady = all_reduce_max(
+            [wall, startup, float(_peak_memory_bytes(self.rt.device)), steady], self.rt)
         train_only = max(wall - eval_s - ckpt_s, 1e-9)
         env = self.rt.env
         summary: dict[str, Any] = {
@@ -213,6 +233,8 @@ class Meter:
             "train_time_s": wall,
             "samples_per_s": samples / train_only,
             "step_time_s": train_only / self.steps if self.steps else None,
+            "steady_step_time_s": steady if steady >= 0 else None,
+            "warmup_steps": self.warmup_steps,
             "gradient_bytes": getattr(self.rt, "gradient_bytes", None),
             "final_loss": None,
             "peak_memory_bytes": int(peak),

@@ -102,6 +102,30 @@ def test_meter_summary_has_the_agreed_keys(tmp_path):
     assert oct(os.stat(tmp_path / "summary.json").st_mode & 0o777) == "0o644"
 
 
+def test_steady_step_time_leaves_out_the_warm_up_and_evaluation(tmp_path):
+    """A slow first step (as compilation makes it) counts in step_time_s, not in steady_step_time_s;
+    evaluation after the warm-up counts in neither."""
+    import time
+
+    with gpuscale.init():
+        plan = gpuscale.plan_batch(1, 1)
+        loader = gpuscale.make_loader(torch.utils.data.TensorDataset(torch.randn(8, 2)), plan, shuffle=False)
+        meter = gpuscale.Meter(plan, monitor=False, warmup_steps=2)
+        for index, _ in enumerate(meter.iter(loader)):
+            time.sleep(0.4 if index == 0 else 0.02)
+            if index == 4:
+                with meter.phase("eval"):
+                    time.sleep(0.3)
+        summary = meter.summary()
+        few = gpuscale.Meter(plan, monitor=False, warmup_steps=10)
+        for _ in few.iter(loader):
+            pass
+        assert few.summary()["steady_step_time_s"] is None, "no step after the warm-up: no steady figure"
+    assert summary["steps"] == 8 and summary["warmup_steps"] == 2
+    assert summary["step_time_s"] > 0.06, "all steps, the slow first one included"
+    assert 0.015 < summary["steady_step_time_s"] < 0.045, summary["steady_step_time_s"]
+
+
 def test_checkpointer_rotates_atomically_and_loads_only_weights(tmp_path):
     with gpuscale.init():
         model = gpuscale.wrap(torch.nn.Linear(3, 1))
