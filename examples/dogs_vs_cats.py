@@ -261,10 +261,11 @@ def train(args: argparse.Namespace) -> dict:
         test_set = ImageFolder(root / test_split, args.image_size)
 
         plan = gpuscale.plan_batch(args.batch_size, rt.world_size, scaling=args.scaling)
-        train_loader = gpuscale.make_loader(train_set, plan, seed=args.seed, **loader_options(args))
+        loading = loader_options(args)
+        train_loader = gpuscale.make_loader(train_set, plan, seed=args.seed, **loading)
         eval_plan = gpuscale.plan_batch(args.eval_batch_size, rt.world_size, scaling="weak")
-        val_loader = gpuscale.make_loader(val_set, eval_plan, train=False, even=True, **loader_options(args))
-        test_loader = gpuscale.make_loader(test_set, eval_plan, train=False, even=True, **loader_options(args))
+        val_loader = gpuscale.make_loader(val_set, eval_plan, train=False, even=True, **loading)
+        test_loader = gpuscale.make_loader(test_set, eval_plan, train=False, even=True, **loading)
         log.info(
             "%d train / %d validation / %d test images; %s scaling: global batch %d = %d ranks x %d",
             len(train_set), len(val_set), len(test_set), plan.scaling, plan.global_batch, rt.world_size, plan.per_device_batch,

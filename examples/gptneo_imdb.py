@@ -417,6 +417,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         keep_freed_memory(rt.device)
         plan = gpuscale.plan_batch(args.global_batch, rt.world_size, scaling="strong", max_per_device=args.max_per_device)
         strategy_arguments = trainer_arguments(plan, max_grad_norm=args.max_grad_norm, **training_options(args))
+        loading = loader_options(args)
         tokenizer, train_set, val_set, test_set = prepare_data(args, rt)
         log.info("%d train / %d validation / %d test chunks of at most %d tokens; global batch %d = %d ranks x %d x %d accumulation",
                  len(train_set), len(val_set), len(test_set), args.block_size, plan.global_batch, rt.world_size,
@@ -447,8 +448,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             per_device_eval_batch_size=chosen["eval_batch_size"],
             seed=args.seed,
             report_to=[],
-            dataloader_num_workers=loader_options(args).get("num_workers", default_num_workers(len(rt.cores), rt.device)),
-            dataloader_pin_memory=loader_options(args).get("pin_memory", rt.device.type == "cuda"),
+            dataloader_num_workers=loading.get("num_workers", default_num_workers(len(rt.cores), rt.device)),
+            dataloader_pin_memory=loading.get("pin_memory", rt.device.type == "cuda"),
             ddp_find_unused_parameters=False,  # every parameter trains; searching for unused ones costs a pass per step
             **strategy_arguments,
         )

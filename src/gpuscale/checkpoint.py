@@ -48,6 +48,7 @@ from torch import nn
 
 from gpuscale.files import atomic_write, fsync_dir
 from gpuscale.log import get_logger
+from gpuscale.speed import keeping_implementation
 from gpuscale.strategy import strategy_of
 from gpuscale.strategy.deepspeed import TAG as DEEPSPEED_TAG
 
@@ -332,7 +333,8 @@ class Checkpointer:
                 raise ValueError(f"{source} was written by {payload['world_size']} ranks and a {strategy.name} checkpoint "
                                  f"resumes on the same number; run with {payload['world_size']} ranks, or consolidate it "
                                  "(gpuscale consolidate) and start from its weights")
-            strategy.load_sharded(model, optimizer, str(source))
+            with keeping_implementation(optimizer):  # this run's --fused, whatever the checkpoint's run chose
+                strategy.load_sharded(model, optimizer, str(source))
         else:
             strategy.load_state_dict(model, payload["model"])
         for name, target in (("optimizer", optimizer), ("scheduler", scheduler), ("loader", loader)):
@@ -340,7 +342,8 @@ class Checkpointer:
                 if payload[name] is None:
                     raise ValueError(f"{source} holds no {name} state; resume without passing {name}")
                 if name == "optimizer":
-                    strategy.load_optimizer_state_dict(model, target, payload[name])
+                    with keeping_implementation(target):
+                        strategy.load_optimizer_state_dict(model, target, payload[name])
                 else:
                     target.load_state_dict(payload[name])
         if payload["world_size"] == rt.world_size:

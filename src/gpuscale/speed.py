@@ -15,7 +15,7 @@ a script's command line ``--channels-last``, ``--fused``, ``--compile`` from
   few per parameter: on many small parameters the launches, not the arithmetic, bound the step.
   The optimizer is built again, before any step, from the same parameter groups and options with
   ``fused=True``; where torch could not fuse it (a parameter that is not floating point, or not
-  on the device) the script's own optimizer is kept. `keep_implementation` keeps the choice
+  on the device) the script's own optimizer is kept. `keeping_implementation` keeps the choice
   across a resume from a checkpoint written with another.
 - **Compile** (off unless asked): ``module.compile()`` on the wrapped model, so the object the
   script holds stays the DDP or FSDP model (``no_sync``, checkpoints and their keys unchanged) and
@@ -27,6 +27,8 @@ a script's command line ``--channels-last``, ``--fused``, ``--compile`` from
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -35,7 +37,7 @@ from torch import nn
 from gpuscale.log import get_logger
 
 __all__ = ["FUSABLE_OPTIMIZERS", "has_convolutions", "use_channels_last", "to_channels_last", "fuse_optimizer",
-           "keep_implementation", "compile_model"]
+           "keeping_implementation", "compile_model"]
 
 FUSABLE_OPTIMIZERS = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)  # fused on CUDA and CPU since torch 2.4
 log = get_logger("speed")
@@ -122,16 +124,20 @@ def fuse_optimizer(optimizer: Any, choice: bool | None, device: torch.device, st
     return type(optimizer)(groups, **options, fused=True)
 
 
-def keep_implementation(optimizer: Any, state: dict[str, Any]) -> None:
-    """`optimizer.load_state_dict(state)`, keeping this run's fused/foreach choice rather than the checkpoint's.
+@contextmanager
+def keeping_implementation(optimizer: Any) -> Iterator[None]:
+    """Load optimizer state inside this block and keep this run's fused/foreach choice, not the checkpoint's.
 
-    A run resumed with another --fused than the run that wrote the checkpoint would otherwise take
-    the saved groups' flags. Fused kernels want each step count as a float32 tensor on the
-    parameter's device; a checkpoint of an unfused run holds CPU step counts, which are moved.
+    Loading a state dict replaces each parameter group, flags included, with the saved one, so a run
+    resumed with another --fused than the run that wrote the checkpoint would take the saved flags.
+    Fused kernels also want each step count as a float32 tensor on the parameter's device, and a
+    checkpoint of an unfused run holds CPU step counts: they are moved. `gpuscale.Checkpointer`
+    wraps every strategy's optimizer loading in it; None (no optimizer) is allowed.
     """
-    flags = [{k: group[k] for k in ("fused", "foreach") if k in group} for group in optimizer.param_groups]
-    optimizer.load_state_dict(state)
-    for group, kept in zip(optimizer.param_groups, flags):
+    groups = getattr(optimizer, "param_groups", None) or []
+    flags = [{k: group[k] for k in ("fused", "foreach") if k in group} for group in groups]
+    yield
+    for group, kept in zip(getattr(optimizer, "param_groups", None) or [], flags):
         group.update(kept)
         if group.get("fused"):
             for p in group["params"]:

@@ -92,7 +92,8 @@ def test_a_resumed_run_keeps_its_own_fused_choice():
     net = _net()
     net.load_state_dict(writer_net.state_dict())
     fused = speed.fuse_optimizer(_two_groups(net), True, CPU, "ddp")
-    speed.keep_implementation(fused, state)
+    with speed.keeping_implementation(fused):
+        fused.load_state_dict(state)
     assert all(g["fused"] for g in fused.param_groups) and fused.param_groups[0]["lr"] == 1e-2
     steps = [fused.state[p]["step"] for p in net.parameters()]
     assert all(isinstance(s, torch.Tensor) and s.dtype == torch.float32 and float(s) == 2.0 for s in steps)

@@ -99,9 +99,7 @@ class DDPStrategy:
         return optimizer.state_dict()  # replicated: every rank holds the same, complete state
 
     def load_optimizer_state_dict(self, model: nn.Module, optimizer: Any, state: dict[str, Any]) -> None:
-        from gpuscale.speed import keep_implementation
-
-        keep_implementation(optimizer, state)  # this run's --fused, whatever the checkpoint's run chose
+        optimizer.load_state_dict(state)
 
     def writes_checkpoint(self, rt: Any) -> bool:
         return rt.rank == 0
