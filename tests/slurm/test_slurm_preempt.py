@@ -68,7 +68,11 @@ def test_warning_signal_checkpoints_requeues_and_resumes_bit_for_bit(cluster, tm
     _slurm(cluster, "scancel", "--signal=USR1", "--batch", job)
     _until("the job to requeue itself", lambda: _job_field(cluster, job, "Restarts") == "1", 120, logs)
     _until("the requeued job to be pending", lambda: _job_field(cluster, job, "JobState") == "PENDING", 60, logs)
-    _slurm(cluster, "scontrol", "update", f"jobid={job}", "StartTime=now")  # SLURM holds a requeued job ~120 s
+    # SLURM holds a requeued job ~120 s; the test releases it sooner, but not within the second of the requeue:
+    # slurmd revoked the old launch credential at that second (1-s resolution) and refuses a new launch stamped
+    # with the same second ("Job N already killed, do not launch batch job"), failing the job.
+    time.sleep(2)
+    _slurm(cluster, "scontrol", "update", f"jobid={job}", "StartTime=now")
     _until("the requeued job to finish", lambda: _job_field(cluster, job, "JobState") in ("COMPLETED", "FAILED", "CANCELLED"), 300, logs)
     assert _job_field(cluster, job, "JobState") == "COMPLETED", logs()
 
