@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
+from gpuscale.sample_seeds import SeededSamples
+
 __all__ = ["BatchPlan", "plan_batch", "make_loader", "ShardedLoader", "ResumableDistributedSampler", "EvalShardSampler"]
 
 SCALINGS = ("weak", "strong")
@@ -104,16 +106,21 @@ class ResumableDistributedSampler(DistributedSampler):
     """A DistributedSampler that can start an epoch part-way, at `start_index` of this rank's share.
 
     Resuming a checkpoint taken mid-epoch then continues with exactly the samples that were next,
-    without loading the ones already seen.
+    without loading the ones already seen. keyed=True yields ``(epoch, index)`` pairs instead of
+    indices, for a dataset wrapped in `gpuscale.sample_seeds.SeededSamples`.
     """
 
-    def __init__(self, dataset: Sized, num_replicas: int, rank: int, shuffle: bool, seed: int, drop_last: bool) -> None:
+    def __init__(self, dataset: Sized, num_replicas: int, rank: int, shuffle: bool, seed: int, drop_last: bool,
+                 keyed: bool = False) -> None:
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last)  # type: ignore[arg-type]
         self.start_index = 0
+        self.keyed = keyed
 
-    def __iter__(self) -> Iterator[int]:
-        indices = list(super().__iter__())
-        return iter(indices[self.start_index :])
+    def __iter__(self) -> Iterator[Any]:
+        indices = list(super().__iter__())[self.start_index :]
+        if self.keyed:
+            return iter([(self.epoch, index) for index in indices])
+        return iter(indices)
 
     def __len__(self) -> int:
         return max(0, self.num_samples - self.start_index)
@@ -269,6 +276,7 @@ def make_loader(
     pin_memory: bool | None = None,
     collate_fn: Callable[[list[Any]], Any] | None = None,
     even: bool = False,
+    seed_samples: bool | None = None,
     rt: Any = None,
 ) -> ShardedLoader:
     """A loader of this rank's shard with the plan's per-device batch.
@@ -281,6 +289,10 @@ def make_loader(
     with `loader.masked()` to skip the padding (see `EvalShardSampler`).
     num_workers: default from the cores this rank is bound to (`default_num_workers`).
     pin_memory: page-locked batches for faster, asynchronous copies to the GPU (default: on GPUs).
+    seed_samples (train=True only): seed the random generators from (seed, epoch, sample index)
+    before each sample, so random transforms in the dataset resume exactly from a checkpoint
+    (`gpuscale.sample_seeds`). Default: on when workers load the samples, whose generators no
+    checkpoint holds; in the main process the checkpoint's random state already suffices.
     """
     from gpuscale.runtime import current
 
@@ -295,13 +307,19 @@ def make_loader(
     sampler: Sampler[int]
     if train and even:
         raise ValueError("even=True is for evaluation loaders (train=False); training shards are always equal")
+    if seed_samples and not train:
+        raise ValueError("seed_samples=True is for training loaders; an evaluation loader should not transform at random")
+    workers = default_num_workers(len(rt.cores), rt.device) if num_workers is None else num_workers
     if train:
         drop_last = True if drop_last is None else drop_last
-        sampler = ResumableDistributedSampler(dataset, world, rank, shuffle=True if shuffle is None else shuffle, seed=seed, drop_last=False)
+        keyed = workers > 0 if seed_samples is None else seed_samples
+        sampler = ResumableDistributedSampler(dataset, world, rank, shuffle=True if shuffle is None else shuffle, seed=seed,
+                                              drop_last=False, keyed=keyed)
+        if keyed:
+            dataset = SeededSamples(dataset, seed)
     else:
         drop_last = bool(drop_last)
         sampler = EvalShardSampler(dataset, world, rank, even=even)
-    workers = default_num_workers(len(rt.cores), rt.device) if num_workers is None else num_workers
     loader = DataLoader(
         dataset,
         batch_size=plan.per_device_batch,

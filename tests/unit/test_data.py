@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import itertools
+import random
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import Dataset
@@ -18,6 +20,7 @@ from gpuscale.data import (
     make_loader,
     plan_batch,
 )
+from gpuscale.sample_seeds import sample_seed
 
 # --------------------------------------------------------------------------------------------------
 # plan_batch
@@ -424,3 +427,109 @@ def test_even_sampler_on_more_ranks_than_samples_pads_with_real_indices():
     shards = [list(EvalShardSampler(range(2), 3, r, even=True)) for r in range(3)]
     assert shards == [[0], [1], [0]]
     assert [EvalShardSampler(range(2), 3, r, even=True).num_real for r in range(3)] == [1, 1, 0]
+
+
+# --------------------------------------------------------------------------------------------------
+# Random transforms in the dataset: seeded per sample, so a resumed run augments exactly alike
+
+
+class Augmented(Dataset):
+    """Item i is (i, a torch draw, a Python draw, a NumPy draw): what random crops and flips consume."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[int, float, float, float]:
+        return i, torch.rand(()).item(), random.random(), float(np.random.rand())
+
+
+class BatchedAugmented(Augmented):
+    """A dataset with a batched fetch, as Hugging Face datasets have: one draw for the whole batch."""
+
+    def __getitems__(self, indices: list[int]) -> list[tuple[int, float, float, float]]:
+        shift = torch.rand(()).item()
+        return [(i, shift, 0.0, 0.0) for i in indices]
+
+
+def samples(loader, epochs=1):
+    """{(epoch, index): the sample's draws} over whole passes."""
+    seen = {}
+    for epoch in range(epochs):
+        for batch in loader:
+            for i, *draws in zip(*(part.tolist() for part in batch)):
+                seen[(epoch, i)] = tuple(draws)
+    return seen
+
+
+def interrupted_then_resumed(dataset, workers, k, **options):
+    """Batches of 2 epochs, the run checkpointing the loader after k batches of epoch 1 and resuming in a new loader."""
+    plan = plan_batch(4, 1)
+    first = make_loader(dataset, plan, rt=rt(), seed=3, num_workers=workers, **options)
+    taken = [b for b in first]
+    taken += list(itertools.islice(first, k))
+    state = first.state_dict()
+    del first  # the interrupted run ends, its workers with it
+    resumed = make_loader(dataset, plan, rt=rt(), seed=3, num_workers=workers, **options)
+    resumed.load_state_dict(state)
+    return [[part.tolist() for part in b] for b in taken + list(resumed)]
+
+
+@pytest.mark.parametrize("dataset", [Augmented(24), BatchedAugmented(24)], ids=["per-sample", "batched"])
+def test_random_transforms_in_loader_workers_resume_exactly(dataset):
+    plan = plan_batch(4, 1)
+    straight = make_loader(dataset, plan, rt=rt(), seed=3, num_workers=2)
+    reference = [[part.tolist() for part in b] for _ in range(2) for b in straight]
+    assert interrupted_then_resumed(dataset, 2, k=3) == reference
+
+
+def test_without_seeded_samples_loader_workers_do_not_resume_exactly():
+    """Why the seeding exists: the workers' own generators restart, and with them the augmentations."""
+    plan = plan_batch(4, 1)
+    straight = make_loader(Augmented(24), plan, rt=rt(), seed=3, num_workers=2, seed_samples=False)
+    reference = [[part.tolist() for part in b] for _ in range(2) for b in straight]
+    resumed = interrupted_then_resumed(Augmented(24), 2, k=3, seed_samples=False)
+    assert [b[0] for b in resumed] == [b[0] for b in reference]  # the same samples ...
+    assert resumed != reference  # ... transformed differently
+
+
+def test_a_samples_transform_depends_on_seed_epoch_and_index_only():
+    def over(world, workers, seed=3):
+        seen = {}
+        for rank in range(world):
+            loader = make_loader(Augmented(24), plan_batch(4, world), rt=rt(rank, world), seed=seed, num_workers=workers,
+                                 seed_samples=True)
+            seen.update(samples(loader, epochs=2))
+        return seen
+
+    one = over(1, 0)
+    assert len(one) == 48 and len({draws for draws in one.values()}) == 48  # every (epoch, sample) its own draws
+    assert over(1, 1) == over(1, 2) == over(2, 2) == one
+    assert over(1, 0, seed=4) != one
+
+
+def test_seeding_samples_in_the_main_process_leaves_the_training_generators_alone():
+    torch.manual_seed(0)
+    random.seed(0)
+    np.random.seed(0)
+    expected = (torch.rand(3).tolist(), random.random(), float(np.random.rand()))
+    torch.manual_seed(0)
+    random.seed(0)
+    np.random.seed(0)
+    loader = make_loader(Augmented(24), plan_batch(4, 1), rt=rt(), seed=3, num_workers=0, seed_samples=True)
+    samples(loader)
+    assert (torch.rand(3).tolist(), random.random(), float(np.random.rand())) == expected
+
+
+def test_seeded_samples_are_for_training_loaders():
+    with pytest.raises(ValueError, match="seed_samples=True is for training loaders"):
+        make_loader(Augmented(8), plan_batch(4, 1), train=False, rt=rt(), seed_samples=True)
+
+
+def test_sample_seeds_differ_for_neighbours_and_fit_63_bits():
+    seeds = {sample_seed(seed, epoch, index) for seed in range(3) for epoch in range(3) for index in range(100)}
+    assert len(seeds) == 900
+    assert all(0 <= s < 2**63 for s in seeds)
+    assert sample_seed(1, 2, 3) == sample_seed(1, 2, 3)
