@@ -7,7 +7,8 @@
 On entry, in this order:
 
 1. find out where this process is (`gpuscale.env.detect_env`): torchrun, an srun step, ranks set
-   by hand, or a single process;
+   by hand, or a single process. Under torchrun, have the kernel send SIGTERM should torchrun die
+   (`gpuscale.lifeline`): a SIGKILLed launcher leaves no workers training on;
 2. pick the device: the GPU of this local rank (honouring CUDA_VISIBLE_DEVICES or
    ROCR_VISIBLE_DEVICES set per task), or the CPU when torch sees no GPU. On SLURM's fake GPUs or
    a CPU build of torch it says so once and goes on with gloo, keeping SLURM's ranks and cores;
@@ -24,8 +25,9 @@ On entry, in this order:
 6. gather every rank's placement and print it once, on rank 0.
 
 On exit, always, even after an exception: the process group is destroyed in an order that avoids
-gloo's abort at interpreter exit, and environment variables, affinity, thread count and the umask
-(tightened so that nothing the script writes is world-writable) are put back. If the block
+gloo's abort at interpreter exit, and environment variables, affinity, thread count, the umask
+(tightened so that nothing the script writes is world-writable) and the parent-death signal are
+put back. If the block
 raised, the failing rank logs its rank, host and traceback (and hands them to
 torchrun's error file, so torchrun's summary names the root cause) before the exception goes on.
 Under `gpuscale run` it also leaves a note of when it failed and whether the error is only the
@@ -39,6 +41,7 @@ import datetime
 import gc
 import os
 import socket
+import signal
 import sys
 import time
 from pathlib import Path
@@ -53,6 +56,7 @@ import torch.distributed as dist
 
 from gpuscale.env import DistEnv, detect_env, device_index, visible_devices
 from gpuscale.files import tighten_umask
+from gpuscale.lifeline import end_with_parent, parent_death_signal
 from gpuscale.log import configure_logging, get_logger
 from gpuscale.preempt import Stopped
 from gpuscale.topology import (
@@ -301,6 +305,12 @@ class _Restorer:
         self.affinity = allowed_cores()
         self.threads = torch.get_num_threads()
         self.umask = tighten_umask()  # nothing the script writes (checkpoints, summaries) is world-writable
+        self.death_signal: int | None = None
+
+    def end_with_launcher(self) -> None:
+        """SIGTERM when torchrun dies: a SIGKILLed agent must not leave its workers training on (gpuscale.lifeline)."""
+        self.death_signal = parent_death_signal()
+        end_with_parent(signal.SIGTERM)
 
     def setenv(self, name: str, value: str) -> None:
         self.environ.setdefault(name, os.environ.get(name))
@@ -315,6 +325,8 @@ class _Restorer:
         set_affinity(self.affinity)
         torch.set_num_threads(self.threads)
         os.umask(self.umask)
+        if self.death_signal is not None:
+            end_with_parent(self.death_signal)
 
 
 @contextmanager
@@ -350,6 +362,8 @@ def init(
     env = detect_env(os.environ)
     configure_logging(env.rank, env.world_size)
     restorer = _Restorer()
+    if env.launcher == "torchrun":
+        restorer.end_with_launcher()
     launch = os.environ.get(LAUNCH_TIME)
     started_at = float(launch) if launch else _process_start_time()
     rt: Runtime | None = None
