@@ -30,10 +30,22 @@ def test_a_signal_is_a_stop_request_and_exit_is_a_clean_75(sig, capfd):
     assert signal.getsignal(sig) == before  # the previous handler is back
 
 
-def test_every_k_checks_only_every_kth_call():
+def test_one_process_checks_its_own_flag_at_every_call():
+    """every=K spares ranks an all-reduce (tests/multiproc/test_stop_signal.py); alone, checking costs nothing."""
     with gpuscale.init(show_placement=False):
         with gpuscale.StopSignal(every=3) as stop:
+            assert not stop.requested()
             os.kill(os.getpid(), signal.SIGUSR1)
-            assert [stop.requested() for _ in range(4)] == [False, False, True, True]
-        with pytest.raises(ValueError, match="every=0 must be at least 1"):
-            gpuscale.StopSignal(every=0)
+            assert stop.requested()
+
+
+@pytest.mark.parametrize("every, interval_s, message", [
+    (0, 0.5, "every=0 must be 'auto' or at least 1"),
+    ("often", 0.5, "every='often' must be 'auto' or at least 1"),
+    (True, 0.5, "every=True must be 'auto' or at least 1"),
+    ("auto", 0, "interval_s=0 must be a positive number of seconds"),
+])
+def test_bad_check_settings_are_refused(every, interval_s, message):
+    with gpuscale.init(show_placement=False):
+        with pytest.raises(ValueError, match=message):
+            gpuscale.StopSignal(every=every, interval_s=interval_s)
