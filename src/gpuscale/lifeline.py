@@ -47,12 +47,13 @@ def parent_death_signal() -> int:
 def end_with_parent(signum: int = signal.SIGTERM) -> bool:
     """Have the kernel send `signum` to this process when its parent process dies (0: no longer). Linux only.
 
-    Returns True once set, False where it cannot be (not Linux, no libc, or already orphaned:
-    the parent is init). If the parent died just before the request, the signal is sent at once.
+    Returns True once set, False where it cannot be (not Linux, no libc). If the parent died just
+    before the request, the signal is sent at once. (A parent that is init, as in a container whose
+    first process is the launcher, never dies before the process does: the request is then moot.)
     """
     prctl = _prctl()
     parent = os.getppid()
-    if prctl is None or (signum and parent == 1):
+    if prctl is None:
         return False
     if prctl(_PR_SET_PDEATHSIG, int(signum), 0, 0, 0) != 0:  # type: ignore[operator]
         return False
