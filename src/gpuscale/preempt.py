@@ -22,9 +22,9 @@ all of them answer True after the same step. It runs on a CPU (gloo) group, so o
 device synchronisation. Its latency is still that of a gloo round: 0.6 to 2.5 ms per call on our
 2-core VM, a tenth of a small model's step. So by default (``every="auto"``) the ranks check about
 every ``interval_s`` (0.5 s): each check's all-reduce also carries the slowest rank's time since the
-last one, from which every rank derives the same number of calls to skip until the next (at most
-10,000). A stop then comes at most about half a second later than it would with a check every step,
-against SLURM's warning of minutes. ``every=K`` checks every K-th call instead; one process checks
+last one, from which every rank derives the same number of calls to skip until the next (starting
+at 1, at most doubling from one check to the next, at most 10,000). A stop then comes at most about
+half a second later than it would with a check every step, against SLURM's warning of minutes. ``every=K`` checks every K-th call instead; one process checks
 its own flag at every call, which costs nothing.
 
 Until a `StopSignal` exists, the signals keep their default effect (the process ends; the job still
@@ -82,6 +82,7 @@ class StopSignal:
         self._next_check = 1 if every == "auto" else every  # the call that checks next
         self._last_check = time.monotonic()
         self._calls_at_last_check = 0
+        self._skip = 1  # calls between the last two checks
         self.signal_name: str | None = None
         """The first signal this rank received (e.g. 'SIGUSR1'), or None."""
         self._received = False
@@ -124,11 +125,21 @@ class StopSignal:
         return self._agreed
 
     def _calls_to_skip(self, slowest_s: float) -> int:
-        """Calls until the next check. The same on every rank: it depends only on all-reduced values."""
+        """Calls until the next check. The same on every rank: it depends only on all-reduced values.
+
+        The first check's time runs from the constructor, not over whole calls: it says nothing of
+        a step's length, so the second check comes at the next call. From then on the time between
+        checks gives the time per call; the gap may at most double from one check to the next, so a
+        few fast first calls (before the loader or the model has warmed up, say) cannot set it far too long.
+        """
         if self.every != "auto":
             return int(self.every)
+        if self._calls_at_last_check == 0:
+            return 1
         per_call = slowest_s / max(1, self._calls - self._calls_at_last_check)
-        return max(1, min(10_000, int(self.interval_s / per_call) if per_call > 0 else 10_000))
+        fits = int(self.interval_s / per_call) if per_call > 0 else 10_000
+        self._skip = max(1, min(10_000, 2 * self._skip, fits))
+        return self._skip
 
     def exit(self) -> None:
         """End the run now with EXIT_STOPPED (75), after the checkpoint. gpuscale.init() tears down as usual."""
