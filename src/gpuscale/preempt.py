@@ -24,8 +24,9 @@ device synchronisation. Its latency is still that of a gloo round: 0.6 to 2.5 ms
 every ``interval_s`` (0.5 s): each check's all-reduce also carries the slowest rank's time since the
 last one, from which every rank derives the same number of calls to skip until the next (starting
 at 1, at most doubling from one check to the next, at most 10,000). A stop then comes at most about
-half a second later than it would with a check every step, against SLURM's warning of minutes. ``every=K`` checks every K-th call instead; one process checks
-its own flag at every call, which costs nothing.
+half a second later than it would with a check every step, against SLURM's warning of minutes.
+``every=K`` checks every K-th call instead; one process checks its own flag at every call, which
+costs nothing.
 
 Until a `StopSignal` exists, the signals keep their default effect (the process ends; the job still
 requeues and resumes from the last regular checkpoint). A second signal does not kill the process

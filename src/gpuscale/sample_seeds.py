@@ -87,12 +87,12 @@ class SeededSamples(Dataset):
         if get_worker_info() is not None:  # a worker's generators are its own: nothing to put back
             _seed_generators(value)
             return load()
-        saved = (torch.get_rng_state(), random.getstate(), np.random.get_state() if np is not None else None)
+        from gpuscale.checkpoint import capture_rng, restore_rng  # here: the checkpoint module imports the strategies
+
+        cpu = torch.device("cpu")
+        saved = capture_rng(cpu)
         try:
             _seed_generators(value)
             return load()
         finally:
-            torch.set_rng_state(saved[0])
-            random.setstate(saved[1])
-            if np is not None:
-                np.random.set_state(saved[2])
+            restore_rng(saved, cpu)
