@@ -37,10 +37,12 @@ from gpuscale._version import __version__
 from gpuscale.data import BatchPlan, batch_len as _batch_len
 from gpuscale.files import atomic_write_json
 from gpuscale.monitor import Monitor, device_stats, make_timeline, monitor_enabled
+from gpuscale.stepsplit import split_step, time_split
+from gpuscale.syncprobe import PROBE_STEPS, RECORD as PROBES, probe_enabled
 
 __all__ = ["Average", "Meter", "all_reduce_sum", "all_reduce_max", "SUMMARY_KEYS", "PHASES"]
 
-PHASES = ("startup", "data_wait", "compute", "eval", "checkpoint")
+PHASES = ("startup", "data_wait", "compute", "exposed_comm", "imbalance", "eval", "checkpoint", "probe")
 SUMMARY_KEYS = (
     "world_size", "num_nodes", "launcher", "backend", "device", "strategy", "scaling", "global_batch",
     "per_device_batch", "steps", "epochs", "train_time_s", "samples_per_s", "final_loss",
@@ -140,6 +142,7 @@ class Meter:
         self.train_started: float | None = None  # wall clock of the first batch request
         self.warmup_steps = warmup_steps
         self._steady: tuple[float, int, dict[str, float]] | None = None  # (wall clock, steps, phase seconds) after warm-up
+        self._probes_from, self._probe_seconds_from = PROBES.mark()  # this run's sync probes (gpuscale.syncprobe)
         self.monitor: Monitor | None = None
         if monitor and monitor_enabled():
             self.monitor = Monitor(self.rt).start()
@@ -186,7 +189,11 @@ class Meter:
         """Note the time once `warmup_steps` optimizer steps are done (called as batches are counted)."""
         if self._steady is None and self.steps >= self.warmup_steps:
             self._sync()
-            self._steady = (time.time(), self.steps, dict(self.seconds))
+            self._steady = (time.time(), self.steps, {**self.seconds, "probe": self._probe_seconds()})
+
+    def _probe_seconds(self) -> float:
+        """Seconds this run's sync probes spent replaying (charged to the 'probe' phase, not to training)."""
+        return PROBES.seconds - self._probe_seconds_from
 
     @property
     def steps(self) -> int:
@@ -194,25 +201,36 @@ class Meter:
         return self.batches // self.plan.grad_accum_steps
 
     def summary(self, **metrics: Any) -> dict[str, Any]:
-        """The run's summary (collective). `metrics` (final_loss, accuracy, ...) are added as given."""
+        """The run's summary (collective). `metrics` (final_loss, accuracy, ...) are added as given.
+
+        Throughput (``samples_per_s``) is samples over training time: the wall time from the first
+        batch request on, without evaluation, checkpoints and the sync probe's replays, so data
+        waits count. ``time_to_result_s`` is the whole run: startup, training, evaluation,
+        checkpoints and probes. ``step_breakdown_s`` splits one optimizer step (`gpuscale.stepsplit`).
+        """
         self._sync()
         now = time.time()
         started = self.train_started if self.train_started is not None else now
         wall = now - started
         startup = started - self.rt.started_at
-        samples, data_wait, eval_s, ckpt_s = all_reduce_sum(
-            [float(self.samples), self.seconds["data_wait"], self.seconds["eval"], self.seconds["checkpoint"]], self.rt
+        probe_s = self._probe_seconds()
+        samples, eval_s, ckpt_s, probe_s = all_reduce_sum(
+            [float(self.samples), self.seconds["eval"], self.seconds["checkpoint"], probe_s], self.rt
         )
         world = self.rt.world_size
-        data_wait, eval_s, ckpt_s = data_wait / world, eval_s / world, ckpt_s / world
+        eval_s, ckpt_s, probe_s = eval_s / world, ckpt_s / world, probe_s / world
         steady = -1.0
         if self._steady is not None and self.steps > self._steady[1]:
             at, steps_then, seconds_then = self._steady
-            steady_time = (now - at) - (self.seconds["eval"] - seconds_then["eval"]) - (self.seconds["checkpoint"] - seconds_then["checkpoint"])
-            steady = max(steady_time, 0.0) / (self.steps - steps_then)
+            excluded = sum(now_s - seconds_then[k] for k, now_s in
+                           (("eval", self.seconds["eval"]), ("checkpoint", self.seconds["checkpoint"]), ("probe", self._probe_seconds())))
+            steady = max((now - at) - excluded, 0.0) / (self.steps - steps_then)
         wall, startup, peak, steady = all_reduce_max(
             [wall, startup, float(_peak_memory_bytes(self.rt.device)), steady], self.rt)
-        train_only = max(wall - eval_s - ckpt_s, 1e-9)
+        train_only = max(wall - eval_s - ckpt_s - probe_s, 1e-9)
+        step_time = train_only / self.steps if self.steps else None
+        unmeasured = PROBES.unsupported if probe_enabled() else "the sync probe is off (GPUSCALE_SYNC_PROBE=0)"
+        split = split_step(step_time, self.steps, self._rank_reports(), unmeasured)
         env = self.rt.env
         summary: dict[str, Any] = {
             "world_size": world,
@@ -231,20 +249,19 @@ class Meter:
             "epochs": self.epochs,
             "samples": int(samples),
             "train_time_s": wall,
+            "time_to_result_s": startup + wall,
             "samples_per_s": samples / train_only,
-            "step_time_s": train_only / self.steps if self.steps else None,
+            "step_time_s": step_time,
             "steady_step_time_s": steady if steady >= 0 else None,
             "warmup_steps": self.warmup_steps,
             "gradient_bytes": getattr(self.rt, "gradient_bytes", None),
             "final_loss": None,
             "peak_memory_bytes": int(peak),
-            "time_split_s": {
-                "startup": startup,
-                "data_wait": data_wait,
-                "compute": max(train_only - data_wait, 0.0),
-                "eval": eval_s,
-                "checkpoint": ckpt_s,
-            },
+            "time_split_s": time_split(startup, train_only, self.steps, split, eval_s, ckpt_s, probe_s),
+            "step_breakdown_s": split["per_step_s"],
+            "sync_probe": {"status": split["status"], "why": split["why"], "probes": split["probes"],
+                           "schedule": PROBE_STEPS, "reference_rank": split["reference_rank"]},
+            "ranks": split["ranks"],
             "placements": self.rt.placements,
             "torch_version": torch.__version__,
             "gpuscale_version": __version__,
@@ -253,6 +270,16 @@ class Meter:
         }
         summary.update(metrics)
         return summary
+
+    def _rank_reports(self) -> list[dict[str, Any]]:
+        """Every rank's data wait and sync probes (collective: small objects, gathered on every rank)."""
+        mine = {"rank": self.rt.rank, "data_wait_s": self.seconds["data_wait"],
+                "probes": PROBES.as_rows(self._probes_from)}
+        if not self.rt.is_distributed:
+            return [mine]
+        gathered: list[Any] = [None] * self.rt.world_size
+        dist.all_gather_object(gathered, mine)
+        return gathered
 
     def _series(self) -> dict[str, Any] | None:
         zero = self.train_started if self.train_started is not None else self.created

@@ -28,6 +28,7 @@ Scripts offer the same switch on their command lines with `add_arguments(parser)
 from __future__ import annotations
 
 import argparse
+import time
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, ExitStack
 from typing import Any
@@ -35,7 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gpuscale import speed
+from gpuscale import speed, syncprobe
 from gpuscale.data import BatchPlan
 from gpuscale.log import get_logger
 from gpuscale.precision import PRECISIONS, Precision, resolve_precision
@@ -58,7 +59,8 @@ class Training:
     """The model, optimizer and step of one run; built by `setup`."""
 
     def __init__(self, *, model: nn.Module, optimizer: Any, plan: BatchPlan, precision: Precision,
-                 strategy: str, clip_grad_norm: float | None, ds_config: dict[str, Any] | None = None) -> None:
+                 strategy: str, clip_grad_norm: float | None, ds_config: dict[str, Any] | None = None,
+                 device: torch.device | None = None) -> None:
         self.model = model
         """What to call for the forward pass (a DDP wrapper, an FSDP module, a DeepSpeed engine)."""
         self.optimizer = optimizer
@@ -73,6 +75,9 @@ class Training:
         """Gradient norm before clipping at the last step (None when not clipping)."""
         self._scaler = precision.grad_scaler() if strategy != "deepspeed" else None
         self._micro = 0
+        self.device = device if device is not None else next(iter(model.parameters())).device
+        self._capture: syncprobe.Capture | None = None
+        self._probe_blocker = syncprobe.unsupported_reason(model, strategy)
 
     @property
     def module(self) -> nn.Module:
@@ -89,9 +94,24 @@ class Training:
         forward pass, so a forward outside this block synchronises every micro-batch: correct, slower)."""
         stack = ExitStack()
         stack.enter_context(self.precision.autocast())
+        last = self._micro + 1 >= self.plan.grad_accum_steps
         if not self.is_deepspeed and not hasattr(self.model, "set_requires_gradient_sync"):  # DDP; FSDP2 decides in backward
-            stack.enter_context(no_sync(self.model, skip=self._micro + 1 < self.plan.grad_accum_steps))
+            stack.enter_context(no_sync(self.model, skip=not last))
+        self._arm_probe(last)
         return stack
+
+    def _arm_probe(self, last_micro_batch: bool) -> None:
+        """Capture this forward pass if it is the synchronising micro-batch of a probed step (`gpuscale.syncprobe`)."""
+        if self._capture is not None:  # armed before but never consumed by backward (an evaluation pass)
+            self._capture.remove()
+            self._capture = None
+        if not (last_micro_batch and torch.is_grad_enabled() and self.model.training and syncprobe.probe_enabled()
+                and syncprobe.is_probe_step(syncprobe.RECORD.steps)):
+            return
+        if self._probe_blocker is not None:
+            syncprobe.RECORD.unsupported = self._probe_blocker
+            return
+        self._capture = syncprobe.Capture(self.model)
 
     def backward(self, loss: torch.Tensor) -> None:
         """Back-propagate one micro-batch's mean loss; gradients are synchronised on the last one."""
@@ -104,8 +124,35 @@ class Training:
             loss = loss / self.plan.grad_accum_steps
         if self._scaler is not None:
             loss = self._scaler.scale(loss)
-        with no_sync(self.model, skip=not last):
-            loss.backward()
+        capture, self._capture = self._capture, None
+        if capture is not None:
+            capture.stop_recording()
+        if capture is None or capture.calls != 1 or not last:
+            with no_sync(self.model, skip=not last):
+                loss.backward()
+            if capture is not None:
+                capture.remove()
+            return
+        syncprobe.synchronize(self.device)
+        start = time.perf_counter()
+        loss.backward()
+        syncprobe.synchronize(self.device)
+        capture.remove()
+        self._probe(capture, synced_backward_s=time.perf_counter() - start)
+
+    def _probe(self, capture: syncprobe.Capture, synced_backward_s: float) -> None:
+        """Replay the micro-batch just back-propagated without synchronisation and record both timings."""
+        if not capture.valid:
+            return
+        started = time.perf_counter()
+        forward_s, backward_s = syncprobe.replay(
+            self.model, capture, unsynchronised=lambda: no_sync(self.model, skip=True),
+            autocast=self.precision.autocast, device=self.device)
+        record = syncprobe.RECORD
+        record.samples.append(syncprobe.ProbeSample(step=record.steps, forward_s=forward_s, backward_s=backward_s,
+                                                    synced_backward_s=synced_backward_s,
+                                                    micro_batches=self.plan.grad_accum_steps))
+        record.seconds += time.perf_counter() - started
 
     def step(self) -> bool:
         """Step the optimizer if this was the last micro-batch of a step; True if it stepped."""
@@ -114,12 +161,14 @@ class Training:
             self.model.step()
             if boundary:
                 self._micro = 0
+                syncprobe.RECORD.steps += 1
                 norm = self.model.get_global_grad_norm()
                 self.grad_norm = float(norm) if norm is not None else None
             return boundary
         if self._micro < self.plan.grad_accum_steps:
             return False
         self._micro = 0
+        syncprobe.RECORD.steps += 1
         if self._scaler is not None:
             self._scaler.unscale_(self.optimizer)
         if self.clip_grad_norm is not None:
@@ -182,7 +231,7 @@ def setup(
         trainable = [p for p in wrapped.parameters() if p.requires_grad]
         built = speed.fuse_optimizer(optimizer(trainable), fused, rt.device, strategy)
         return Training(model=speed.compile_model(wrapped, compile), optimizer=built, plan=plan, precision=resolved,
-                        strategy=strategy, clip_grad_norm=clip_grad_norm)
+                        strategy=strategy, clip_grad_norm=clip_grad_norm, device=rt.device)
     if fused or compile:
         raise ValueError("fused and compile are not available with strategy 'deepspeed' (DeepSpeed runs its own "
                          "optimizer step); leave them at their defaults")
@@ -232,7 +281,7 @@ def _setup_deepspeed(model: nn.Module, optimizer: OptimizerFactory | None, *, pl
                  zero["stage"], " with CPU offload" if "offload_optimizer" in zero else "", resolved.name,
                  config["train_batch_size"], plan.world_size, plan.per_device_batch, plan.grad_accum_steps)
     return Training(model=engine, optimizer=torch_optimizer, plan=plan, precision=resolved, strategy="deepspeed",
-                    clip_grad_norm=config["gradient_clipping"] or None, ds_config=config)
+                    clip_grad_norm=config["gradient_clipping"] or None, ds_config=config, device=rt.device)
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, default_strategy: str = "ddp", default_zero_stage: int | None = None) -> None:

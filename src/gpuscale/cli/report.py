@@ -32,7 +32,8 @@ def _prediction_ok(prediction: Any) -> bool:
     cells = prediction.get("cells") if isinstance(prediction, dict) else None
     return isinstance(cells, list) and all(
         isinstance(c, dict) and isinstance(c.get("name"), str)
-        and all(isinstance(c.get(k), (int, float, type(None))) for k in ("samples_per_s", "efficiency")) for c in cells)
+        and all(isinstance(c.get(k), (int, float, type(None))) for k in ("samples_per_s", "efficiency", "step_time_s", "exposed_comm_s"))
+        for c in cells)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -17,28 +17,40 @@ Modules: `matrix` (the cells and their commands, pure), `runner` (runs cells loc
 jobs, resumable), `analysis` (speed-up, efficiency, flags; pure), `predict` (the ring all-reduce
 cost model), `report` and `plots` (Markdown, HTML, PNG).
 
-results.json, the contract between analysis and report (version 1):
+results.json, the contract between analysis and report (version 2):
 
-    {"version": 1, "command": [...], "launcher": "local"|"slurm", "device": "cpu"|"cuda",
+    {"version": 2, "command": [...], "launcher": "local"|"slurm", "device": "cpu"|"cuda",
      "device_name": str|None, "created": iso time,
      "rows": [ {                      # one per finished cell, sorted by scaling then world size
         "name": "weak-1x2", "variant": ""|"large", "scaling": "weak"|"strong", "nodes": 1, "nproc_per_node": 2, "world_size": 2,
         "run": "weak-1x2.r2",            # the folder of the run shown: the median of --repeat runs
         "repeats": 3, "samples_per_s_runs": [118.0, 123.4, 125.1],
-        "global_batch": 64, "per_device_batch": 32, "epochs": 2, "steps": 125, "samples": 4000,
-        "samples_per_s": 123.4, "train_time_s": 10.2, "step_time_s": 0.08,
-        "time_split_s": {"startup": .., "data_wait": .., "compute": .., "eval": .., "checkpoint": ..},
-        "speedup": 1.9, "efficiency": 0.95,  # vs the smallest run of the same scaling
+        "device": "cpu", "strategy": "ddp", "global_batch": 64, "per_device_batch": 32, "grad_accum_steps": 1,
+        "epochs": 2, "steps": 125, "samples": 4000,
+        "samples_per_s": 123.4,          # training throughput: the basis of speed-up and efficiency
+        "ideal_samples_per_s": 130.0,    # the baseline's samples/s per device x devices
+        "speedup": 1.9, "efficiency": 0.95,     # throughput / the baseline's, / ideal (both scalings)
+        "train_time_s": 10.2, "time_to_result_s": 14.0, "time_speedup": 1.6,   # the whole run, same epochs
+        "step_time_s": 0.08, "time_split_s": {"startup": .., "data_wait": .., "compute": .., "exposed_comm": ..|None,
+                                              "imbalance": ..|None, "eval": .., "checkpoint": .., "probe": ..},
+        "step_breakdown_s": {"step", "data_wait", "compute", "exposed_comm", "imbalance", "other"},  # per step
+        "sync_probe": {"status": "measured"|"not measured", "why": str|None, "probes": 11, ...},
+        "loss_breakdown": {"data": .03, "exposed_comm": .12, "imbalance": .01, "compute": .06, "rest": .02},
+                                         # fractions of ideal throughput; they sum to 1 - efficiency
         "metric": "accuracy"|"perplexity"|None, "metric_value": 0.93|None, "final_loss": 0.2|None,
+        "lr": {"rule": "linear", "factor": 2.0, ...}|None, "per_epoch": [{"epoch": 1, "phase": .., "val_accuracy": ..}]|None,
         "predicted_samples_per_s": float|None, "predicted_efficiency": float|None,
+        "predicted_breakdown": {"exposed_comm": .15, "compute": 0.0, "data": None, ...}|None,
         "utilisation": the summary's "utilisation" or None,
         "timeline": "weak-1x2/timeline.json"|None,   # relative to the study directory
-        "flags": ["rank 1 (cpu) used 12% of its cores while rank 0 used 95%: ...", ...] } ],
+        "flags": ["waited for data 31% of its training time ...", ...] } ],
      "baseline": {"weak": "weak-1x1", "strong": "strong-1x1"},
      "prediction": {...} | None}    # predict.Prediction as a dict, when the study made one
 
-Speed-up is throughput (samples/s) over the baseline's for weak scaling (each device keeps its
-batch, so the work grows with the devices), and the baseline's time over this run's time for the
-same number of epochs for strong scaling (the global batch stays, so the work is fixed).
-Efficiency is speed-up / (world size / baseline world size).
+One basis for both scalings: speed-up is training throughput (samples/s of optimizer steps, data
+waits included) over the baseline's (the smallest run of the same scaling), efficiency is
+throughput over ideal (the baseline's throughput per device x devices), the same quantity the
+prediction models. Weak scaling keeps each device's batch, strong scaling the global batch; time
+to result (the whole run) is a second, separately labelled column. `analysis` has the breakdown
+of lost efficiency, `gpuscale.stepsplit` and `gpuscale.syncprobe` how its parts are measured.
 """

@@ -5,17 +5,20 @@
 
 What each plot shows, and why it is drawn that way:
 
-- `throughput_plot` (plots/throughput.png): one panel per scaling present, devices on x. Weak
-  scaling plots samples/s, with the ideal line baseline samples/s x (devices / baseline devices):
-  each device keeps its batch, so perfect scaling multiplies throughput. Strong scaling plots the
-  speed-up the table reports (baseline time / run time for the same epochs) with the ideal y = x
-  (relative to the baseline's devices): samples/s would hide the fixed costs (evaluation,
-  checkpoints) that strong scaling does not shrink. Predictions, where the study made them, are
-  dotted. Axes start at 0 so that a gap to the ideal is not exaggerated.
+- `throughput_plot` (plots/throughput.png): one panel per scaling present, devices on x, training
+  throughput (samples/s) on y, the basis of the table's speed-up and efficiency for both
+  scalings, with the ideal line baseline samples/s x (devices / baseline devices). Predictions,
+  where the study made them, are dotted. Axes start at 0 so that a gap to the ideal is not
+  exaggerated.
 - `efficiency_plot` (plots/efficiency.png): efficiency in % vs devices, one line per scaling,
   the 100% line dashed.
+- `waterfall_plot` (plots/waterfall.png): one panel per run with more devices than its baseline:
+  a bar at ideal throughput (100%), one falling bar per measured part of the loss (data, exposed
+  communication, imbalance, per-device compute, rest; rising where a part was a gain), and the
+  measured efficiency at the end, all in % of ideal; the predicted efficiency is a dashed line
+  and the predicted parts are marked with a cross.
 - `time_breakdown_plot` (plots/time_breakdown.png): one horizontal stacked bar per run, in
-  seconds: startup, data wait, compute, eval, checkpoint.
+  seconds: the phases of PHASES.
 - `utilisation_plot` (plots/utilisation-<run>.png): per run with a timeline, util % vs seconds
   since training started (the timeline's t; samples before it, at t < 0, are startup, left of a
   dashed line), one line per series ("rank R device").
@@ -42,14 +45,15 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from gpuscale.files import atomic_write  # noqa: E402
 from gpuscale.log import get_logger  # noqa: E402
+from gpuscale.study.analysis import PARTS  # noqa: E402
 
-__all__ = ["PHASES", "devices_label", "plot_paths", "throughput_plot", "efficiency_plot",
+__all__ = ["PHASES", "devices_label", "plot_paths", "throughput_plot", "efficiency_plot", "waterfall_plot",
            "time_breakdown_plot", "utilisation_plot", "write_plots"]
 
-PHASES = ("startup", "data_wait", "compute", "eval", "checkpoint")
+PHASES = ("startup", "data_wait", "compute", "exposed_comm", "imbalance", "eval", "checkpoint", "probe")
 """The keys of a row's time_split_s, in the order they are stacked and tabulated."""
 
-_PHASE_COLOURS = ("#9e9e9e", "#e3a32b", "#3b75af", "#59a14f", "#b07aa1")
+_PHASE_COLOURS = ("#9e9e9e", "#e3a32b", "#3b75af", "#d1603d", "#8c564b", "#59a14f", "#b07aa1", "#c7c7c7")
 _SCALING_STYLE = {"weak": ("#3b75af", "o"), "strong": ("#d1603d", "s")}
 _DPI = 110
 log = get_logger(__name__)
@@ -72,12 +76,15 @@ def _safe(name: str) -> str:
 def plot_paths(results: dict[str, Any]) -> dict[str, str]:
     """The plots a report of `results` links, relative to the study directory, keyed by kind.
 
-    Keys: "throughput", "efficiency", "time_breakdown", and "utilisation-<run>" for each row
-    with a timeline (`write_plots` leaves out those whose file turns out missing or empty).
+    Keys: "throughput", "efficiency", "waterfall" (when a run has a breakdown), "time_breakdown", and
+    "utilisation-<run>" for each row with a timeline (`write_plots` leaves out those whose file turns
+    out missing or empty).
     """
     paths = {"throughput": "plots/throughput.png"}
     if any(row.get("efficiency") is not None for row in results["rows"]):
         paths["efficiency"] = "plots/efficiency.png"
+    if _waterfall_rows(results):
+        paths["waterfall"] = "plots/waterfall.png"
     paths["time_breakdown"] = "plots/time_breakdown.png"
     for row in results["rows"]:
         if row.get("timeline"):
@@ -126,7 +133,7 @@ def _save(fig: Any, path: Path) -> Path:
 
 
 def throughput_plot(results: dict[str, Any], path: Path) -> Path:
-    """Weak scaling: samples/s vs devices with the ideal line; strong scaling: speed-up vs devices with y = x."""
+    """Training throughput (samples/s) vs devices per scaling, with the ideal line and the prediction."""
     groups = _by_scaling(results)
     fig, axes = plt.subplots(1, len(groups), figsize=(5.2 * len(groups), 4.0), squeeze=False)
     for ax, (scaling, rows) in zip(axes[0], groups.items()):
@@ -134,20 +141,10 @@ def throughput_plot(results: dict[str, Any], path: Path) -> Path:
         base = _baseline(results, scaling, rows)
         sizes = [r["world_size"] for r in rows]
         ideal_x = sorted(set(sizes) | {base["world_size"]})
-        if scaling == "weak":
-            ideal = [base["samples_per_s"] * w / base["world_size"] for w in ideal_x]
-            xs, ys = _points(rows, lambda r: r["samples_per_s"])
-            px, py = _points(rows, lambda r: r.get("predicted_samples_per_s"))
-            ax.set_ylabel("throughput (samples/s)")
-            ax.set_title(f"Weak scaling: throughput (ideal from {base['name']})")
-        else:
-            ideal = [w / base["world_size"] for w in ideal_x]
-            xs, ys = _points(rows, lambda r: r.get("speedup"))
-            px, py = _points(rows, lambda r, w0=base["world_size"]: None if r.get("predicted_efficiency") is None
-                             else r["predicted_efficiency"] * r["world_size"] / w0)
-            ax.set_ylabel(f"speed-up (x, time of {base['name']} / time)")
-            ax.set_title(f"{scaling.capitalize()} scaling: speed-up")
-        ax.plot(ideal_x, ideal, "--", color="#777777", label="ideal (linear)")
+        ideal = [base["samples_per_s"] * w / base["world_size"] for w in ideal_x]
+        xs, ys = _points(rows, lambda r: r["samples_per_s"])
+        px, py = _points(rows, lambda r: r.get("predicted_samples_per_s"))
+        ax.plot(ideal_x, ideal, "--", color="#777777", label=f"ideal ({base['name']} per device x devices)")
         if xs:
             ax.plot(xs, ys, marker=marker, color=colour, label="measured")
         if px:
@@ -155,8 +152,10 @@ def throughput_plot(results: dict[str, Any], path: Path) -> Path:
         _integer_ticks(ax, sizes)
         ax.set_ylim(0, max([*ideal, *ys, *py, 0.0]) * 1.1 or 1.0)
         ax.set_xlabel(devices_label(results))
+        ax.set_ylabel("training throughput (samples/s)")
+        ax.set_title(f"{scaling.capitalize()} scaling: throughput")
         ax.grid(alpha=0.3)
-        ax.legend(loc="upper left")
+        ax.legend(loc="upper left", fontsize="small")
     return _save(fig, path)
 
 
@@ -186,6 +185,67 @@ def efficiency_plot(results: dict[str, Any], path: Path) -> Path | None:
     ax.set_title("Scaling efficiency")
     ax.grid(alpha=0.3)
     ax.legend(loc="lower left")
+    return _save(fig, path)
+
+
+_PART_COLOURS = {"data": "#e3a32b", "exposed_comm": "#d1603d", "imbalance": "#8c564b", "compute": "#3b75af",
+                 "rest": "#9e9e9e"}
+_PART_SHORT = {"data": "data", "exposed_comm": "exposed\ncomm.", "imbalance": "imbalance", "compute": "per-device\ncompute",
+               "rest": "rest"}
+
+
+def _waterfall_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
+    baselines = set((results.get("baseline") or {}).values())
+    return [r for r in results["rows"] if r["name"] not in baselines and r.get("loss_breakdown") and r.get("efficiency") is not None]
+
+
+def _waterfall_panel(ax: Any, row: dict[str, Any]) -> None:
+    shares = row["loss_breakdown"]
+    predicted = row.get("predicted_breakdown") or {}
+    labels, level = ["ideal"], 100.0
+    ax.bar(0, 100.0, color="#c7c7c7", edgecolor="#555555")
+    for i, part in enumerate(PARTS, 1):
+        labels.append(_PART_SHORT[part])
+        share = shares.get(part)
+        if share is None:
+            ax.text(i, level, "not\nmeasured", ha="center", va="bottom", fontsize="x-small", color="#555555")
+            continue
+        loss = 100.0 * share
+        ax.bar(i, -loss, bottom=level, color=_PART_COLOURS[part] if loss >= 0 else "#59a14f", edgecolor="#555555")
+        ax.text(i, level - max(loss, 0.0), f"{-loss:+.0f}%", ha="center", va="top", fontsize="x-small")
+        if predicted.get(part) is not None:
+            ax.plot([i], [level - 100.0 * predicted[part]], "x", color="black", markersize=8)
+        level -= loss
+    labels.append("measured")
+    end = len(PARTS) + 1
+    ax.bar(end, 100.0 * row["efficiency"], color="#3b75af", edgecolor="#555555")
+    ax.text(end, 100.0 * row["efficiency"], f"{100 * row['efficiency']:.0f}%", ha="center", va="bottom", fontsize="small")
+    if row.get("predicted_efficiency") is not None:
+        ax.axhline(100.0 * row["predicted_efficiency"], linestyle="--", color="#555555", linewidth=1,
+                   label=f"predicted efficiency {100 * row['predicted_efficiency']:.0f}%")
+        ax.legend(loc="upper right", fontsize="x-small")
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(labels, fontsize="x-small")
+    ax.set_ylim(0, max(105.0, level + 5, 100.0 * row["efficiency"] + 8))
+    ax.set_ylabel("% of ideal throughput")
+    ax.set_title(f"{row['name']}: {row['world_size']} devices, ideal {row['ideal_samples_per_s']:.0f} samples/s", fontsize="small")
+    ax.grid(axis="y", alpha=0.3)
+
+
+def waterfall_plot(results: dict[str, Any], path: Path) -> Path | None:
+    """From ideal throughput through each measured loss to the measured efficiency, one panel per run
+    with more devices than its baseline; None (nothing written) when no run has a breakdown."""
+    rows = _waterfall_rows(results)
+    if not rows:
+        return None
+    columns = min(len(rows), 3)
+    lines = math.ceil(len(rows) / columns)
+    fig, axes = plt.subplots(lines, columns, figsize=(4.6 * columns, 3.6 * lines), squeeze=False)
+    for ax, row in zip(axes.flat, rows):
+        _waterfall_panel(ax, row)
+    for ax in list(axes.flat)[len(rows):]:
+        ax.set_visible(False)
+    fig.suptitle("Why not more: lost efficiency by measured cause (x: the model's prediction)", fontsize="medium")
     return _save(fig, path)
 
 
@@ -248,7 +308,7 @@ def utilisation_plot(row: dict[str, Any], study_dir: Path, path: Path) -> Path |
         if len(hosts) > 1:
             label += f" on {s.get('host')}"
         ax.plot([a for a, _ in pairs], [b for _, b in pairs], label=label, linewidth=1.2)
-    ax.set_ylim(0, max([105.0, *(1.05 * b for _, pairs in series for _, b in pairs)]))  # CPU % may pass 100
+    ax.set_ylim(0, 105.0)  # a share of the rank's cores or of the GPU's time: never over 100
     if min(a for _, pairs in series for a, _ in pairs) < 0:  # samples before the first batch: startup
         ax.axvline(0, color="#777777", linestyle="--", linewidth=1, label="training starts")
     ax.set_xlabel("time since training started (s)")
@@ -271,6 +331,8 @@ def write_plots(results: dict[str, Any], study_dir: Path) -> dict[str, Path]:
     }
     if "efficiency" in planned:
         written[planned["efficiency"]] = efficiency_plot(results, study_dir / planned["efficiency"])
+    if "waterfall" in planned:
+        written[planned["waterfall"]] = waterfall_plot(results, study_dir / planned["waterfall"])
     written[planned["time_breakdown"]] = time_breakdown_plot(results, study_dir / planned["time_breakdown"])
     for row in results["rows"]:
         key = f"utilisation-{row['name']}"

@@ -13,21 +13,21 @@ the column table `COLUMNS`, so the terminal table, report.md and report.html sho
     accuracy             3 decimals; perplexity 2 decimals
     a missing value      "—" (an em dash), e.g. a run without a baseline or a prediction
 
-The predicted columns appear only when some row has a prediction. The time split gives each
-phase in seconds and as % of the run (the sum of the five phases: startup, data wait, compute,
-eval, checkpoint).
+The predicted column appears only when some row has a prediction, the lr rule only when some
+run recorded one. Every header and paragraph names its unit and denominator (`BASIS`, `WHY_TEXT`,
+`SPLIT_TEXT`, `UTIL_TEXT`). "Why not more" gives each run's lost efficiency by part
+(`gpuscale.study.analysis.breakdown`, worded by `gpuscale.study.explain`). The time split gives
+each phase in seconds and as % of the whole run (the sum of its phases: startup, data wait,
+compute, exposed communication, imbalance, eval, checkpoint, probe).
 
 report.html needs nothing but the file: CSS inline, plots embedded as data: URLs, no script,
 and a Content-Security-Policy that forbids any fetch, so it can be mailed or opened offline.
 Stable hooks for tools and tests: the runs table is ``table#runs``; each of its cells carries
 ``data-row`` (the run name) and ``data-key`` (a key of COLUMNS: the row's results.json key, or
-"layout" for nodes x procs); the time split is ``table#time-split``, flags ``ul#flags``, the
-prediction ``table#prediction``, and each plot a ``figure[data-plot]``. All text is escaped: a
-command or flag reading ``<script>`` shows as text.
-
-The prediction (a dict, its keys rendered generically) lists "batch_sweet_spot" and
-"comm_dominates_below_batch" first; a dict value reads "key: value; ...", and a list of records
-(the predicted cells) becomes its own table (``table.prediction-records[data-key]`` in HTML).
+"layout" for nodes x procs); the breakdown is ``table#breakdown`` (data-key: a part of
+`analysis.PARTS`, or "lost") and ``ul#why``; the time split ``table#time-split``, flags
+``ul#flags``, the prediction ``table#prediction`` and ``table#predicted-runs``, and each plot a
+``figure[data-plot]``. All text is escaped: a command or flag reading ``<script>`` shows as text.
 """
 
 from __future__ import annotations
@@ -36,18 +36,17 @@ import base64
 import html
 import re
 import shlex
+import textwrap
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from gpuscale.files import atomic_write
+from gpuscale.study.analysis import PART_LABELS, PARTS, RESULTS_VERSION
+from gpuscale.study.explain import DASH, breakdown_cells, prediction_facts, prediction_table, why_not_more
 from gpuscale.study.plots import PHASES, plot_paths, write_plots
 
 __all__ = ["DASH", "COLUMNS", "columns", "format_table", "format_markdown", "render_html", "write_report"]
-
-DASH = "—"
-"""What a missing value (None) renders as, everywhere."""
-
 
 def _num(digits: int, suffix: str = "", scale: float = 1.0) -> Callable[[Any], str]:
     return lambda value: f"{value * scale:.{digits}f}{suffix}"
@@ -72,6 +71,13 @@ def _field(key: str, fmt: Callable[[Any], str] = str) -> Callable[[dict[str, Any
     return lambda row: DASH if row.get(key) is None else fmt(row[key])
 
 
+def _lr_rule(row: dict[str, Any]) -> str:
+    lr = row.get("lr")
+    if not lr:
+        return DASH
+    return lr["rule"] if lr["rule"] == "none" or lr.get("factor") is None else f"{lr['rule']} x{lr['factor']:.3g}"
+
+
 COLUMNS = (
     Column("name", "run", _field("name"), numeric=False),
     Column("scaling", "scaling", _field("scaling"), numeric=False),
@@ -79,26 +85,45 @@ COLUMNS = (
            lambda r: f"{r['nodes']}x{r['nproc_per_node']} ({r['world_size']})", numeric=False),
     Column("global_batch", "global batch", _field("global_batch")),
     Column("per_device_batch", "per-device batch", _field("per_device_batch")),
-    Column("samples_per_s", "samples/s", _field("samples_per_s", _num(1))),
-    Column("train_time_s", "time", _field("train_time_s", _num(1, "s"))),
+    Column("samples_per_s", "train samples/s", _field("samples_per_s", _num(1))),
     Column("speedup", "speed-up", _field("speedup", _num(2, "x"))),
     Column("efficiency", "efficiency", _field("efficiency", _num(0, "%", 100.0))),
-    Column("metric_value", "metric", _metric),
-    Column("predicted_samples_per_s", "predicted samples/s", _field("predicted_samples_per_s", _num(1))),
     Column("predicted_efficiency", "predicted efficiency", _field("predicted_efficiency", _num(0, "%", 100.0))),
+    Column("time_to_result_s", "time to result", _field("time_to_result_s", _num(1, "s"))),
+    Column("time_speedup", "speed-up (time)", _field("time_speedup", _num(2, "x"))),
+    Column("metric_value", "metric", _metric),
+    Column("lr", "lr rule", _lr_rule, numeric=False),
 )
 """Every column the runs table can have, in order; `columns(results)` picks those shown."""
 
-_PREDICTED = ("predicted_samples_per_s", "predicted_efficiency")
-_PHASE_NAMES = {"startup": "startup", "data_wait": "data wait", "compute": "compute", "eval": "eval",
-                "checkpoint": "checkpoint"}
-_HIGHLIGHTS = {"batch_sweet_spot": "batch sweet spot",
-               "comm_dominates_below_batch": "communication outlasts compute below a per-device batch of"}
+BASIS = {
+    "samples_per_s": "train samples/s: samples per second of optimizer steps, data waits included, evaluation, "
+                     "checkpoints and probes excluded.",
+    "efficiency": "speed-up and efficiency: train samples/s over the baseline's (the smallest run of the same scaling), "
+                  "and over ideal (the baseline's samples/s per device x devices).",
+    "predicted_efficiency": "predicted efficiency: the same quantity from the model (see Prediction).",
+    "time_to_result_s": "time to result: the whole run (startup, training, evaluation, checkpoints) for the same "
+                        "epochs; speed-up (time): the baseline's time to result over this run's.",
+    "lr": "lr rule: how the learning rate followed the global batch (gpuscale.scale_lr), with its factor.",
+}
+"""What each shown column means: its unit and denominator, printed under the table."""
+
+
+def basis(results: dict[str, Any]) -> str:
+    """The sentences of `BASIS` for the columns `results` shows."""
+    shown = {col.key for col in columns(results)}
+    return " ".join(text for key, text in BASIS.items() if key in shown)
+
+
+_PREDICTED = ("predicted_efficiency",)
+_PHASE_NAMES = {"startup": "startup", "data_wait": "data wait", "compute": "compute",
+                "exposed_comm": "exposed communication", "imbalance": "imbalance", "eval": "eval",
+                "checkpoint": "checkpoint", "probe": "probe"}
 
 
 def _rows(results: dict[str, Any]) -> list[dict[str, Any]]:
-    if results.get("version", 1) != 1:
-        raise ValueError(f"results.json has version {results.get('version')!r}, this gpuscale reads version 1; "
+    if results.get("version") != RESULTS_VERSION:
+        raise ValueError(f"results.json has version {results.get('version')!r}, this gpuscale reads version {RESULTS_VERSION}; "
                          "re-derive it with `gpuscale report DIR`")
     rows = results.get("rows") or []
     if not rows:
@@ -114,7 +139,7 @@ def columns(results: dict[str, Any]) -> list[Column]:
     names = sorted({row["metric"] for row in rows if row.get("metric")})
     shown = []
     for col in COLUMNS:
-        if col.key in _PREDICTED and not predicted:
+        if col.key in _PREDICTED and not predicted or col.key == "lr" and not any(row.get("lr") for row in rows):
             continue
         if col.key == "metric_value":
             col = col._replace(header="/".join(names) or "metric")
@@ -137,7 +162,7 @@ def _flags(results: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def format_table(results: dict[str, Any]) -> str:
-    """The runs as an aligned plain-text table, then each run's flags prefixed with its name."""
+    """The runs as an aligned plain-text table; why each run lost what it lost; then each run's flags."""
     cols, cells = _cells(results)
     widths = [max(len(col.header), *(len(r[i]) for r in cells)) for i, col in enumerate(cols)]
 
@@ -146,11 +171,26 @@ def format_table(results: dict[str, Any]) -> str:
 
     out = [line([c.header for c in cols]), "  ".join("-" * w for w in widths)]
     out += [line(r) for r in cells]
+    out += [""] + textwrap.wrap(basis(results), width=110)
+    why = why_not_more(results)
+    if why:
+        out += ["", WHY_HEADING + ":"] + [f"  {name}: {text}" for name, text in why]
     flags = _flags(results)
     out.append("")
     out.append("Flags:" if flags else "Flags: none")
     out += [f"  {name}: {flag}" for name, flag in flags]
     return "\n".join(out) + "\n"
+
+
+WHY_HEADING = "Why not more (lost efficiency, % of ideal throughput, measured; the model's prediction in brackets)"
+WHY_TEXT = ("Each part is the growth of a time per sample against the baseline, in % of ideal throughput; the parts "
+            "add up to 100% - efficiency. data: loader wait; exposed communication: synchronisation that compute did "
+            "not hide; imbalance: the fastest rank waiting for the slowest (both from the sync probe's replayed steps); "
+            "per-device compute: forward and backward per sample; rest: what no measurement explains. The model "
+            "predicts exposed communication only (and assumes compute per sample constant).")
+SPLIT_TEXT = ("Seconds, and % of the whole run (the sum of the phases). Communication, imbalance, data wait and "
+              "compute are seen from the rank that waited longest for the others (the fastest); compute includes "
+              "the optimizer step and the loop's own work. probe: the sync probe's replays, left out of training time.")
 
 
 def _split(row: dict[str, Any]) -> list[str]:
@@ -167,7 +207,9 @@ def _split(row: dict[str, Any]) -> list[str]:
     return cells + [f"{total:.1f}s" if split else DASH]
 
 
-_UTIL_HEADER = ["run", "rank", "device", "host", "source", "busy (mean)", "busy (max)", "memory peak", "power (mean)"]
+_UTIL_HEADER = ["run", "rank", "device", "host", "source", "busy, mean (%)", "busy, max (%)", "memory peak", "power (mean)"]
+UTIL_TEXT = ("Each rank's device while it trained: on CPUs the share of the rank's own cores in use (at most 100%), "
+             "on GPUs the share of time a kernel was running (NVML, rocm-smi).")
 
 
 def _utilisation(results: dict[str, Any]) -> list[list[str]]:
@@ -186,42 +228,12 @@ def _utilisation(results: dict[str, Any]) -> list[list[str]]:
     return lines
 
 
-def _value(value: Any) -> str:
-    """A prediction value, rendered generically: floats to 4 digits, a dict as "key: value; ..."."""
-    if value is None:
-        return DASH
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    if isinstance(value, dict):
-        return "; ".join(f"{k}: {_value(v)}" for k, v in value.items()) or DASH
-    if isinstance(value, (list, tuple)):
-        return ", ".join(_value(v) for v in value) or DASH
-    return str(value)
-
-
-def _is_records(value: Any) -> bool:
-    return isinstance(value, list) and bool(value) and all(isinstance(v, dict) for v in value)
-
-
-def _prediction(results: dict[str, Any]) -> tuple[list[tuple[str, str, str]], list[tuple[str, list[str], list[list[str]]]]]:
-    """The prediction as (key, label, text) entries, highlighted ones first, and as tables
-    (key, header, rows) for its lists of records (the predicted cells)."""
-    prediction = results.get("prediction") or {}
-    keys = [k for k in _HIGHLIGHTS if k in prediction] + sorted(k for k in prediction if k not in _HIGHLIGHTS)
-    entries = [(k, _HIGHLIGHTS.get(k, k), _value(prediction[k])) for k in keys if not _is_records(prediction[k])]
-    tables = []
-    for key in keys:
-        if _is_records(prediction[key]):
-            header = list(dict.fromkeys(k for record in prediction[key] for k in record))
-            tables.append((key, header, [[_value(r.get(h)) for h in header] for r in prediction[key]]))
-    return entries, tables
-
-
 def _plot_title(rel: str) -> str:
     stem = Path(rel).stem
     if stem.startswith("utilisation-"):
         return f"Utilisation of {stem[len('utilisation-'):]}"
     return {"throughput": "Throughput and speed-up vs devices", "efficiency": "Scaling efficiency",
+            "waterfall": "Why not more: ideal throughput, each measured loss, measured throughput",
             "time_breakdown": "Where each run's time went"}.get(stem, stem)
 
 
@@ -243,8 +255,17 @@ def _meta(results: dict[str, Any]) -> list[tuple[str, str]]:
             ("created", str(results.get("created") or DASH))]
 
 
+BREAKDOWN_HEADER = ["run", *(PART_LABELS[p] for p in PARTS), "lost (100% - efficiency)"]
+
+
+def _breakdown_rows(results: dict[str, Any]) -> list[list[str]]:
+    baselines = set((results.get("baseline") or {}).values())
+    return [[row["name"], *breakdown_cells(row)] for row in results["rows"]
+            if row["name"] not in baselines and row.get("loss_breakdown")]
+
+
 def format_markdown(results: dict[str, Any], plots: Iterable[str] | None = None) -> str:
-    """report.md: command, device, runs, time split, flags, prediction and the plots.
+    """report.md: command, device, runs, why not more, time split, utilisation, flags, prediction, plots.
 
     `plots` are the image paths to link, relative to the study directory (default: every plot
     `plots.plot_paths` plans; `write_report` passes those actually written).
@@ -255,21 +276,28 @@ def format_markdown(results: dict[str, Any], plots: Iterable[str] | None = None)
     out = ["# gpuscale scaling report", "", fence + "sh", command, fence, ""]
     out += [f"- {key}: {value}" for key, value in _meta(results)] + ["", "## Runs", ""]
     out += _md_table([c.header for c in cols], cells, [c.numeric for c in cols])
-    out += ["", "## Time split", "", "Seconds and % of the run (the sum of the phases).", ""]
+    out += ["", basis(results)]
+    breakdown = _breakdown_rows(results)
+    if breakdown:
+        out += ["", "## Why not more", "", WHY_TEXT, ""]
+        out += _md_table(BREAKDOWN_HEADER, breakdown, [False] + [True] * (len(BREAKDOWN_HEADER) - 1))
+        out += [""] + [f"- **{name}**: {text}" for name, text in why_not_more(results)]
+    out += ["", "## Time split", "", SPLIT_TEXT, ""]
     out += _md_table(["run", *_PHASE_NAMES.values(), "total"],
                      ([r["name"], *_split(r)] for r in results["rows"]), [False] + [True] * (len(PHASES) + 1))
     util = _utilisation(results)
     if util:
-        out += ["", "## Utilisation", "", "Each rank's device while it trained (CPU: % of the rank's cores).", ""]
+        out += ["", "## Utilisation", "", UTIL_TEXT, ""]
         out += _md_table(_UTIL_HEADER, util, [False] * 5 + [True] * 4)
     out += ["", "## Flags", ""]
     out += [f"- **{name}**: {flag}" for name, flag in _flags(results)] or ["None."]
-    entries, tables = _prediction(results)
-    if entries or tables:
+    facts = prediction_facts(results)
+    header, predicted = prediction_table(results)
+    if facts or predicted:
         out += ["", "## Prediction", ""]
-        out += _md_table(["", "value"], ([label, text] for _, label, text in entries), [False, False]) if entries else []
-        for key, header, rows in tables:
-            out += ["", f"### {key}", ""] + _md_table(header, rows, [False] * len(header))
+        out += _md_table(["", "value"], ([label, text] for _, label, text in facts), [False, False]) if facts else []
+        if predicted:
+            out += ["", "### Predicted runs", ""] + _md_table(header, predicted, [False] + [True] * (len(header) - 1))
     rels = list(plot_paths(results).values() if plots is None else plots)
     if rels:
         out += ["", "## Plots", ""]
@@ -322,8 +350,19 @@ def render_html(results: dict[str, Any], images: Mapping[str, bytes]) -> str:
     for row, texts in zip(results["rows"], cells):
         out.append(f'<tr data-row="{e(row["name"])}">'
                    + "".join(_td(t, c.key, row["name"], c.numeric) for c, t in zip(cols, texts)) + '</tr>')
-    out += ['</tbody>', '</table></div>', '<h2>Time split</h2>',
-            '<p>Seconds and % of the run (the sum of the phases).</p>',
+    out += ['</tbody>', '</table></div>', f'<p id="basis">{e(basis(results))}</p>']
+    breakdown = _breakdown_rows(results)
+    if breakdown:
+        keys = ["name", *PARTS, "lost"]
+        out += ['<h2>Why not more</h2>', f'<p>{e(WHY_TEXT)}</p>', '<div class="scroll"><table id="breakdown">', '<thead><tr>']
+        out += [f'<th data-key="{k}">{e(h)}</th>' for k, h in zip(keys, BREAKDOWN_HEADER)] + ['</tr></thead>', '<tbody>']
+        for line in breakdown:
+            out.append(f'<tr data-row="{e(line[0])}">' + "".join(
+                _td(t, k, line[0], i > 0) for i, (k, t) in enumerate(zip(keys, line))) + '</tr>')
+        out += ['</tbody>', '</table></div>', '<ul id="why">']
+        out += [f'<li data-row="{e(name)}"><strong>{e(name)}</strong>: {e(text)}</li>' for name, text in why_not_more(results)]
+        out.append('</ul>')
+    out += ['<h2>Time split</h2>', f'<p>{e(SPLIT_TEXT)}</p>',
             '<div class="scroll"><table id="time-split">', '<thead><tr><th data-key="name">run</th>']
     out += [f'<th data-key="{k}">{e(label)}</th>' for k, label in _PHASE_NAMES.items()]
     out += ['<th data-key="total">total</th></tr></thead>', '<tbody>']
@@ -334,7 +373,7 @@ def render_html(results: dict[str, Any], images: Mapping[str, bytes]) -> str:
     out += ['</tbody>', '</table></div>']
     util = _utilisation(results)
     if util:
-        out += ['<h2>Utilisation</h2>', "<p>Each rank's device while it trained (CPU: % of the rank's cores).</p>",
+        out += ['<h2>Utilisation</h2>', f"<p>{e(UTIL_TEXT)}</p>",
                 '<div class="scroll"><table id="utilisation">', '<thead><tr>']
         out += [f'<th>{e(h)}</th>' for h in _UTIL_HEADER] + ['</tr></thead>', '<tbody>']
         for line in util:
@@ -349,15 +388,17 @@ def render_html(results: dict[str, Any], images: Mapping[str, bytes]) -> str:
         out.append('</ul>')
     else:
         out.append('<p id="flags">None.</p>')
-    entries, tables = _prediction(results)
-    if entries or tables:
+    facts = prediction_facts(results)
+    header, predicted = prediction_table(results)
+    if facts or predicted:
         out += ['<h2>Prediction</h2>', '<table id="prediction" class="wrap">', '<tbody>']
-        out += [f'<tr><th>{e(label)}</th><td data-key="{e(key)}">{e(text)}</td></tr>' for key, label, text in entries]
+        out += [f'<tr><th>{e(label)}</th><td data-key="{e(key)}">{e(text)}</td></tr>' for key, label, text in facts]
         out += ['</tbody>', '</table>']
-        for key, header, rows in tables:
-            out += [f'<h3>{e(key)}</h3>', f'<div class="scroll"><table class="prediction-records" data-key="{e(key)}">',
+        if predicted:
+            out += ['<h3>Predicted runs</h3>', '<div class="scroll"><table id="predicted-runs">',
                     '<thead><tr>' + "".join(f'<th>{e(h)}</th>' for h in header) + '</tr></thead>', '<tbody>']
-            out += ['<tr>' + "".join(f'<td>{e(c)}</td>' for c in row) + '</tr>' for row in rows]
+            out += [f'<tr data-row="{e(row[0])}">' + "".join(_td(c, h, row[0], i > 0) for i, (h, c) in enumerate(zip(header, row)))
+                    + '</tr>' for row in predicted]
             out += ['</tbody>', '</table></div>']
     if images:
         out += ['<h2>Plots</h2>', '<div class="plots">']

@@ -61,12 +61,22 @@ def summary_problem(summary: Any) -> str | None:
         if not _number(summary.get(key)) or not 0 < summary[key] < math.inf:
             return f"{key} is {summary.get(key)!r}, not a positive number"
     for key in ("epochs", "steps", "samples", "step_time_s", "global_batch", "per_device_batch", "grad_accum_steps",
-                "gradient_bytes", "accuracy", "perplexity", "final_loss"):
+                "gradient_bytes", "accuracy", "perplexity", "final_loss", "time_to_result_s"):
         if summary.get(key) is not None and not _number(summary[key]):
             return f"{key} is {summary[key]!r}, not a number"
-    split = summary.get("time_split_s")
-    if split is not None and not (isinstance(split, dict) and all(v is None or _number(v) for v in split.values())):
-        return "time_split_s is not an object of seconds"
+    for key in ("time_split_s", "step_breakdown_s"):
+        split = summary.get(key)
+        if split is not None and not (isinstance(split, dict) and all(v is None or _number(v) for v in split.values())):
+            return f"{key} is not an object of seconds"
+    per_epoch = summary.get("per_epoch")
+    if per_epoch is not None and not (isinstance(per_epoch, list) and all(
+            isinstance(e, dict) and all(e.get(k) is None or _number(e[k]) for k in ("val_accuracy", "val_perplexity"))
+            for e in per_epoch)):
+        return "per_epoch is not a list of objects with numeric val_accuracy/val_perplexity"
+    lr = summary.get("lr")
+    if lr is not None and not (isinstance(lr, dict) and isinstance(lr.get("rule"), str)
+                               and all(lr.get(k) is None or _number(lr[k]) for k in ("factor", "base_lr", "lr"))):
+        return "lr is not an object with a rule and numbers"
     utilisation = summary.get("utilisation")
     if utilisation is not None:
         devices = utilisation.get("devices") if isinstance(utilisation, dict) else None

@@ -1,0 +1,151 @@
+"""The report's explanations, as text: why each run lost what it lost, and what the prediction assumed.
+
+Pure functions of a results.json dict (schema in `gpuscale.study`); `report` puts their text in the
+terminal table, report.md and report.html alike, so the three always say the same thing.
+
+    why_not_more(results)      -> [(run, "76% of ideal (5050.2 samples/s); lost 24%: data 3%, ...")]
+    prediction_facts(results)  -> [(key, label, text)]: interconnect, baseline, overlap, ... with units
+    prediction_table(results)  -> (header, rows): the predicted cells, one unit per column
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from gpuscale.study.analysis import PART_LABELS, PARTS
+
+__all__ = ["DASH", "pct", "why_not_more", "breakdown_cells", "prediction_facts", "prediction_table"]
+
+DASH = "—"
+"""What a missing value (None) renders as, everywhere."""
+
+
+def pct(share: float | None) -> str:
+    """A fraction as whole per cent ("24%", "-3%"); None as DASH."""
+    return DASH if share is None else f"{100 * share:.0f}%"
+
+
+def _baselines(results: dict[str, Any]) -> set[str]:
+    return set((results.get("baseline") or {}).values())
+
+
+def _not_measured(row: dict[str, Any]) -> str:
+    why = (row.get("sync_probe") or {}).get("why")
+    return f" (not measured: {why})" if why else " (not measured)"
+
+
+def why_not_more(results: dict[str, Any]) -> list[tuple[str, str]]:
+    """One line per run that is not a baseline: its efficiency, ideal throughput and each part of the
+    loss in % of ideal, the prediction's part in brackets where the model has one."""
+    lines = []
+    for row in results["rows"]:
+        shares = row.get("loss_breakdown")
+        if row["name"] in _baselines(results) or not shares or row.get("efficiency") is None:
+            continue
+        predicted = row.get("predicted_breakdown") or {}
+        parts = []
+        for part in PARTS:
+            if shares.get(part) is None:
+                parts.append(f"{PART_LABELS[part]} {DASH}")
+                continue
+            text = f"{PART_LABELS[part]} {pct(shares[part])}"
+            if predicted.get(part) is not None:
+                text += f" (predicted {pct(predicted[part])})"
+            parts.append(text)
+        line = (f"{pct(row['efficiency'])} of ideal ({row['ideal_samples_per_s']:.1f} samples/s); "
+                f"lost {pct(1 - row['efficiency'])}: " + ", ".join(parts))
+        if any(shares.get(p) is None for p in PARTS):
+            line += _not_measured(row)
+        lines.append((row["name"], line))
+    return lines
+
+
+def breakdown_cells(row: dict[str, Any]) -> list[str]:
+    """A run's breakdown as table cells: each part ("12% (pred. 15%)"), then the whole loss."""
+    shares = row.get("loss_breakdown") or {}
+    predicted = row.get("predicted_breakdown") or {}
+    cells = []
+    for part in PARTS:
+        text = pct(shares.get(part))
+        if predicted.get(part) is not None and shares.get(part) is not None:
+            text += f" (pred. {pct(predicted[part])})"
+        cells.append(text)
+    return cells + [pct(None if row.get("efficiency") is None else 1 - row["efficiency"])]
+
+
+def _gb_s(bytes_per_s: float | None) -> str:
+    return DASH if bytes_per_s is None else f"{bytes_per_s / 1e9:.3g} GB/s"
+
+
+def _us(seconds: float | None) -> str:
+    return DASH if seconds is None else f"{seconds * 1e6:.3g} µs"
+
+
+def _link(link: dict[str, Any]) -> str:
+    text = (f"{link.get('source') or 'unknown source'}: within a node {_gb_s(link.get('intra_bandwidth'))} per direction, "
+            f"{_us(link.get('intra_latency'))} per ring step")
+    if link.get("inter_bandwidth") is not None:
+        text += f"; between nodes {_gb_s(link['inter_bandwidth'])}, {_us(link.get('inter_latency'))}"
+    return text
+
+
+def _batch(value: Any) -> str:
+    """A per-device batch threshold as whole samples (a fraction of a sample means nothing)."""
+    return f"{math.ceil(value)}" if isinstance(value, (int, float)) and math.isfinite(value) else DASH
+
+
+def _baseline_text(prediction: dict[str, Any]) -> str | None:
+    base = prediction.get("baseline")
+    if not isinstance(base, dict):
+        return None
+    parts = [str(base.get("device_name") or base.get("device") or "device unknown")]
+    if base.get("step_time_s") is not None:
+        parts.append(f"{1e3 * base['step_time_s']:.3g} ms per optimizer step")
+    if base.get("per_device_batch") is not None:
+        parts.append(f"at {base['per_device_batch']} samples per device")
+    if base.get("step_time_source"):
+        parts.append(f"({base['step_time_source']})")
+    return " ".join(parts)
+
+
+def prediction_facts(results: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """What the prediction assumed, as (key, label, text with units); keys it does not know are shown as given."""
+    prediction = results.get("prediction") or {}
+    facts = []
+    baseline = _baseline_text(prediction)
+    if baseline:
+        facts.append(("baseline", "baseline step (scaled linearly with the per-device batch)", baseline))
+    if isinstance(prediction.get("link"), dict):
+        facts.append(("link", "interconnect", _link(prediction["link"])))
+    if prediction.get("gradient_bytes") is not None:
+        facts.append(("gradient_bytes", "synchronised per optimizer step", f"{prediction['gradient_bytes'] / 2**20:.3g} MiB of gradients"))
+    if prediction.get("overlap") is not None:
+        facts.append(("overlap", "overlap", f"{prediction['overlap']:.2f} of a step's compute time can hide communication"))
+    below = prediction.get("comm_dominates_below_batch") or {}
+    if below:
+        facts.append(("comm_dominates_below_batch", "a step communicates longer than it computes below a per-device batch of",
+                      "; ".join(f"{shape}: {_batch(b)} samples" for shape, b in below.items())))
+    known = {"baseline", "link", "gradient_bytes", "overlap", "comm_dominates_below_batch", "cells"}
+    for key in sorted(k for k in prediction if k not in known):
+        facts.append((key, key.replace("_", " "), str(prediction[key])))
+    return facts
+
+
+PREDICTION_HEADER = ["run", "devices", "nodes", "per-device batch", "compute (ms/step)", "all-reduce (ms/step)",
+                     "exposed communication (ms/step)", "step (ms)", "samples/s", "efficiency"]
+
+
+def prediction_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """The predicted cells: each column with its unit, the per-device batch as whole samples where it is whole."""
+    rows = []
+    for cell in (results.get("prediction") or {}).get("cells") or []:
+        def ms(key: str, c: dict[str, Any] = cell) -> str:
+            return DASH if c.get(key) is None else f"{1e3 * c[key]:.3g}"
+        batch = cell.get("per_device_batch")
+        batch_text = DASH if batch is None else (f"{batch:.0f}" if float(batch).is_integer() else f"{batch:.2f}")
+        rows.append([str(cell.get("name")), str(cell.get("world_size", DASH)), str(cell.get("nodes", DASH)), batch_text,
+                     ms("compute_s"), ms("comm_s"), ms("exposed_comm_s"), ms("step_time_s"),
+                     DASH if cell.get("samples_per_s") is None else f"{cell['samples_per_s']:.1f}",
+                     pct(cell.get("efficiency"))])
+    return PREDICTION_HEADER, rows

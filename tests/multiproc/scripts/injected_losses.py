@@ -1,0 +1,92 @@
+"""A data-parallel workload with known, injected losses of scaling efficiency: the breakdown's test bed.
+
+An MLP on in-memory random data (about 20 ms of compute per step on one core), SGD, --steps
+optimizer steps; summary.json in --out. Injected only when the job has more than one rank, so a
+1-process baseline of the same command stays clean:
+
+    --data-sleep S --sleep-ranks all|1   the loader sleeps S seconds per batch, on every rank or on rank 1 only
+    --comm-sleep S                       a DDP communication hook sleeps S seconds per gradient bucket,
+                                         then all-reduces as DDP would (the model fits one bucket)
+
+Writes OUT/injected.json: what was injected per optimizer step (seconds) and the bucket count.
+"""
+
+import argparse
+import json
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import Dataset
+
+import gpuscale
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--scaling", choices=("weak", "strong"), default="weak")
+parser.add_argument("--out", required=True)
+parser.add_argument("--batch-size", type=int, default=64)
+parser.add_argument("--hidden", type=int, default=384)
+parser.add_argument("--steps", type=int, default=60)
+parser.add_argument("--data-sleep", type=float, default=0.0)
+parser.add_argument("--sleep-ranks", choices=("all", "1"), default="all")
+parser.add_argument("--comm-sleep", type=float, default=0.0)
+args = parser.parse_args()
+
+
+class SleepyTensors(Dataset):
+    """In-memory samples, fetched a batch at a time; each batch fetch sleeps `sleep` seconds."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, sleep: float) -> None:
+        self.x, self.y, self.sleep = x, y, sleep
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, index: int):
+        return self.x[index], self.y[index]
+
+    def __getitems__(self, indices: list[int]):
+        if self.sleep:
+            time.sleep(self.sleep)
+        return [(self.x[i], self.y[i]) for i in indices]
+
+
+def sleeping_allreduce(sleep: float):
+    def hook(state, bucket):
+        time.sleep(sleep)
+        tensor = bucket.buffer().div_(dist.get_world_size())
+        return dist.all_reduce(tensor, async_op=True).get_future().then(lambda fut: fut.value()[0])
+    return hook
+
+
+torch.manual_seed(0)
+with gpuscale.init() as rt:
+    many = rt.world_size > 1
+    plan = gpuscale.plan_batch(args.batch_size, rt.world_size, scaling=args.scaling)
+    model = nn.Sequential(nn.Linear(128, args.hidden), nn.ReLU(), nn.Linear(args.hidden, args.hidden), nn.ReLU(),
+                          nn.Linear(args.hidden, 10))
+    training = gpuscale.setup(model, lambda p: torch.optim.SGD(p, lr=0.01), plan=plan)
+    buckets = 0
+    if many and args.comm_sleep:
+        training.model.register_comm_hook(None, sleeping_allreduce(args.comm_sleep))
+        buckets = 1
+        assert sum(p.numel() * 4 for p in model.parameters()) < 1024 * 1024, "more than DDP's first 1 MiB bucket"
+    data_sleep = args.data_sleep if many and (args.sleep_ranks == "all" or rt.rank == 1) else 0.0
+    total = args.steps * plan.global_batch
+    data = SleepyTensors(torch.randn(total, 128), torch.randint(0, 10, (total,)), data_sleep)
+    loader = gpuscale.make_loader(data, plan, seed=0)
+    meter = gpuscale.Meter(plan)
+    for xb, yb in meter.iter(loader):
+        with training.autocast():
+            loss = nn.functional.cross_entropy(training.model(xb), yb)
+        training.backward(loss)
+        training.step()
+    meter.write_summary(args.out, final_loss=float(loss))
+    if rt.is_main:
+        injected = {"data_sleep_s": args.data_sleep if many else 0.0, "sleep_ranks": args.sleep_ranks,
+                    "comm_sleep_per_step_s": args.comm_sleep * buckets, "buckets": buckets,
+                    "world_size": rt.world_size, "pid": os.getpid()}
+        with open(os.path.join(args.out, "injected.json"), "w") as f:
+            json.dump(injected, f)
