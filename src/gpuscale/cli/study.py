@@ -10,10 +10,15 @@ summary.json there (gpuscale.Meter). Cells run one after another; a rerun skips 
 so an interrupted study continues where it stopped, and a longer --nproc list adds cells.
 
 Weak scaling keeps each device's batch (the work grows with the devices), strong scaling keeps
-the global batch (the work is fixed). Speed-up and efficiency are against the smallest run of
-each scaling: throughput for weak, time for the same epochs for strong; accuracy stands beside
-them, so you see what each did to the model. The table is printed and DIR/results.json,
-report.md, report.html and plots/ are written (`gpuscale report DIR` writes them again).
+the global batch (the work is fixed). For both, speed-up and efficiency are training throughput
+(samples/s of optimizer steps, data waits included) against the smallest run of the same scaling
+and against ideal (its throughput per device x devices): the same quantity the prediction
+models. Time to result (the whole run) has its own column and speed-up; accuracy and the
+learning-rate rule stand beside them, so you see what each did to the model. Below the table,
+each run's lost efficiency is split into measured parts (data, exposed communication, imbalance,
+per-device compute, the rest), with the prediction's part beside it. The table is printed and
+DIR/results.json, report.md, report.html and plots/ are written (`gpuscale report DIR` writes them
+again).
 
 On a CPU-only machine every process gets the same number of cores in every cell (the cores
 divided by the largest process count), the CPU counterpart of "one GPU per process".

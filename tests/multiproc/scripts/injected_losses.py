@@ -6,9 +6,10 @@ optimizer steps; summary.json in --out. Injected only when the job has more than
 
     --data-sleep S --sleep-ranks all|1   the loader sleeps S seconds per batch, on every rank or on rank 1 only
     --comm-sleep S                       a DDP communication hook sleeps S seconds per gradient bucket,
-                                         then all-reduces as DDP would (the model fits one bucket)
+                                         then all-reduces as DDP would
 
-Writes OUT/injected.json: what was injected per optimizer step (seconds) and the bucket count.
+Rank 0 writes OUT/injected.json: what was injected per optimizer step (seconds), from the sleeps
+that really happened (the hook counts its calls).
 """
 
 import argparse
@@ -27,7 +28,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--scaling", choices=("weak", "strong"), default="weak")
 parser.add_argument("--out", required=True)
 parser.add_argument("--batch-size", type=int, default=64)
-parser.add_argument("--hidden", type=int, default=384)
+parser.add_argument("--hidden", type=int, default=1024)
 parser.add_argument("--steps", type=int, default=60)
 parser.add_argument("--data-sleep", type=float, default=0.0)
 parser.add_argument("--sleep-ranks", choices=("all", "1"), default="all")
@@ -53,8 +54,9 @@ class SleepyTensors(Dataset):
         return [(self.x[i], self.y[i]) for i in indices]
 
 
-def sleeping_allreduce(sleep: float):
+def sleeping_allreduce(sleep: float, calls: list[int]):
     def hook(state, bucket):
+        calls[0] += 1
         time.sleep(sleep)
         tensor = bucket.buffer().div_(dist.get_world_size())
         return dist.all_reduce(tensor, async_op=True).get_future().then(lambda fut: fut.value()[0])
@@ -68,25 +70,26 @@ with gpuscale.init() as rt:
     model = nn.Sequential(nn.Linear(128, args.hidden), nn.ReLU(), nn.Linear(args.hidden, args.hidden), nn.ReLU(),
                           nn.Linear(args.hidden, 10))
     training = gpuscale.setup(model, lambda p: torch.optim.SGD(p, lr=0.01), plan=plan)
-    buckets = 0
+    calls = [0]
     if many and args.comm_sleep:
-        training.model.register_comm_hook(None, sleeping_allreduce(args.comm_sleep))
-        buckets = 1
-        assert sum(p.numel() * 4 for p in model.parameters()) < 1024 * 1024, "more than DDP's first 1 MiB bucket"
-    data_sleep = args.data_sleep if many and (args.sleep_ranks == "all" or rt.rank == 1) else 0.0
+        training.model.register_comm_hook(None, sleeping_allreduce(args.comm_sleep, calls))
+    sleeps_here = many and (args.sleep_ranks == "all" or rt.rank == 1)
+    data_sleep = args.data_sleep if many else 0.0  # what the injection is, reported by rank 0
+    dataset_sleep = args.data_sleep if sleeps_here else 0.0
     total = args.steps * plan.global_batch
-    data = SleepyTensors(torch.randn(total, 128), torch.randint(0, 10, (total,)), data_sleep)
+    data = SleepyTensors(torch.randn(total, 128), torch.randint(0, 10, (total,)), dataset_sleep)
     loader = gpuscale.make_loader(data, plan, seed=0)
     meter = gpuscale.Meter(plan)
+    steps = 0
     for xb, yb in meter.iter(loader):
         with training.autocast():
             loss = nn.functional.cross_entropy(training.model(xb), yb)
         training.backward(loss)
-        training.step()
-    meter.write_summary(args.out, final_loss=float(loss))
+        steps += training.step()
+    meter.write_summary(args.out, final_loss=float(loss.detach()))
     if rt.is_main:
-        injected = {"data_sleep_s": args.data_sleep if many else 0.0, "sleep_ranks": args.sleep_ranks,
-                    "comm_sleep_per_step_s": args.comm_sleep * buckets, "buckets": buckets,
-                    "world_size": rt.world_size, "pid": os.getpid()}
+        injected = {"data_sleep_per_step_s": data_sleep, "sleep_ranks": args.sleep_ranks if data_sleep else None,
+                    "comm_sleep_per_step_s": args.comm_sleep * calls[0] / steps, "hook_calls_per_step": calls[0] / steps,
+                    "world_size": rt.world_size}
         with open(os.path.join(args.out, "injected.json"), "w") as f:
             json.dump(injected, f)

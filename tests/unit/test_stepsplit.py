@@ -1,0 +1,75 @@
+"""The sync probe's schedule and the split of a step from every rank's reports, by hand."""
+
+import pytest
+from torch import nn
+
+from gpuscale import syncprobe
+from gpuscale.stepsplit import split_step, time_split
+
+
+def test_probes_come_early_then_rarely():
+    probed = [s for s in range(400) if syncprobe.is_probe_step(s)]
+    assert probed[:13] == [5, 13, 21, 29, 37, 45, 53, 61, 69, 77, 85, 93, 193]
+    assert probed[13:] == [293, 393]
+
+
+def _probe(step, fwd, bwd, synced, micro=1):
+    return {"step": step, "forward_s": fwd, "backward_s": bwd, "synced_backward_s": synced, "micro_batches": micro}
+
+
+def test_exposed_communication_is_the_smallest_wait_and_imbalance_the_spread():
+    # rank 1 loads 8 ms longer per step; both compute 10 ms (4 forward + 6 backward); communication exposes 3 ms
+    ranks = [
+        {"rank": 0, "data_wait_s": 0.1, "probes": [_probe(s, 0.004, 0.006, 0.006 + 0.003 + 0.008) for s in (5, 13, 21)]},
+        {"rank": 1, "data_wait_s": 0.9, "probes": [_probe(s, 0.004, 0.006, 0.006 + 0.003) for s in (5, 13, 21)]},
+    ]
+    split = split_step(0.025, 100, ranks)
+    assert split["status"] == "measured" and split["probes"] == 2  # the first of three dropped
+    assert split["reference_rank"] == 0  # it waited longest: the fastest rank
+    assert split["per_step_s"] == pytest.approx({"step": 0.025, "data_wait": 0.001, "compute": 0.010,
+                                                 "exposed_comm": 0.003, "imbalance": 0.008, "other": 0.003})
+    assert [r["data_wait_s"] for r in split["ranks"]] == pytest.approx([0.001, 0.009])
+
+
+def test_accumulation_multiplies_compute_and_one_rank_has_nothing_to_wait_for():
+    ranks = [{"rank": 0, "data_wait_s": 0.0, "probes": [_probe(5, 0.01, 0.02, 0.021, micro=4)]}]
+    split = split_step(0.2, 10, ranks)
+    assert split["per_step_s"]["compute"] == pytest.approx(0.12)
+    assert split["per_step_s"]["exposed_comm"] == 0.0 and split["per_step_s"]["imbalance"] == 0.0
+
+
+def test_probes_only_count_when_every_rank_took_them():
+    ranks = [{"rank": 0, "data_wait_s": 0.0, "probes": [_probe(5, 0.01, 0.01, 0.012)]},
+             {"rank": 1, "data_wait_s": 0.0, "probes": [_probe(13, 0.01, 0.01, 0.012)]}]
+    split = split_step(0.05, 20, ranks, unsupported=None)
+    assert split["status"] == "not measured" and "fewer optimizer steps" in split["why"]
+    assert split["per_step_s"]["data_wait"] == 0.0 and split["per_step_s"]["compute"] is None
+
+
+def test_unmeasured_strategies_say_why_and_the_time_split_keeps_compute_whole():
+    split = split_step(0.05, 20, [{"rank": 0, "data_wait_s": 0.2, "probes": []}], unsupported="fsdp: cannot")
+    assert split["why"] == "fsdp: cannot"
+    phases = time_split(2.0, 1.0, 20, split, eval_s=0.5, checkpoint_s=0.1, probe_s=0.0)
+    assert phases == pytest.approx({"startup": 2.0, "data_wait": 0.2, "compute": 0.8, "exposed_comm": None, "imbalance": None,
+                                    "eval": 0.5, "checkpoint": 0.1, "probe": 0.0})
+
+
+def test_measured_time_split_charges_communication_and_imbalance_per_step():
+    ranks = [{"rank": r, "data_wait_s": 0.1, "probes": [_probe(5, 0.004, 0.006, 0.006 + 0.002 + 0.001 * r)]} for r in range(2)]
+    split = split_step(0.02, 50, ranks)
+    phases = time_split(1.0, 1.0, 50, split, eval_s=0.0, checkpoint_s=0.0, probe_s=0.05)
+    assert phases["exposed_comm"] == pytest.approx(0.1) and phases["imbalance"] == pytest.approx(0.05)
+    assert phases["data_wait"] == pytest.approx(0.1) and phases["compute"] == pytest.approx(0.75)
+
+
+def test_strategies_the_probe_cannot_measure_are_named():
+    class Sharded(nn.Linear):
+        def set_requires_gradient_sync(self, flag):
+            pass
+
+    assert syncprobe.unsupported_reason(nn.Linear(2, 2), "ddp") is None
+    assert syncprobe.unsupported_reason(nn.Linear(2, 2), "deepspeed").startswith("deepspeed:")
+    assert syncprobe.unsupported_reason(Sharded(2, 2), "fsdp").startswith("fsdp:")
+    compiled = nn.Linear(2, 2)
+    compiled.compile(backend="eager")
+    assert syncprobe.unsupported_reason(compiled, "ddp").startswith("compiled model")
