@@ -18,6 +18,12 @@ many and under SLURM. What is sampled, and from where:
   (``rt.cores``), so 100 means every one of its cores was busy. Memory is this process's resident
   set (/proc/self/statm); power is not known (None). A child that exits loses its last interval.
 
+``util_pct`` is always a share in percent, clamped to [0, 100]: of the rank's cores (CPU time over
+wall time times their number) or of the GPU's time (as its tool reports it). /proc counts CPU time
+in clock ticks (1/100 s) and the sampling thread wakes a little late or early, so the raw ratio of
+a fully busy rank reads a few percent over 100 (a 0.5 s interval is 50 ticks per core: one tick
+more is 102%); those readings are 100, never more (`cpu_share_pct`, `share_pct`).
+
 A sampler that fails (no driver, no command, a device it cannot find) never stops training: the
 rank warns once and stops sampling; the series keeps what it had and its ``source``.
 
@@ -51,6 +57,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import json
+import math
 import os
 import subprocess
 import threading
@@ -63,7 +70,7 @@ from gpuscale.log import get_logger
 from gpuscale.topology import format_cpulist
 
 __all__ = ["Monitor", "open_sampler", "nvidia_sampler", "amd_sampler", "monitor_enabled", "device_stats", "make_timeline", "parse_nvidia_smi",
-           "parse_rocm_smi", "ProcSampler", "NvmlSampler", "AmdSmiSampler", "CommandSampler",
+           "parse_rocm_smi", "ProcSampler", "share_pct", "cpu_share_pct", "NvmlSampler", "AmdSmiSampler", "CommandSampler",
            "TIMELINE_VERSION", "MAX_SAMPLES"]
 
 TIMELINE_VERSION = 1
@@ -119,8 +126,23 @@ def _proc_ticks(pid: str) -> int:
     return int(fields[11]) + int(fields[12])  # utime + stime (fields 14, 15), all threads
 
 
+def share_pct(value: Any) -> float | None:
+    """A utilisation reading in percent, clamped to [0, 100]; None where unknown (None, NaN, not a number)."""
+    number = _num(value)
+    if number is None or math.isnan(number):
+        return None
+    return min(max(number, 0.0), 100.0)
+
+
+def cpu_share_pct(cpu_s: float, wall_s: float, num_cores: int) -> float | None:
+    """CPU seconds used over `wall_s` seconds, in % of `num_cores` cores, clamped to [0, 100]; None without wall time."""
+    if not wall_s > 0:
+        return None
+    return share_pct(100.0 * cpu_s / wall_s / max(num_cores, 1))
+
+
 class ProcSampler:
-    """CPU time of this process and its children over wall time, in % of `cores`; RSS in bytes."""
+    """CPU time of this process and its children over wall time, in % of `cores` (0 to 100); RSS in bytes."""
 
     source, min_interval_s = "proc", 0.0
 
@@ -149,7 +171,7 @@ class ProcSampler:
         wall, self._last, self._wall = now - self._wall, ticks, now
         with open("/proc/self/statm") as f:
             rss = int(f.read().split()[1]) * self._page
-        return (100.0 * used / wall / self.num_cores if wall > 0 else None), rss, None
+        return cpu_share_pct(used, wall, self.num_cores), rss, None
 
     def close(self) -> None:
         pass
@@ -362,6 +384,7 @@ class Monitor:
 
     def _record(self, sample: Sample) -> float:
         now = time.time()
+        sample = (share_pct(sample[0]), *sample[1:])  # a GPU tool's reading too: a share, 0 to 100
         with self._lock:
             self.times.append(now)
             self.samples.append(sample)

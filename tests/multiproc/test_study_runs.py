@@ -66,9 +66,13 @@ def test_speedup_and_efficiency_come_from_the_measurements(mlp_study):
     for row in rows.values():  # the row is the median of its three runs
         assert row["repeats"] == 3 and row["samples_per_s"] == sorted(row["samples_per_s_runs"])[1]
     assert rows["weak-1x2"]["speedup"] == pytest.approx(summaries["weak-1x2"]["samples_per_s"] / summaries["weak-1x1"]["samples_per_s"])
-    assert rows["strong-1x2"]["speedup"] == pytest.approx(summaries["strong-1x1"]["train_time_s"] / summaries["strong-1x2"]["train_time_s"])
+    # strong scaling: the same basis as weak (throughput), the one the prediction models; time to result beside it
+    assert rows["strong-1x2"]["speedup"] == pytest.approx(summaries["strong-1x2"]["samples_per_s"] / summaries["strong-1x1"]["samples_per_s"])
+    assert rows["strong-1x2"]["time_speedup"] == pytest.approx(
+        summaries["strong-1x1"]["time_to_result_s"] / summaries["strong-1x2"]["time_to_result_s"])
     for row in rows.values():
         assert row["efficiency"] == pytest.approx(row["speedup"] / row["world_size"])
+        assert sum(row["loss_breakdown"].values()) == pytest.approx(1 - row["efficiency"])
 
 
 def test_prediction_agrees_with_measurement_within_15_percent(mlp_study):
@@ -155,9 +159,17 @@ def test_bad_study_input_is_one_line(tmp_path):
 
 
 def test_predict_from_a_single_process_run(mlp_study):
+    """A CPU run's step says nothing about LUMI's GPUs: refused in one line, projected with one GPU's step time given."""
     out, _ = mlp_study
-    result = run(gpuscale_cmd("predict", str(out / "weak-1x1"), "--profile", "lumi-g", "--nproc", "1,2,4,8", "--nodes", "1,2"))
+    args = ("predict", str(out / "weak-1x1"), "--profile", "lumi-g", "--nproc", "1,2,4,8", "--nodes", "1,2")
+    refused = run(gpuscale_cmd(*args))
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert "weak-1x1 ran on a CPU, but profile lumi-g has AMD GPUs" in refused.stderr and "--step-time SECONDS" in refused.stderr
+    result = run(gpuscale_cmd(*args, "--step-time", "0.02"))
     assert_ok(result)
+    measured = json.loads((out / "weak-1x1" / "summary.json").read_text())["step_time_s"]
+    assert result.stdout.startswith(f"baseline: {out / 'weak-1x1'}, 1 CPU process (its gradients and batch); 20 ms per step")
+    assert f"(given with --step-time; the run measured {1e3 * measured:.3g} ms)" in result.stdout.splitlines()[0]
     assert "interconnect: profile lumi-g" in result.stdout
     for name in ("weak-1x8", "strong-2x8"):
         assert name in result.stdout
@@ -174,7 +186,8 @@ def test_demo_prints_weak_and_strong_scaling_and_writes_the_report(tmp_path):
     table = _table(result.stdout)
     for name in ("weak-1x1", "weak-1x2", "strong-1x1", "strong-1x2"):
         assert name in table
-    assert "speed-up" in table and "efficiency" in table and "accuracy" in table
+    assert "speed-up" in table and "efficiency" in table and "accuracy" in table and "time to result" in table
+    assert "Why not more" in table and "weak-1x2: " in table
     results = json.loads((out / "results.json").read_text())
     assert {r["name"] for r in results["rows"]} == {"weak-1x1", "weak-1x2", "strong-1x1", "strong-1x2"}
     assert all(r["metric"] == "accuracy" and r["metric_value"] > 0.6 for r in results["rows"])

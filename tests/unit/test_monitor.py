@@ -101,6 +101,28 @@ def test_cpu_sampler_counts_child_processes():
     assert util * wall / 100 == pytest.approx(child_s, abs=0.2), f"{util:.0f}% of {wall:.1f} s, the child used {child_s:.2f} s"
 
 
+def test_cpu_utilisation_is_a_share_of_the_rank_s_cores_never_over_100(monkeypatch):
+    """/proc counts in clock ticks and the sampling thread wakes late or early, so the raw ratio of a
+    busy rank can exceed its cores (the report once showed "busy (max) 102%"): it reads 100."""
+    clock = {"now": 1000.0}
+    monkeypatch.setattr(monitor, "time", SimpleNamespace(monotonic=lambda: clock["now"], time=time.time))
+    sampler = ProcSampler((0, 1))  # two cores: 100% is 2 CPU seconds per wall second
+    sampler._tick = 100  # ticks per second, as on Linux
+    sampler._last, sampler._wall = {"self": 1000, "4242": 500}, 1000.0
+    readings = iter([{"self": 1000 + 52, "4242": 500 + 51}, {"self": 1052 + 40, "4242": 551 + 35}])
+    monkeypatch.setattr(sampler, "_ticks", lambda: next(readings))
+    clock["now"] = 1000.5  # 103 ticks in 0.5 s on 2 cores: 103% raw
+    assert sampler.sample()[0] == 100.0
+    clock["now"] = 1001.0  # 75 ticks in 0.5 s on 2 cores
+    assert sampler.sample()[0] == pytest.approx(75.0)
+    assert monitor.cpu_share_pct(1.03, 0.5, 2) == 100.0 and monitor.cpu_share_pct(1.0, 0.0, 2) is None
+    # a GPU tool's reading is a share of the GPU's time, 0 to 100, too
+    m = Monitor(cpu_runtime([0]))
+    for raw in (105.0, -3.0, float("nan"), "N/A"):
+        m._record((raw, 1, None))
+    assert [s[0] for s in m.samples] == [100.0, 0.0, None, None]
+
+
 def test_nvidia_smi_fallback_parses_its_csv(tmp_path, monkeypatch):
     """With no NVML library (this machine), the sampler runs nvidia-smi and finds its GPU by UUID."""
     try:

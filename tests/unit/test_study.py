@@ -62,26 +62,105 @@ def _write_study(tmp_path, summaries):
         (tmp_path / cell.name / "summary.json").write_text(json.dumps(summary))
 
 
-def test_speedup_is_throughput_for_weak_and_time_for_strong(tmp_path):
-    _write_study(tmp_path, [
-        _summary(1, "weak", 100.0, 10.0), _summary(2, "weak", 180.0, 11.0, acc=0.8, step=0.111),
-        _summary(1, "strong", 100.0, 10.0), _summary(2, "strong", 170.0, 6.25),
-    ])
+def test_speedup_and_efficiency_are_throughput_for_both_scalings_and_time_to_result_is_separate(tmp_path):
+    weak2, strong2 = _summary(2, "weak", 180.0, 11.0, acc=0.8, step=0.111), _summary(2, "strong", 170.0, 6.25)
+    base_strong = _summary(1, "strong", 100.0, 10.0)
+    base_strong["time_to_result_s"], strong2["time_to_result_s"] = 20.0, 12.5
+    _write_study(tmp_path, [_summary(1, "weak", 100.0, 10.0), weak2, base_strong, strong2])
     results = analysis.analyse(tmp_path)
     rows = {r["name"]: r for r in results["rows"]}
-    assert results["baseline"] == {"weak": "weak-1x1", "strong": "strong-1x1"}
+    assert results["version"] == 2 and results["baseline"] == {"weak": "weak-1x1", "strong": "strong-1x1"}
     assert rows["weak-1x2"]["speedup"] == pytest.approx(1.8) and rows["weak-1x2"]["efficiency"] == pytest.approx(0.9)
-    assert rows["strong-1x2"]["speedup"] == pytest.approx(1.6) and rows["strong-1x2"]["efficiency"] == pytest.approx(0.8)
+    # strong scaling: the same basis, throughput (170 / 100), not the time of the run
+    assert rows["strong-1x2"]["speedup"] == pytest.approx(1.7) and rows["strong-1x2"]["efficiency"] == pytest.approx(0.85)
+    assert rows["strong-1x2"]["ideal_samples_per_s"] == pytest.approx(200.0)
+    # time to result is its own column: 20 s against 12.5 s for the same epochs
+    assert rows["strong-1x2"]["time_speedup"] == pytest.approx(1.6)
+    # a summary without time_to_result_s (gpuscale before 0.2): startup + train_time_s
+    assert rows["weak-1x2"]["time_to_result_s"] == pytest.approx(3.0 + 11.0)
+    assert rows["weak-1x2"]["time_speedup"] == pytest.approx(13.0 / 14.0)
     assert rows["weak-1x2"]["metric"] == "accuracy" and rows["weak-1x2"]["metric_value"] == 0.8
-    # weak scaling doubled the global batch and lost accuracy: the row says so, and why
-    assert any("global batch is 64 instead of 32" in f for f in rows["weak-1x2"]["flags"])
+    # weak scaling doubled the global batch and lost accuracy: the row says so, and what to do
+    flag = next(f for f in rows["weak-1x2"]["flags"] if f.startswith("accuracy"))
+    assert "global batch is 64 instead of 32" in flag and "--lr-scaling linear" in flag and "no lr rule recorded" in flag
     assert not rows["strong-1x2"]["flags"]
+
+
+def _split(step, data, compute, comm, imbalance):
+    return {"step": step, "data_wait": data, "compute": compute, "exposed_comm": comm, "imbalance": imbalance,
+            "other": step - data - compute - comm - imbalance}
+
+
+def test_lost_efficiency_splits_into_measured_parts_computed_by_hand(tmp_path):
+    """Each part is the growth of a per-sample time against the baseline, in % of ideal; they sum to 1 - efficiency."""
+    base = _summary(1, "weak", 100.0, 10.0)  # 0.01 s per sample, 32 per step: 0.32 s per step
+    base["step_breakdown_s"] = _split(0.32, data=0.032, compute=0.256, comm=0.0, imbalance=0.0)
+    weak = _summary(2, "weak", 160.0, 10.0)  # 2 / 160 = 0.0125 s per sample on a device: 0.4 s per step of 32
+    weak["step_breakdown_s"] = _split(0.4, data=0.048, compute=0.256, comm=0.048, imbalance=0.016)
+    base_strong = _summary(1, "strong", 100.0, 10.0)
+    base_strong["step_breakdown_s"] = _split(0.32, data=0.032, compute=0.256, comm=0.0, imbalance=0.0)
+    strong = _summary(2, "strong", 150.0, 10.0)  # 16 per device: 2 / 150 * 16 = 0.21333 s per step
+    strong["step_breakdown_s"] = _split(2 / 150 * 16, data=0.016, compute=0.136, comm=0.032, imbalance=0.008)
+    _write_study(tmp_path, [base, weak, base_strong, strong])
+    rows = {r["name"]: r for r in analysis.analyse(tmp_path)["rows"]}
+    w = rows["weak-1x2"]
+    assert w["efficiency"] == pytest.approx(0.8)
+    assert w["loss_breakdown"] == pytest.approx({"data": 0.04, "exposed_comm": 0.12, "imbalance": 0.04, "compute": 0.0, "rest": 0.0})
+    s = rows["strong-1x2"]
+    assert s["efficiency"] == pytest.approx(0.75)
+    # per sample: data 0.001 vs 0.001; compute 0.0085 vs 0.008; comm 0.002; imbalance 0.0005; t = 0.013333
+    assert s["loss_breakdown"] == pytest.approx({"data": 0.0, "exposed_comm": 0.15, "imbalance": 0.0375, "compute": 0.0375,
+                                                  "rest": 0.025})
+    assert sum(s["loss_breakdown"].values()) == pytest.approx(1 - s["efficiency"])
+    assert rows["weak-1x1"]["loss_breakdown"] == {p: 0.0 for p in analysis.PARTS}
+    assert any("lost 12% of ideal throughput to exposed communication" in f for f in w["flags"])
+    assert any("lost 15% of ideal throughput to exposed communication" in f for f in s["flags"])
+
+
+def test_unmeasured_parts_are_none_and_fall_into_the_rest(tmp_path):
+    base, two = _summary(1, "weak", 100.0, 10.0), _summary(2, "weak", 150.0, 10.0)
+    base["step_breakdown_s"] = _split(0.32, data=0.032, compute=0.256, comm=0.0, imbalance=0.0)
+    two["step_breakdown_s"] = {"step": 2 / 150 * 32, "data_wait": 0.064, "compute": None, "exposed_comm": None,
+                               "imbalance": None, "other": None}
+    two["sync_probe"] = {"status": "not measured", "why": "fsdp: cannot"}
+    _write_study(tmp_path, [base, two])
+    row = analysis.analyse(tmp_path)["rows"][1]
+    shares = row["loss_breakdown"]
+    assert shares["data"] == pytest.approx((0.002 - 0.001) / (2 / 150))
+    assert shares["exposed_comm"] is None and shares["imbalance"] is None and shares["compute"] is None
+    assert shares["rest"] == pytest.approx(0.25 - shares["data"])
+
+
+def test_prediction_stands_beside_each_row_part_by_part(tmp_path):
+    _write_study(tmp_path, [_summary(1, "weak", 100.0, 10.0), _summary(2, "weak", 160.0, 10.0)])
+    prediction = {"cells": [{"name": "weak-1x1", "samples_per_s": 100.0, "efficiency": 1.0, "step_time_s": 0.32, "exposed_comm_s": 0.0},
+                            {"name": "weak-1x2", "samples_per_s": 170.0, "efficiency": 0.85, "step_time_s": 0.4, "exposed_comm_s": 0.06}]}
+    rows = analysis.analyse(tmp_path, prediction)["rows"]
+    assert rows[1]["predicted_efficiency"] == 0.85 and rows[1]["predicted_samples_per_s"] == 170.0
+    assert rows[1]["predicted_breakdown"] == {"data": None, "exposed_comm": pytest.approx(0.15), "imbalance": None,
+                                              "compute": 0.0, "rest": None}
+    assert rows[0]["predicted_breakdown"] is None
+
+
+def test_accuracy_flag_names_the_rule_and_the_phase_that_lost_it(tmp_path):
+    base, two = _summary(1, "weak", 100.0, 10.0, acc=0.906), _summary(2, "weak", 180.0, 10.0, acc=0.768)
+    base["per_epoch"] = [{"epoch": 1, "phase": "head", "val_accuracy": 0.55}, {"epoch": 2, "phase": "head", "val_accuracy": 0.877},
+                         {"epoch": 3, "phase": "fine-tune", "val_accuracy": 0.906}]
+    two["per_epoch"] = [{"epoch": 1, "phase": "head", "val_accuracy": 0.91}, {"epoch": 2, "phase": "head", "val_accuracy": 0.909},
+                        {"epoch": 3, "phase": "fine-tune", "val_accuracy": 0.768}]
+    two["lr"] = {"rule": "none", "factor": 1.0, "base_lr": 0.003, "lr": 0.003, "base_batch": 64, "global_batch": 64, "warmup_steps": 0}
+    _write_study(tmp_path, [base, two])
+    row = analysis.analyse(tmp_path)["rows"][1]
+    flag = next(f for f in row["flags"] if f.startswith("accuracy"))
+    assert "lr rule 'none'" in flag and "in phase 'fine-tune' (epoch 3: validation 0.768 against 0.906)" in flag
+    assert row["lr"]["rule"] == "none"
 
 
 def test_strong_scaling_compares_time_per_epoch_when_epochs_differ(tmp_path):
     _write_study(tmp_path, [_summary(1, "strong", 100.0, 10.0, epochs=2), _summary(2, "strong", 190.0, 10.0, epochs=4)])
     rows = analysis.analyse(tmp_path)["rows"]
-    assert rows[1]["speedup"] == pytest.approx(2.0)
+    assert rows[1]["time_speedup"] == pytest.approx(2.0)  # 10 s for 2 epochs against 10 s for 4
+    assert rows[1]["speedup"] == pytest.approx(1.9)  # throughput needs no such care
 
 
 def test_unfinished_or_mismatched_cells_are_not_rows(tmp_path):
@@ -107,8 +186,8 @@ def test_flags_name_a_starving_loader_and_an_idle_device(tmp_path):
                         {"rank": 1, "device": "cuda:1", "host": "n1", "util_mean": 20.0}]}
     _write_study(tmp_path, [_summary(1, "weak", 100.0, 10.0, data_wait=4.0), _summary(2, "weak", 190.0, 10.0, util=util)])
     rows = analysis.analyse(tmp_path)["rows"]
-    assert any("spent 40% of its training time loading data" in f for f in rows[0]["flags"])
-    assert any(f.startswith("rank 1 (cuda:1 on n1) was busy 20%") for f in rows[1]["flags"])
+    assert any("waited for data 40% of its training time (data wait / training time" in f for f in rows[0]["flags"])
+    assert any(f.startswith("rank 1 (cuda:1 on n1) was busy 20% of the time (GPU)") for f in rows[1]["flags"])
 
 
 def test_ring_allreduce_time_follows_the_formula():
@@ -131,8 +210,8 @@ def test_prediction_weak_strong_and_the_batch_sweet_spot():
     assert by["weak-1x4"]["efficiency"] == pytest.approx(0.1 / (0.1 + comm4))
     assert by["strong-1x4"]["per_device_batch"] == 8
     assert by["strong-1x4"]["step_time_s"] == pytest.approx(0.025 + comm4)
-    # communication outlasts compute below comm / per-sample time
-    assert p["comm_dominates_below_batch"]["1x4"] == pytest.approx(comm4 / (0.1 / 32))
+    # communication outlasts compute below comm / per-sample time, rounded up to a whole batch
+    assert p["comm_dominates_below_batch"]["1x4"] == math.ceil(comm4 / (0.1 / 32))
     # overlap hides communication behind compute, never more than all of it
     hidden = predict.predict(cells, base, link, overlap=1.0, base_global_batch=32).to_dict()
     assert {c["name"]: c for c in hidden["cells"]}["weak-1x4"]["exposed_comm_s"] == 0.0

@@ -19,14 +19,23 @@ scaling keeps b, strong scaling divides the global batch by N. The model is hone
 it leaves out: fixed per-step costs that do not shrink with the batch (it predicts strong
 scaling optimistically at tiny batches), data loading that does not keep up, stragglers.
 
-Below a per-device batch of ``T / ((1 + overlap) * compute per sample)`` a step spends more time
+A step's compute is at least its exposed communication from a per-device batch of
+``ceil(T / ((1 + overlap) * compute per sample))`` samples up; below it a step spends more time
 communicating than computing: the batch-size sweet spot lies above it.
+
+The step time is one device's, so the prediction holds for the kind of device the run was made
+on: a step measured on a CPU says nothing about a GPU's, nor an NVIDIA GPU's about an AMD GPU's.
+`check_target` refuses to project a run onto interconnect figures of another kind of device
+(a profile's ``gpu_vendor``, or this machine's devices for a measured link); the step time of one
+target device (`Baseline.with_step_time`, ``gpuscale predict --step-time``) lifts the refusal.
+Every prediction says what it projects: its ``baseline`` names the run, its device and where
+the step time came from.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from gpuscale.study.matrix import Cell
@@ -75,24 +84,84 @@ class Link:
                    inter_bandwidth=inter_bw, inter_latency=inter_lat, source=f"profile {profile.name}")
 
 
+VENDOR_NAMES = {"amd": "AMD", "nvidia": "NVIDIA"}
+"""GPU vendors as a profile's ``gpu_vendor`` names them, and as messages write them."""
+_VENDOR_WORDS = {"nvidia": ("nvidia", "tesla", "geforce", "quadro", "rtx"), "amd": ("amd", "instinct", "radeon", "gfx")}
+MIN_STEP_S, MAX_STEP_S = 1e-9, 1e7
+"""A step time outside these bounds (a nanosecond, about four months) is no measurement: a damaged file or a typo."""
+MAX_COUNT = 2**40
+"""Largest batch or number of micro-batches a summary may hold (a damaged file holds anything)."""
+
+
+def gpu_vendor_of(device_name: Any) -> str | None:
+    """"nvidia" or "amd" from a GPU's name as torch gives it ("NVIDIA H100 80GB HBM3", "AMD Instinct MI250X");
+    None when the name says neither (or both)."""
+    if not isinstance(device_name, str):
+        return None
+    name = device_name.lower()
+    found = [vendor for vendor, words in _VENDOR_WORDS.items() if any(w in name for w in words)]
+    return found[0] if len(found) == 1 else None
+
+
+def device_words(device: str | None, device_name: str | None) -> str:
+    """The run's device for a sentence: "a CPU", "an NVIDIA GPU (NVIDIA H100 80GB HBM3)", "a GPU (gfx-x)"."""
+    if device == "cpu":
+        return "a CPU"
+    if device == "cuda":
+        vendor = gpu_vendor_of(device_name)
+        what = f"an {VENDOR_NAMES[vendor]} GPU" if vendor else "a GPU"
+        return f"{what} ({device_name})" if device_name else what
+    return f"a device of kind {device!r}" if device else "a device the summary does not name"
+
+
+def duration_words(seconds: float) -> str:
+    """12.7 ms, 1.25 s: a step time for a sentence."""
+    return f"{seconds:.4g} s" if seconds >= 1 else f"{1e3 * seconds:.3g} ms"
+
+
+def check_step_time(seconds: Any) -> None:
+    """ValueError unless `seconds` (``--step-time``) is a plausible step time (MIN_STEP_S to MAX_STEP_S)."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not MIN_STEP_S <= seconds <= MAX_STEP_S:
+        raise ValueError(f"--step-time {seconds!r} is not the seconds of one optimizer step: give a number from {MIN_STEP_S:g} "
+                         f"to {MAX_STEP_S:g}, e.g. 0.0127 for 12.7 ms")
+
+
 @dataclass(frozen=True, kw_only=True)
 class Baseline:
-    """What the model needs from a single-device run's summary."""
+    """What the model needs from a single-device run's summary, and what the run was."""
 
     step_time_s: float
-    """Seconds per optimizer step (training time without evaluation and checkpoints, over steps)."""
+    """Seconds per optimizer step of one device at `per_device_batch` (training time without evaluation
+    and checkpoints, over steps): the run's, or one target device's given instead (`with_step_time`)."""
     per_device_batch: int
+    """Samples per device in one micro-batch."""
     grad_accum_steps: int
     gradient_bytes: int
     sharded: bool = False
+    run: str | None = None
+    """The run the figures come from (its directory as the user named it, or the study's cell)."""
+    device: str | None = None
+    """The run's device kind: "cpu" or "cuda" (NVIDIA and AMD GPUs alike); None where the summary does not say."""
+    device_name: str | None = None
+    """The run's device as torch names it ("NVIDIA H100 80GB HBM3", "AMD Instinct MI250X", "cpu")."""
+    step_time_source: str = "given"
+    """Where `step_time_s` comes from: "measured: RUN" (the run's own) or "--step-time" (the target's, given)."""
+    measured_step_time_s: float | None = None
+    """The run's own step time, kept when `step_time_s` is given instead."""
 
     @property
     def traffic_bytes(self) -> float:
         """Bytes one step synchronises: the gradients, 1.5x for FSDP (parameters gathered too)."""
         return self.gradient_bytes * (SHARDED_TRAFFIC if self.sharded else 1.0)
 
+    @property
+    def step_time_given(self) -> bool:
+        """True when the step time is the target's, given by the user, not the run's."""
+        return self.step_time_source == "--step-time"
+
     @classmethod
-    def from_summary(cls, summary: dict[str, Any]) -> Baseline:
+    def from_summary(cls, summary: dict[str, Any], run: str | None = None) -> Baseline:
+        """The baseline of the run `run` from its summary.json; ValueError, in one line, if it cannot be one."""
         if not isinstance(summary, dict):
             raise ValueError("the summary is not a JSON object; give the summary.json a gpuscale run wrote")
         if summary.get("world_size") != 1:
@@ -106,9 +175,71 @@ class Baseline:
             value = summary.get(key, 1)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf):
                 raise ValueError(f"the summary's {key} is {value!r}, not a positive number: the file is damaged; run it again")
-        return cls(step_time_s=summary["step_time_s"], per_device_batch=summary["per_device_batch"],
-                   grad_accum_steps=summary.get("grad_accum_steps") or 1, gradient_bytes=summary["gradient_bytes"],
-                   sharded=summary.get("strategy") == "fsdp")
+        for key in ("per_device_batch", "global_batch", "grad_accum_steps"):
+            value = summary.get(key) or 1
+            if value > MAX_COUNT or value != int(value):
+                raise ValueError(f"the summary's {key} is {value!r}, not a whole number from 1 to {MAX_COUNT}: "
+                                 "the file is damaged; run it again")
+        if summary["gradient_bytes"] > 2**60:
+            raise ValueError(f"the summary's gradient_bytes is {summary['gradient_bytes']!r}, more than an exabyte: "
+                             "the file is damaged; run it again")
+        if not MIN_STEP_S <= summary["step_time_s"] <= MAX_STEP_S:
+            raise ValueError(f"the summary's step_time_s is {summary['step_time_s']!r}, not a step time from {MIN_STEP_S:g} "
+                             f"to {MAX_STEP_S:g} s: the file is damaged; run it again")
+        for key in ("device", "device_name"):
+            if summary.get(key) is not None and not isinstance(summary[key], str):
+                raise ValueError(f"the summary's {key} is {summary[key]!r}, not text: the file is damaged; run it again")
+        return cls(step_time_s=float(summary["step_time_s"]), per_device_batch=int(summary["per_device_batch"]),
+                   grad_accum_steps=int(summary.get("grad_accum_steps") or 1), gradient_bytes=summary["gradient_bytes"],
+                   sharded=summary.get("strategy") == "fsdp", run=run, device=summary.get("device"),
+                   device_name=summary.get("device_name"), step_time_source=f"measured: {run}" if run else "measured",
+                   measured_step_time_s=float(summary["step_time_s"]))
+
+    def with_step_time(self, seconds: float) -> Baseline:
+        """This baseline with the step time of one target device at the run's per-device batch instead of the run's."""
+        check_step_time(seconds)
+        return replace(self, step_time_s=float(seconds), step_time_source="--step-time")
+
+    def describe(self) -> dict[str, Any]:
+        """What the prediction projects, as `Prediction.baseline` carries it."""
+        return {"run": self.run, "device": self.device, "device_name": self.device_name,
+                "per_device_batch": self.per_device_batch, "grad_accum_steps": self.grad_accum_steps,
+                "step_time_s": self.step_time_s, "step_time_source": self.step_time_source,
+                "measured_step_time_s": self.measured_step_time_s}
+
+
+def check_target(base: Baseline, vendor: str, target: str, where: str) -> None:
+    """ValueError, in one line, unless the run's step time holds for `target`'s devices.
+
+    vendor: the GPUs the target has, as a profile's ``gpu_vendor`` says ("amd", "nvidia", or "none":
+    CPUs only). target: the target in words ("profile lumi-g"); where: the place in words ("on lumi-g",
+    "here"). A CPU run holds only for a target without GPUs, a GPU run only for one with GPUs (of its
+    vendor, where its name says which); a step time given for the target (`with_step_time`) holds anywhere.
+    """
+    if base.step_time_given:
+        return
+    if vendor not in (*VENDOR_NAMES, "none"):
+        raise ValueError(f"{target} has gpu_vendor {vendor!r}; it must be one of amd, nvidia, none")
+    run, step = base.run or "the run", duration_words(base.step_time_s)
+    has = f"{VENDOR_NAMES[vendor]} GPUs" if vendor in VENDOR_NAMES else "no GPUs"
+    mismatch = (f"{run} ran on {device_words(base.device, base.device_name)}, but {target} has {has}: "
+                f"its {step} per step says nothing about a step {where}")
+    problem = None
+    if base.device is None:
+        problem = (f"{run}'s summary does not say which device it ran on (no \"device\": an older gpuscale wrote it), "
+                   f"so its {step} per step cannot be matched to the devices {where}")
+    elif base.device not in ("cpu", "cuda"):
+        problem = f"{run} ran on a device of kind {base.device!r}: its {step} per step cannot be matched to the devices {where}"
+    elif base.device == "cpu" and vendor != "none":
+        problem = mismatch
+    elif base.device == "cuda":
+        named = gpu_vendor_of(base.device_name)
+        if vendor == "none" or (named is not None and named != vendor):
+            problem = mismatch
+    if problem is not None:
+        accum = f" ({base.grad_accum_steps} micro-batches per step)" if base.grad_accum_steps > 1 else ""
+        raise ValueError(f"{problem}; give the step time of one device {where} at {base.per_device_batch} samples per "
+                         f"device{accum} with --step-time SECONDS, or predict from a run made {where}")
 
 
 def allreduce_seconds(num_bytes: float, world_size: int, bandwidth: float, latency: float) -> float:
@@ -147,8 +278,12 @@ class Prediction:
     overlap: float
     gradient_bytes: int
     cells: list[dict[str, Any]]
-    comm_dominates_below_batch: dict[str, float]
-    """Per shape ('1x8', '2x8'): the per-device batch below which communication outlasts compute."""
+    comm_dominates_below_batch: dict[str, int]
+    """Per shape ('1x8', '2x8'): the smallest whole per-device batch at which a step's compute is at least
+    its exposed communication; below it a step communicates longer than it computes."""
+    baseline: dict[str, Any]
+    """What is projected (`Baseline.describe`): run, device, device_name, per_device_batch, grad_accum_steps,
+    step_time_s (the one used), step_time_source ("measured: RUN" or "--step-time"), measured_step_time_s."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -170,24 +305,39 @@ def predict(cells: list[Cell], base: Baseline, link: Link, overlap: float, base_
         nodes, nproc = cell
         bandwidth, latency = link.for_nodes(nodes)
         comm = allreduce_seconds(base.traffic_bytes, nodes * nproc, bandwidth, latency)
-        dominates[f"{nodes}x{nproc}"] = comm / ((1 + overlap) * per_sample)
+        dominates[f"{nodes}x{nproc}"] = smallest_computing_batch(comm, per_sample, overlap)
     return Prediction(link=asdict(link), overlap=overlap, gradient_bytes=base.gradient_bytes, cells=predicted,
-                      comm_dominates_below_batch=dominates)
+                      comm_dominates_below_batch=dominates, baseline=base.describe())
+
+
+def smallest_computing_batch(comm_s: float, per_sample_s: float, overlap: float) -> int:
+    """The smallest whole per-device batch b whose compute b * per_sample_s is at least the exposed
+    communication comm_s - overlap * b * per_sample_s: ceil(comm_s / ((1 + overlap) * per_sample_s)), at least 1."""
+    exact = comm_s / ((1 + overlap) * per_sample_s) if per_sample_s > 0 else math.inf
+    if not math.isfinite(exact):
+        raise ValueError(f"a step of {per_sample_s!r} s per sample cannot be weighed against {comm_s!r} s of communication; "
+                         "give the step time in seconds (e.g. 0.0127)")
+    batch = max(1, math.ceil(exact))
+    if batch > 1 and (batch - 1) * (1 + overlap) * per_sample_s >= comm_s * (1 - 1e-12):  # 32.000000000001 is 32
+        batch -= 1
+    return batch
 
 
 def predict_study(cells: list[Cell], summaries: dict[str, dict[str, Any]], link: Link, overlap: float) -> dict[str, Any] | None:
     """The prediction for a study's cells from its single-device runs (one per scaling and variant), as a dict.
 
-    None when no group has a single-device run. The batch sweet spot is the first group's.
+    The runs were made where the study ran, on the devices the link's figures are for, so each
+    step time is its own run's ("measured: weak-1x1"). None when no group has a single-device run.
+    The batch sweet spot and the ``baseline`` are the first group's.
     """
     combined: dict[str, Any] | None = None
     for group in dict.fromkeys((c.variant, c.scaling) for c in cells):
         members = [c for c in cells if (c.variant, c.scaling) == group]
-        base_summary = next((summaries[c.name] for c in members if c.world_size == 1 and c.name in summaries), None)
-        if base_summary is None:
+        first = next((c for c in members if c.world_size == 1 and c.name in summaries), None)
+        if first is None:
             continue
-        base = Baseline.from_summary(base_summary)
-        part = predict(members, base, link, overlap, base_summary["global_batch"]).to_dict()
+        base = Baseline.from_summary(summaries[first.name], run=first.name)
+        part = predict(members, base, link, overlap, summaries[first.name]["global_batch"]).to_dict()
         if combined is None:
             combined = part
         else:

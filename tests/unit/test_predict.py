@@ -1,0 +1,177 @@
+"""`gpuscale predict` knows what it projects: the run's device against the target's, the step time's source,
+the whole batch from which a step computes at least as long as it communicates."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from gpuscale.cli.predict import format_prediction
+from gpuscale.study import matrix, predict
+from gpuscale.study.matrix import Cell
+
+# lumi-g.toml: 50 GB/s and 10 us within a node, 100 GB/s and 20 us between nodes
+LUMI_INTRA_B, LUMI_INTRA_A, LUMI_INTER_B, LUMI_INTER_A = 50e9, 10e-6, 100e9, 20e-6
+GRADIENT_BYTES = 50_000_000  # 1 MiB first bucket, then two of up to 25 MiB: 3 buckets
+
+
+def summary(**changes) -> dict:
+    base = {"world_size": 1, "scaling": "weak", "step_time_s": 0.0127, "gradient_bytes": GRADIENT_BYTES,
+            "per_device_batch": 32, "global_batch": 32, "grad_accum_steps": 1, "samples_per_s": 2520.0,
+            "train_time_s": 10.0, "device": "cpu", "device_name": "cpu", "strategy": "ddp"}
+    return {**base, **changes}
+
+
+def gpuscale_predict(tmp_path, run_summary: dict, *args: str) -> subprocess.CompletedProcess:
+    """`python -m gpuscale predict RUN ARGS` on `run_summary` written as tmp_path/weak-1x1/summary.json."""
+    run_dir = tmp_path / "weak-1x1"
+    run_dir.mkdir(exist_ok=True)
+    (run_dir / "summary.json").write_text(json.dumps(run_summary))
+    return subprocess.run([sys.executable, "-m", "gpuscale", "predict", "weak-1x1", *args], check=False, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+
+
+def refused_in_one_line(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    assert result.stderr.startswith("gpuscale predict: error: ") and result.stderr.count("\n") == 1, result.stderr
+    assert "Traceback" not in result.stderr and not result.stdout
+    return result.stderr
+
+
+def table_row(stdout: str, name: str) -> list[str]:
+    return next(line.split() for line in stdout.splitlines() if line.startswith(name + " "))
+
+
+def test_a_cpu_run_onto_a_gpu_profile_is_refused_with_the_fix(tmp_path):
+    err = refused_in_one_line(gpuscale_predict(tmp_path, summary(), "--profile", "lumi-g", "--nproc", "1,2,4,8", "--nodes", "1,2,4"))
+    assert "weak-1x1 ran on a CPU, but profile lumi-g has AMD GPUs" in err
+    assert "12.7 ms per step" in err and "at 32 samples per device with --step-time SECONDS" in err
+    assert "or predict from a run made on lumi-g" in err
+
+
+def test_with_step_time_the_prediction_uses_it_and_says_so(tmp_path):
+    step = 0.05  # one GCD's step, as the user measured it on LUMI
+    result = gpuscale_predict(tmp_path, summary(), "--profile", "lumi-g", "--nproc", "1,8", "--nodes", "1,2",
+                              "--scaling", "weak", "--step-time", str(step), "--overlap", "0")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == ("baseline: weak-1x1, 1 CPU process (its gradients and batch); 50 ms per step on one target device "
+                        "at 32 samples per device (given with --step-time; the run measured 12.7 ms)")
+    assert lines[1].startswith("interconnect: profile lumi-g: 50 GB/s and 10 µs per ring step within a node, "
+                               "100 GB/s and 20 µs between nodes")
+    # by hand: T = 2 (N-1) alpha buckets + 2 (N-1)/N S/B, 3 buckets, no overlap
+    comm8 = 2 * 7 * LUMI_INTRA_A * 3 + 2 * 7 / 8 * GRADIENT_BYTES / LUMI_INTRA_B  # 2.17 ms
+    comm16 = 2 * 15 * LUMI_INTER_A * 3 + 2 * 15 / 16 * GRADIENT_BYTES / LUMI_INTRA_B  # slowest link: 50 GB/s, 20 us
+    assert comm8 == pytest.approx(2.17e-3) and comm16 == pytest.approx(3.675e-3)
+    one, eight, sixteen = table_row(result.stdout, "weak-1x1"), table_row(result.stdout, "weak-1x8"), table_row(result.stdout, "weak-2x8")
+    assert one[3] == "50.0" and float(one[6]) == pytest.approx(32 / step, abs=0.05)  # the given step, not the run's 12.7 ms
+    assert float(eight[4]) == pytest.approx(1e3 * comm8, abs=0.05)
+    assert float(eight[6]) == pytest.approx(8 * 32 / (step + comm8), abs=0.05)
+    assert float(sixteen[6]) == pytest.approx(16 * 32 / (step + comm16), abs=0.05)
+    assert eight[7] == f"{100 * step / (step + comm8):.0f}"
+    # the whole batch from which compute covers communication: ceil(T / per-sample compute)
+    assert f"2x8: below {math.ceil(comm16 / (step / 32))} samples per device" in result.stdout
+
+
+def test_a_gpu_run_onto_a_profile_without_gpus_is_refused(tmp_path):
+    gpu = summary(device="cuda", device_name="NVIDIA H100 80GB HBM3", step_time_s=0.0042)
+    err = refused_in_one_line(gpuscale_predict(tmp_path, gpu, "--profile", "local", "--nproc", "1,2"))
+    assert "weak-1x1 ran on an NVIDIA GPU (NVIDIA H100 80GB HBM3), but profile local has no GPUs" in err
+    assert "4.2 ms per step" in err and "--step-time SECONDS" in err
+
+
+@pytest.mark.parametrize("name, profile, has", [("NVIDIA H100 80GB HBM3", "lumi-g", "AMD GPUs"),
+                                                ("AMD Instinct MI250X / MI250", "generic-nvidia", "NVIDIA GPUs")])
+def test_a_gpu_of_the_other_vendor_is_refused(tmp_path, name, profile, has):
+    err = refused_in_one_line(gpuscale_predict(tmp_path, summary(device="cuda", device_name=name), "--profile", profile))
+    assert f"ran on an {name.split()[0]} GPU ({name}), but profile {profile} has {has}" in err
+
+
+def test_a_gpu_of_the_profile_s_vendor_is_projected_as_measured(tmp_path):
+    result = gpuscale_predict(tmp_path, summary(device="cuda", device_name="NVIDIA H100 80GB HBM3"), "--profile", "generic-nvidia",
+                              "--nproc", "1,2")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("baseline: weak-1x1, 1 GPU (NVIDIA H100 80GB HBM3), 12.7 ms per step at 32 samples per device "
+                                    "(measured)\n")
+    assert "overlap: communication hides behind 50% of the compute time" in result.stdout  # GPUs: the default 0.5
+
+
+def test_a_summary_that_names_no_device_needs_the_step_time(tmp_path):
+    old = summary()
+    del old["device"], old["device_name"]
+    err = refused_in_one_line(gpuscale_predict(tmp_path, old, "--profile", "lumi-g"))
+    assert "does not say which device it ran on" in err and "--step-time SECONDS" in err
+    assert gpuscale_predict(tmp_path, old, "--profile", "lumi-g", "--step-time", "0.02").returncode == 0
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "1e9"])
+def test_a_step_time_that_is_no_step_time_is_refused(tmp_path, value):
+    err = refused_in_one_line(gpuscale_predict(tmp_path, summary(), "--profile", "lumi-g", "--step-time", value))
+    assert "is not the seconds of one optimizer step" in err
+
+
+def test_measure_needs_a_run_of_this_machine_s_devices(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has GPUs: a GPU run's step holds here")
+    err = refused_in_one_line(gpuscale_predict(tmp_path, summary(device="cuda", device_name="NVIDIA H100 80GB HBM3"), "--measure"))
+    assert "but this machine (--measure) has no GPUs" in err and "give the step time of one device here" in err
+
+
+def test_the_batch_threshold_is_the_smallest_whole_batch_where_compute_covers_communication():
+    base = predict.Baseline(step_time_s=0.1, per_device_batch=32, grad_accum_steps=1, gradient_bytes=100_000_000)
+    link = predict.Link(intra_bandwidth=10e9, intra_latency=0.0, source="test")
+    cells = matrix.cells([1, 2, 4], [1], ["weak"])
+    per_sample = 0.1 / 32
+    comm2, comm4 = 2 * 1 / 2 * 1e8 / 10e9, 2 * 3 / 4 * 1e8 / 10e9  # 10 ms, 15 ms
+    plain = predict.predict(cells, base, link, overlap=0.0, base_global_batch=32).comm_dominates_below_batch
+    assert plain == {"1x2": 4, "1x4": 5}  # 10 / 3.125 = 3.2 -> 4; 15 / 3.125 = 4.8 -> 5
+    assert plain["1x4"] * per_sample >= comm4 and (plain["1x4"] - 1) * per_sample < comm4
+    hidden = predict.predict(cells, base, link, overlap=0.5, base_global_batch=32).comm_dominates_below_batch
+    assert hidden == {"1x2": math.ceil(comm2 / (1.5 * per_sample)), "1x4": math.ceil(comm4 / (1.5 * per_sample))} == {"1x2": 3, "1x4": 4}
+    assert all(isinstance(v, int) for v in (*plain.values(), *hidden.values()))
+    # 0.07 / 0.01 is 7.000000000000001 in floating point: a batch of 7 computes exactly as long as it communicates
+    assert predict.smallest_computing_batch(0.07, 0.01, 0.0) == 7
+    assert predict.smallest_computing_batch(1e-6, 0.01, 0.0) == 1  # compute covers communication at any batch
+
+
+def test_the_prediction_states_its_baseline_and_the_table_its_units():
+    run = predict.Baseline.from_summary(summary(), run="weak-1x1")
+    link = predict.Link(intra_bandwidth=1e9, intra_latency=1e-4, source="measured (gloo, 2 processes)")
+    cells = [Cell("weak", 1, 1), Cell("weak", 1, 2)]
+    measured = predict.predict(cells, run, link, 0.0, 32).to_dict()
+    assert measured["baseline"] == {"run": "weak-1x1", "device": "cpu", "device_name": "cpu", "per_device_batch": 32,
+                                    "grad_accum_steps": 1, "step_time_s": 0.0127, "step_time_source": "measured: weak-1x1",
+                                    "measured_step_time_s": 0.0127}
+    text = format_prediction(measured, cells)
+    assert text.splitlines()[0] == "baseline: weak-1x1, 1 CPU process, 12.7 ms per step at 32 samples per device (measured)"
+    header = next(line for line in text.splitlines() if line.startswith("run "))
+    for unit in ("batch/device (samples)", "compute (ms)", "all-reduce (ms)", "exposed (ms)", "throughput (samples/s)",
+                 "efficiency (%)"):
+        assert unit in header
+    given = predict.predict(cells, run.with_step_time(0.004), link, 0.0, 32).to_dict()["baseline"]
+    assert (given["step_time_s"], given["step_time_source"], given["measured_step_time_s"]) == (0.004, "--step-time", 0.0127)
+
+
+def test_a_study_s_prediction_names_the_runs_it_starts_from():
+    summaries = {"weak-1x1": summary(), "strong-1x1": summary(scaling="strong", step_time_s=0.013)}
+    cells = matrix.cells([1, 2], [1], ["weak", "strong"])
+    link = predict.Link(intra_bandwidth=1e9, intra_latency=1e-4, source="measured (gloo, 2 processes)")
+    result = predict.predict_study(cells, summaries, link, 0.0)
+    assert result["baseline"]["step_time_source"] == "measured: weak-1x1" and result["baseline"]["device"] == "cpu"
+    assert {c["name"] for c in result["cells"]} == {"weak-1x1", "weak-1x2", "strong-1x1", "strong-1x2"}
+
+
+@pytest.mark.parametrize("damage, message", [({"device": ["cuda"]}, r"device is \['cuda'\], not text"),
+                                             ({"per_device_batch": 32.5}, "not a whole number"),
+                                             ({"global_batch": 10**400}, "not a whole number"),
+                                             ({"step_time_s": 5e-324}, "not a step time from 1e-09 to 1e[+]07 s")])
+def test_a_damaged_summary_is_refused_in_one_line(damage, message):
+    with pytest.raises(ValueError, match=message) as refused:
+        predict.Baseline.from_summary(summary(**damage), run="weak-1x1")
+    assert "\n" not in str(refused.value)
