@@ -41,8 +41,14 @@ def _study(directory: Path) -> dict:
                 "name": name, "scaling": scaling, "nodes": 1, "nproc_per_node": world, "world_size": world,
                 "global_batch": 256 * world if scaling == "weak" else 256, "per_device_batch": 256 if scaling == "weak"
                 else 256 // world, "epochs": 3, "steps": 300, "samples": 76800, "samples_per_s": sps,
-                "train_time_s": time_s, "step_time_s": time_s / 300,
-                "time_split_s": {"startup": 9.5, "data_wait": 1.25, "compute": time_s - 4.0, "eval": 2.0, "checkpoint": 0.75},
+                "train_time_s": time_s, "step_time_s": time_s / 300, "time_to_result_s": time_s + 9.5,
+                "time_speedup": (120.04 + 9.5) / (time_s + 9.5), "ideal_samples_per_s": 812.37 * world,
+                "time_split_s": {"startup": 9.5, "data_wait": 1.25, "compute": time_s - 4.5, "exposed_comm": 0.5, "imbalance": None,
+                                 "eval": 2.0, "checkpoint": 0.75, "probe": 0.0},
+                "loss_breakdown": {"data": 0.004 * world, "exposed_comm": 0.03 * (world - 1), "imbalance": None,
+                                   "compute": -0.002 * world, "rest": 1 - world ** -0.07 - 0.002 * world - 0.03 * (world - 1)},
+                "predicted_breakdown": {"data": None, "exposed_comm": 0.05, "imbalance": None, "compute": 0.0, "rest": None},
+                "sync_probe": {"status": "not measured", "why": "<b>fsdp</b>: cannot"},
                 "speedup": world ** 0.93, "efficiency": world ** -0.07, "metric": "perplexity",
                 "metric_value": 23.456 - world, "final_loss": 3.1, "predicted_samples_per_s": 812.37 * world * 0.95,
                 "predicted_efficiency": 0.95, "utilisation": None, "timeline": timeline,
@@ -50,14 +56,17 @@ def _study(directory: Path) -> dict:
             })
     strong2 = rows[1]
     strong2.update(speedup=None, efficiency=None, metric_value=None, predicted_samples_per_s=None,
-                   predicted_efficiency=None)
-    return {"version": 1, "command": ["torchrun", "train.py", "--tag", "<script>alert('cmd')</script>"],
+                   predicted_efficiency=None, loss_breakdown=None, time_speedup=None)
+    return {"version": 2, "command": ["torchrun", "train.py", "--tag", "<script>alert('cmd')</script>"],
             "launcher": "slurm", "device": "cuda", "device_name": "NVIDIA H100 80GB HBM3",
             "created": "2026-11-21T08:00:00+00:00", "rows": rows,
             "baseline": {"weak": "weak-1x1", "strong": "strong-1x1"},
-            "prediction": {"batch_sweet_spot": 1024, "comm_dominates_below_batch": {"1x2": 96.5, "1x4": 128.0},
-                           "alpha_s": 1.5e-05, "cells": [{"name": r["name"], "samples_per_s": r["predicted_samples_per_s"]}
-                                                         for r in rows]}}
+            "prediction": {"batch_sweet_spot": 1024, "comm_dominates_below_batch": {"1x2": 97, "1x4": 128},
+                           "cells": [{"name": r["name"], "world_size": r["world_size"], "nodes": 1,
+                                      "per_device_batch": r["per_device_batch"], "compute_s": 0.1, "comm_s": 0.0052,
+                                      "exposed_comm_s": 0.0052, "step_time_s": 0.1052,
+                                      "samples_per_s": r["predicted_samples_per_s"], "efficiency": r["predicted_efficiency"]}
+                                     for r in rows]}}
 
 
 def _expected(row: dict) -> dict[str, str]:
@@ -68,11 +77,11 @@ def _expected(row: dict) -> dict[str, str]:
         "name": row["name"], "scaling": row["scaling"],
         "layout": "%dx%d (%d)" % (row["nodes"], row["nproc_per_node"], row["world_size"]),
         "global_batch": str(row["global_batch"]), "per_device_batch": str(row["per_device_batch"]),
-        "samples_per_s": f"{row['samples_per_s']:.1f}", "train_time_s": f"{row['train_time_s']:.1f}s",
+        "samples_per_s": f"{row['samples_per_s']:.1f}", "time_to_result_s": f"{row['time_to_result_s']:.1f}s",
         "speedup": maybe(row["speedup"], lambda v: f"{v:.2f}x"),
         "efficiency": maybe(row["efficiency"], lambda v: "%d%%" % round(v * 100)),
+        "time_speedup": maybe(row["time_speedup"], lambda v: f"{v:.2f}x"),
         "metric_value": maybe(row["metric_value"], lambda v: f"{v:.2f}"),  # perplexity: 2 decimals
-        "predicted_samples_per_s": maybe(row["predicted_samples_per_s"], lambda v: f"{v:.1f}"),
         "predicted_efficiency": maybe(row["predicted_efficiency"], lambda v: "%d%%" % round(v * 100)),
     }
 
@@ -97,7 +106,7 @@ def test_report_renders_with_plots_and_the_json_numbers(page, report):
     assert p.locator("#command").inner_text() == shlex.join(results["command"])
 
     plots = [rel for rel in files if rel.startswith("plots/")]
-    assert "plots/utilisation-weak-1x2.png" not in plots and len(plots) == 3 + 5
+    assert "plots/utilisation-weak-1x2.png" not in plots and len(plots) == 4 + 5  # throughput, efficiency, waterfall, time
     images = p.eval_on_selector_all("img", "imgs => imgs.map(i => [i.complete, i.naturalWidth, i.naturalHeight])")
     assert len(images) == len(plots)
     assert all(complete and width > 0 and height > 0 for complete, width, height in images), images
@@ -114,14 +123,31 @@ def test_report_renders_with_plots_and_the_json_numbers(page, report):
             assert cell.count() == 1, (row["name"], key)
             assert cell.inner_text() == text, (row["name"], key)
         split = p.locator(f'#time-split td[data-row="{row["name"]}"][data-key="startup"]').inner_text()
-        total = sum(row["time_split_s"].values())
+        total = sum(v for v in row["time_split_s"].values() if v is not None)
         assert split == f"{row['time_split_s']['startup']:.1f}s ({round(100 * 9.5 / total)}%)"
+        assert p.locator(f'#time-split td[data-row="{row["name"]}"][data-key="imbalance"]').inner_text() == DASH
+
+    # why not more: every part of every run's loss, in % of ideal, the prediction beside the part it models
+    shown = [r for r in results["rows"] if r["loss_breakdown"] and r["name"] not in results["baseline"].values()]
+    assert p.locator("#breakdown tbody tr").count() == len(shown) == 3
+    for row in shown:
+        shares = row["loss_breakdown"]
+        comm = p.locator(f'#breakdown td[data-row="{row["name"]}"][data-key="exposed_comm"]').inner_text()
+        assert comm == "%d%% (pred. 5%%)" % round(100 * shares["exposed_comm"])
+        assert p.locator(f'#breakdown td[data-row="{row["name"]}"][data-key="imbalance"]').inner_text() == DASH
+        lost = p.locator(f'#breakdown td[data-row="{row["name"]}"][data-key="lost"]').inner_text()
+        assert lost == "%d%%" % round(100 * (1 - row["efficiency"]))
+        line = p.locator(f'#why li[data-row="{row["name"]}"]').inner_text()
+        assert "(not measured: <b>fsdp</b>: cannot)" in line and "of ideal (%.1f samples/s)" % row["ideal_samples_per_s"] in line
+    waterfall = p.locator('figure[data-plot="waterfall"] img')
+    assert waterfall.count() == 1 and waterfall.evaluate("i => i.complete && i.naturalWidth > 800")
 
     flags = p.locator("#flags li").all_inner_texts()
     assert flags == [f"{r['name']}: {f}" for r in results["rows"] for f in r["flags"]]
     assert p.locator('#prediction td[data-key="batch_sweet_spot"]').inner_text() == "1024"
-    assert p.locator('#prediction td[data-key="comm_dominates_below_batch"]').inner_text() == "1x2: 96.5; 1x4: 128"
-    assert p.locator('table.prediction-records[data-key="cells"] tbody tr').count() == len(results["rows"])
+    assert p.locator('#prediction td[data-key="comm_dominates_below_batch"]').inner_text() == "1x2: 97 samples; 1x4: 128 samples"
+    assert p.locator("#predicted-runs tbody tr").count() == len(results["rows"])
+    assert p.locator('#predicted-runs td[data-row="weak-1x4"][data-key="exposed communication (ms/step)"]').inner_text() == "5.2"
     assert p.locator("script").count() == 0 and page.dialogs == [], "text must not run as script"
 
     assert page.errors == []

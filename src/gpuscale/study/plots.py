@@ -190,7 +190,7 @@ def efficiency_plot(results: dict[str, Any], path: Path) -> Path | None:
 
 _PART_COLOURS = {"data": "#e3a32b", "exposed_comm": "#d1603d", "imbalance": "#8c564b", "compute": "#3b75af",
                  "rest": "#9e9e9e"}
-_PART_SHORT = {"data": "data", "exposed_comm": "exposed\ncomm.", "imbalance": "imbalance", "compute": "per-device\ncompute",
+_PART_SHORT = {"data": "data", "exposed_comm": "exposed\ncomm.", "imbalance": "imbal-\nance", "compute": "per-dev.\ncompute",
                "rest": "rest"}
 
 
@@ -212,7 +212,8 @@ def _waterfall_panel(ax: Any, row: dict[str, Any]) -> None:
             continue
         loss = 100.0 * share
         ax.bar(i, -loss, bottom=level, color=_PART_COLOURS[part] if loss >= 0 else "#59a14f", edgecolor="#555555")
-        ax.text(i, level - max(loss, 0.0), f"{-loss:+.0f}%", ha="center", va="top", fontsize="x-small")
+        ax.text(i, level - max(loss, 0.0), "0%" if abs(loss) < 0.5 else f"{-loss:+.0f}%", ha="center", va="top",
+                fontsize="x-small")
         if predicted.get(part) is not None:
             ax.plot([i], [level - 100.0 * predicted[part]], "x", color="black", markersize=8)
         level -= loss
@@ -240,7 +241,7 @@ def waterfall_plot(results: dict[str, Any], path: Path) -> Path | None:
         return None
     columns = min(len(rows), 3)
     lines = math.ceil(len(rows) / columns)
-    fig, axes = plt.subplots(lines, columns, figsize=(4.6 * columns, 3.6 * lines), squeeze=False)
+    fig, axes = plt.subplots(lines, columns, figsize=(5.2 * columns, 3.8 * lines), squeeze=False)
     for ax, row in zip(axes.flat, rows):
         _waterfall_panel(ax, row)
     for ax in list(axes.flat)[len(rows):]:
