@@ -38,7 +38,7 @@ from gpuscale.data import BatchPlan, batch_len as _batch_len
 from gpuscale.files import atomic_write_json
 from gpuscale.monitor import Monitor, device_stats, make_timeline, monitor_enabled
 from gpuscale.stepsplit import split_step, time_split
-from gpuscale.syncprobe import PROBE_STEPS, RECORD as PROBES, probe_enabled
+from gpuscale.syncprobe import FIRST_PROBE_STEP, PROBE_STEPS, RECORD as PROBES, probe_enabled
 
 __all__ = ["Average", "Meter", "all_reduce_sum", "all_reduce_max", "SUMMARY_KEYS", "PHASES"]
 
@@ -229,8 +229,7 @@ class Meter:
             [wall, startup, float(_peak_memory_bytes(self.rt.device)), steady], self.rt)
         train_only = max(wall - eval_s - ckpt_s - probe_s, 1e-9)
         step_time = train_only / self.steps if self.steps else None
-        unmeasured = PROBES.unsupported if probe_enabled() else "the sync probe is off (GPUSCALE_SYNC_PROBE=0)"
-        split = split_step(step_time, self.steps, self._rank_reports(), unmeasured)
+        split = split_step(step_time, self.steps, self._rank_reports(), self._unmeasured())
         env = self.rt.env
         summary: dict[str, Any] = {
             "world_size": world,
@@ -270,6 +269,18 @@ class Meter:
         }
         summary.update(metrics)
         return summary
+
+    def _unmeasured(self) -> str | None:
+        """Why the sync probe may have measured nothing (used only when no rank has a probe)."""
+        if not probe_enabled():
+            return "the sync probe is off (GPUSCALE_SYNC_PROBE=0)"
+        if PROBES.unsupported:
+            return PROBES.unsupported
+        if PROBES.steps == 0 and self.steps > 0:
+            return "the script does not step through gpuscale.setup's Training (backward, step), where the sync probe runs"
+        if PROBES.steps > FIRST_PROBE_STEP:
+            return "no probed step captured a forward pass: call the model inside `with training.autocast():`"
+        return None
 
     def _rank_reports(self) -> list[dict[str, Any]]:
         """Every rank's data wait and sync probes (collective: small objects, gathered on every rank)."""

@@ -75,8 +75,7 @@ def split_step(step_time_s: float | None, steps: int, ranks: Sequence[dict[str, 
     if not groups:
         mean_wait = sum(r["data_wait_s"] for r in rank_rows) / len(rank_rows)
         result["per_step_s"]["data_wait"] = mean_wait
-        result["why"] = unsupported or ("no probed step: the run took fewer optimizer steps than the first probe "
-                                        "(GPUSCALE_SYNC_PROBE=0 turns the probe off)")
+        result["why"] = unsupported or "no probed step: the run took fewer optimizer steps than the first probe (the 6th)"
         return result
     if len(ranks) == 1:
         exposed = imbalance = 0.0

@@ -22,6 +22,11 @@ long) and the spread between largest and smallest is imbalance (the fastest rank
 slowest). `gpuscale.Meter` gathers every rank's probes into summary.json (``sync_probe`` and
 ``step_breakdown_s``); `gpuscale.study` turns them into the loss-of-efficiency breakdown.
 
+Cost: a probed step holds one more copy of the gradients and runs one more forward and backward
+pass (its activations are those of a normal step: the real backward has freed its own by then),
+so its peak memory is a normal step's plus the gradients'. A model that fits its GPU with less
+room than that to spare needs ``GPUSCALE_SYNC_PROBE=0``.
+
 When: the optimizer steps `PROBE_STEPS` lists (the 5th, then every 8th up to 12 probes, then every
 100th), the same steps on every rank, because a replay under DDP can be collective (buffers are
 broadcast in the forward pass). The replay's time is charged to the run's "probe" phase, not to

@@ -75,7 +75,7 @@ class Training:
         """Gradient norm before clipping at the last step (None when not clipping)."""
         self._scaler = precision.grad_scaler() if strategy != "deepspeed" else None
         self._micro = 0
-        self.device = device if device is not None else next(iter(model.parameters())).device
+        self.device = device if device is not None else next(iter(model.parameters()), torch.empty(0)).device
         self._capture: syncprobe.Capture | None = None
         self._probe_blocker = syncprobe.unsupported_reason(model, strategy)
 

@@ -34,7 +34,7 @@ def study(tmp_path_factory):
     out = tmp_path_factory.mktemp("breakdown") / "study"
     variants = [arg for name, extra in VARIANTS.items() for arg in ("--variant", f"{name}={extra}")]
     result = run(gpuscale_cmd("study", "--nproc", "1,2", "--scaling", "weak", "--no-predict", *variants, "--out", str(out),
-                              "--", SCRIPT, "--steps", "60"), timeout=600, GPUSCALE_MONITOR="0")
+                              "--", SCRIPT, "--steps", "100"), timeout=600, GPUSCALE_MONITOR="0")
     assert_ok(result)
     rows = {r["name"]: r for r in json.loads((out / "results.json").read_text())["rows"]}
     injected = {name: json.loads((out / f"{name}-weak-1x2" / "injected.json").read_text()) for name in VARIANTS}

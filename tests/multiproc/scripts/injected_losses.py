@@ -1,12 +1,13 @@
 """A data-parallel workload with known, injected losses of scaling efficiency: the breakdown's test bed.
 
-An MLP on in-memory random data (about 20 ms of compute per step on one core), SGD, --steps
+An MLP on in-memory random data (about 6 ms of compute per step on one core, one small gradient bucket), SGD, --steps
 optimizer steps; summary.json in --out. Injected only when the job has more than one rank, so a
 1-process baseline of the same command stays clean:
 
     --data-sleep S --sleep-ranks all|1   the loader sleeps S seconds per batch, on every rank or on rank 1 only
-    --comm-sleep S                       a DDP communication hook sleeps S seconds per gradient bucket,
-                                         then all-reduces as DDP would
+    --comm-sleep S                       a DDP communication hook holds the backward pass S seconds per
+                                         gradient bucket (busy, so that the core stays awake), then
+                                         all-reduces as DDP would
 
 Rank 0 writes OUT/injected.json: what was injected per optimizer step (seconds), from the sleeps
 that really happened (the hook counts its calls).
@@ -27,8 +28,8 @@ import gpuscale
 parser = argparse.ArgumentParser()
 parser.add_argument("--scaling", choices=("weak", "strong"), default="weak")
 parser.add_argument("--out", required=True)
-parser.add_argument("--batch-size", type=int, default=64)
-parser.add_argument("--hidden", type=int, default=1024)
+parser.add_argument("--batch-size", type=int, default=256)
+parser.add_argument("--hidden", type=int, default=512)
 parser.add_argument("--steps", type=int, default=60)
 parser.add_argument("--data-sleep", type=float, default=0.0)
 parser.add_argument("--sleep-ranks", choices=("all", "1"), default="all")
@@ -54,10 +55,17 @@ class SleepyTensors(Dataset):
         return [(self.x[i], self.y[i]) for i in indices]
 
 
+def busy_wait(seconds: float) -> None:
+    """Hold the core for `seconds`: a sleeping core of this VM wakes up slowly, which would slow the all-reduce too."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
 def sleeping_allreduce(sleep: float, calls: list[int]):
     def hook(state, bucket):
         calls[0] += 1
-        time.sleep(sleep)
+        busy_wait(sleep)
         tensor = bucket.buffer().div_(dist.get_world_size())
         return dist.all_reduce(tensor, async_op=True).get_future().then(lambda fut: fut.value()[0])
     return hook
@@ -67,8 +75,12 @@ torch.manual_seed(0)
 with gpuscale.init() as rt:
     many = rt.world_size > 1
     plan = gpuscale.plan_batch(args.batch_size, rt.world_size, scaling=args.scaling)
-    model = nn.Sequential(nn.Linear(128, args.hidden), nn.ReLU(), nn.Linear(args.hidden, args.hidden), nn.ReLU(),
-                          nn.Linear(args.hidden, 10))
+    # The middle layers are frozen (as in transfer learning): the backward pass still runs through them
+    # to reach the first layer, but the gradients stay small (one bucket), so the all-reduce itself is
+    # a short, steady part of the step and the injected delays stand out against it.
+    middle = nn.Sequential(nn.Linear(args.hidden, args.hidden), nn.ReLU(), nn.Linear(args.hidden, args.hidden), nn.ReLU())
+    middle.requires_grad_(False)
+    model = nn.Sequential(nn.Linear(128, args.hidden), nn.ReLU(), middle, nn.Linear(args.hidden, 10))
     training = gpuscale.setup(model, lambda p: torch.optim.SGD(p, lr=0.01), plan=plan)
     calls = [0]
     if many and args.comm_sleep:
