@@ -27,10 +27,11 @@ pass (its activations are those of a normal step: the real backward has freed it
 so its peak memory is a normal step's plus the gradients'. A model that fits its GPU with less
 room than that to spare needs ``GPUSCALE_SYNC_PROBE=0``.
 
-When: the optimizer steps `PROBE_STEPS` lists (the 5th, then every 8th up to 12 probes, then every
-100th), the same steps on every rank, because a replay under DDP can be collective (buffers are
-broadcast in the forward pass). The replay's time is charged to the run's "probe" phase, not to
-training: throughput excludes it. ``GPUSCALE_SYNC_PROBE=0`` turns the probe off.
+When: the optimizer steps `PROBE_STEPS` lists (the 6th, then every 8th up to 12 probes, then every
+100th), the same steps on every rank, so that their timings can be compared step by step. The
+replay itself is not collective (no all-reduce, no buffer broadcast). Its time is charged to the
+run's "probe" phase, not to training: throughput excludes it. ``GPUSCALE_SYNC_PROBE=0`` turns the
+probe off.
 
 What it cannot measure, said plainly in the summary (``sync_probe.status`` "not measured" and
 ``why``): fsdp (switching its reduce-scatter off leaves unsharded gradients behind that the next
@@ -43,8 +44,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -237,12 +238,34 @@ def _restore(params: list[nn.Parameter], grads: list[torch.Tensor | None], buffe
             buffer.copy_(saved)
 
 
+@contextmanager
+def _local_forward(model: nn.Module) -> Iterator[None]:
+    """No collective in the replay's forward pass, and DDP's forward flags as they were afterwards.
+
+    DDP broadcasts buffers (BatchNorm's statistics) from rank 0 at the start of a forward pass while
+    ``require_forward_param_sync`` is set, and a forward under ``no_sync`` clears that flag, which
+    would make the next real forward skip its broadcast. The replay needs no broadcast (its buffers
+    are restored anyway) and must not hang if one rank skipped its replay, so the flag is off during
+    it and put back after.
+    """
+    flag = getattr(model, "require_forward_param_sync", None)
+    if flag is None:
+        yield
+        return
+    model.require_forward_param_sync = False
+    try:
+        yield
+    finally:
+        model.require_forward_param_sync = flag
+
+
 def replay(model: nn.Module, capture: Capture, *, unsynchronised: Callable[[], AbstractContextManager[Any]],
            autocast: Callable[[], AbstractContextManager[Any]], device: torch.device) -> tuple[float, float]:
     """Repeat the captured micro-batch without synchronisation; return (forward_s, backward_s).
 
-    Gradients, buffers and random states are restored afterwards, so the caller's optimizer step
-    sees exactly the gradients of the real backward.
+    Nothing in it is collective. Gradients, buffers, random states and DDP's forward flags are
+    restored afterwards, so the caller's optimizer step sees exactly the gradients of the real
+    backward and the next forward pass runs as it would have.
     """
     params = [p for p in model.parameters() if p.requires_grad]
     grads = [p.grad.detach().clone() if p.grad is not None else None for p in params]
@@ -250,7 +273,7 @@ def replay(model: nn.Module, capture: Capture, *, unsynchronised: Callable[[], A
     saved_buffers = [b.detach().clone() for b in buffers]
     rng = _rng_states(device)
     try:
-        with unsynchronised():
+        with unsynchronised(), _local_forward(model):
             synchronize(device)
             start = time.perf_counter()
             with autocast():

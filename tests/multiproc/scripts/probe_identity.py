@@ -1,8 +1,10 @@
-"""Train 30 optimizer steps of a model with BatchNorm and Dropout through gpuscale.setup; save the final state.
+"""Train 31 optimizer steps of a model with BatchNorm and Dropout through gpuscale.setup; save the final state.
 
-argv: OUT [--max-per-device M]. Rank 0 writes OUT/final.pt (parameters, buffers, the optimizer's
-momentum, the next random number) and OUT/summary.json (gpuscale.Meter). Run it with and without
-GPUSCALE_SYNC_PROBE=0: the sync probe's replays must leave every byte of training unchanged.
+argv: OUT [--max-per-device M]. Every rank writes OUT/final-rank<R>.pt (parameters, buffers, the
+optimizer's momentum, the next random number); rank 0 writes OUT/summary.json (gpuscale.Meter).
+Run it with and without GPUSCALE_SYNC_PROBE=0: the sync probe's replays must leave every byte of
+training unchanged, on every rank. (31 steps: the last probe, step 29, is followed by one more
+step, whose forward pass would skip DDP's buffer broadcast if a replay left DDP's flags changed.)
 """
 
 import argparse
@@ -21,7 +23,7 @@ args = parser.parse_args()
 
 with gpuscale.init() as rt:
     torch.manual_seed(0)
-    data = torch.utils.data.TensorDataset(torch.randn(30 * 16, 12), torch.randint(0, 3, (30 * 16,)))
+    data = torch.utils.data.TensorDataset(torch.randn(31 * 16, 12), torch.randint(0, 3, (31 * 16,)))
     plan = gpuscale.plan_batch(16, rt.world_size, scaling="strong", max_per_device=args.max_per_device)
     loader = gpuscale.make_loader(data, plan, seed=1)
     net = nn.Sequential(nn.Linear(12, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 3))
@@ -33,7 +35,6 @@ with gpuscale.init() as rt:
         training.backward(loss)
         training.step()
     meter.write_summary(args.out, final_loss=float(loss.detach()))
-    if rt.is_main:
-        momentum = [training.optimizer.state[p]["momentum_buffer"] for p in training.optimizer.param_groups[0]["params"]]
-        torch.save({"state": training.module.state_dict(), "momentum": momentum, "next_random": torch.rand(4)},
-                   Path(args.out) / "final.pt")
+    momentum = [training.optimizer.state[p]["momentum_buffer"] for p in training.optimizer.param_groups[0]["params"]]
+    torch.save({"state": training.module.state_dict(), "momentum": momentum, "next_random": torch.rand(4)},
+               Path(args.out) / f"final-rank{rt.rank}.pt")
