@@ -55,6 +55,14 @@ GPT-neo-125M's shape (12 layers, width 768, 12 heads, alternating global and loc
 ``parameters``, ``model_shape`` and ``packed``, from which the benchmark counts model FLOPs.
 The speed switches (--fused, --compile, --loader-workers, --pin-memory) reach the Trainer as its
 ``optim``, ``torch_compile`` and loader arguments.
+
+Learning rate. The global batch stays --global-batch on any number of processes, so the learning
+rate does not change with them. Trained with another global batch than the one --lr was tuned for,
+``--lr-scaling linear --lr-base-batch 32`` scales it (`gpuscale.scale_lr`; sqrt: by the square root
+of the ratio). The Trainer runs its own schedule: a linear warm-up from 0 over the warm-up steps
+(--lr-warmup-steps, the same as --warmup-steps), then a linear decay to 0 at --max-steps; the
+scaled learning rate is its peak. summary.json records the rule and factor under ``lr``, and each
+evaluation (step, fractional epoch, validation perplexity) under ``per_epoch``.
 """
 
 from __future__ import annotations
@@ -78,6 +86,7 @@ import torch
 from torch.utils.data import Dataset
 
 import gpuscale
+import gpuscale.lr
 from gpuscale.files import atomic_write
 from gpuscale.training import add_arguments, loader_options, training_options
 
@@ -405,6 +414,20 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
     return {name: getattr(args, name) if getattr(args, name) is not None else pair[which] for name, pair in DEFAULTS.items()}
 
 
+def scaled_lr(args: argparse.Namespace, plan: gpuscale.BatchPlan) -> gpuscale.ScaledLR:
+    """The Trainer's peak learning rate (--lr or its default) scaled for the plan by --lr-scaling; its warm-up
+    is --lr-warmup-steps, or --warmup-steps, or the model's default."""
+    chosen = settings(args)
+    warmup = args.lr_warmup_steps if args.lr_warmup_steps is not None else chosen["warmup_steps"]
+    return gpuscale.scale_lr(chosen["lr"], plan, **{**gpuscale.lr.lr_options(args), "warmup_steps": warmup})
+
+
+def per_epoch(evaluations: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per evaluation during training: its step, the Trainer's fractional epoch, the validation perplexity."""
+    return [{"step": e["step"], "epoch": e.get("epoch"), "phase": "train", "val_perplexity": perplexity(e["eval_loss"])}
+            for e in evaluations]
+
+
 def train(args: argparse.Namespace) -> dict[str, Any]:
     from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments
 
@@ -416,6 +439,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     with gpuscale.init() as rt:
         keep_freed_memory(rt.device)
         plan = gpuscale.plan_batch(args.global_batch, rt.world_size, scaling="strong", max_per_device=args.max_per_device)
+        scaled = scaled_lr(args, plan)
         strategy_arguments = trainer_arguments(plan, max_grad_norm=args.max_grad_norm, **training_options(args))
         loading = loader_options(args)
         tokenizer, train_set, val_set, test_set = prepare_data(args, rt)
@@ -423,7 +447,10 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                  len(train_set), len(val_set), len(test_set), args.block_size, plan.global_batch, rt.world_size,
                  plan.per_device_batch, plan.grad_accum_steps)
         model = build_model(args, tokenizer, rt)
-        log.info("model %s: %.1f M parameters", args.model, sum(p.numel() for p in model.parameters()) / 1e6)
+        log.info("model %s: %.1f M parameters; peak lr %g (rule %s: %g x %.4g, global batch %d / base batch %d), "
+                 "the Trainer's warm-up from 0 over %d steps", args.model, sum(p.numel() for p in model.parameters()) / 1e6,
+                 scaled.lr, scaled.rule, scaled.base_lr, scaled.factor, scaled.global_batch, scaled.base_batch,
+                 scaled.warmup_steps)
 
         out = Path(args.out)
         if args.no_resume and rt.is_main:
@@ -434,9 +461,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 
         training_args = TrainingArguments(
             output_dir=str(out),
-            learning_rate=chosen["lr"],
+            learning_rate=scaled.lr,  # the peak of the Trainer's schedule: warm-up from 0, then linear decay
             weight_decay=args.weight_decay,
-            warmup_steps=chosen["warmup_steps"],
+            warmup_steps=scaled.warmup_steps,
             max_steps=chosen["max_steps"],
             eval_strategy="steps",
             eval_steps=chosen["eval_steps"],
@@ -490,6 +517,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             perplexity=final,
             test_perplexity=test,
             history=history,
+            per_epoch=per_epoch(metered.evaluations),
+            lr=scaled.as_dict(),
             global_step=trainer.state.global_step,
             trainer_train_s=trainer_train_s,
             example="gptneo_imdb",
@@ -544,7 +573,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-resume", action="store_true", help="delete OUT's checkpoints and start afresh")
     parser.add_argument("--trace", default=None, help=argparse.SUPPRESS)  # tests: per-rank batch and weight digests
     add_arguments(parser)
+    gpuscale.lr.add_arguments(parser, default_warmup_steps=None)  # None: --warmup-steps or the model's default
     args = parser.parse_args(argv)
+    if None not in (args.lr_warmup_steps, args.warmup_steps) and args.lr_warmup_steps != args.warmup_steps:
+        parser.error(f"--lr-warmup-steps {args.lr_warmup_steps} and --warmup-steps {args.warmup_steps} disagree; "
+                     "they set the same warm-up: give one")
     if args.model != OFFLINE and args.model_size != "tiny":
         parser.error("--model-size applies to --model offline only; a pretrained --model has its own size")
     for name in ("block_size", "val_chunks", "global_batch", "logging_steps", "num_samples", "max_new_tokens"):

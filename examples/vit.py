@@ -29,7 +29,10 @@ cache when the hub cannot be reached, and replaces the classifier head.)
 Scaling. ``--scaling weak`` (the default, as the course) keeps --batch-size per process;
 ``--scaling strong`` keeps it global. The defaults of the course: Adam at 1e-3, gradient clipping
 at 1.0 (the course's DeepSpeed config; here it applies to every strategy so they stay comparable),
-ZeRO stage 1, fp32 on CPU and bf16 on GPUs that have it (--precision).
+ZeRO stage 1, fp32 on CPU and bf16 on GPUs that have it (--precision). Weak scaling makes the
+global batch grow with the processes; ``--lr-scaling linear`` (or ``sqrt``) scales --lr with it,
+``--lr-warmup-steps N`` warms it up from --lr over the first N steps (`gpuscale.scale_lr`), and
+summary.json records the rule and factor under ``lr`` and each epoch's accuracy under ``per_epoch``.
 
 Interrupted runs resume from OUT/checkpoints (every epoch; sharded for fsdp and deepspeed);
 --no-resume starts afresh. Told to stop (SLURM's USR1 before the time limit, a TERM), the run
@@ -50,6 +53,7 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 import gpuscale
+import gpuscale.lr
 from gpuscale.training import add_arguments, loader_options, training_options
 
 OFFLINE_VERSION = 2  # bump when the generator changes, so a stale cached file is not reused
@@ -175,6 +179,12 @@ def evaluate(training: gpuscale.Training, loader: gpuscale.ShardedLoader, meter:
     return loss_avg.compute(), acc_avg.compute()
 
 
+def per_epoch(history: dict[str, list[float]]) -> list[dict]:
+    """One entry per epoch trained (1-based; a resumed run's earlier epochs included), for summary.json."""
+    return [{"epoch": i + 1, "phase": "train", "val_accuracy": acc, "val_loss": val, "train_loss": loss}
+            for i, (loss, val, acc) in enumerate(zip(history["train_loss"], history["val_loss"], history["val_accuracy"]))]
+
+
 def train(args: argparse.Namespace) -> dict:
     out = Path(args.out)
     with gpuscale.init() as rt:
@@ -190,17 +200,19 @@ def train(args: argparse.Namespace) -> dict:
         torch.manual_seed(args.seed)
         model = build_model(args.model, num_classes, image_size)
         num_params = sum(p.numel() for p in model.parameters())  # before setup: ZeRO-3 partitions them
-        training = gpuscale.setup(model, lambda params: torch.optim.Adam(params, lr=args.lr), plan=plan,
+        scaled = gpuscale.scale_lr(args.lr, plan, **gpuscale.lr.lr_options(args))
+        training = gpuscale.setup(model, lambda params: torch.optim.Adam(params, lr=scaled.lr), plan=plan,
                                   clip_grad_norm=args.clip_grad_norm or None, **training_options(args))
+        scheduler = scaled.scheduler(training.optimizer)  # the warm-up; step it once per optimizer step
         log.info("ViT with %.2fM parameters, %d classes, images %dx%d; %d training and %d validation images; "
-                 "strategy %s, %s, global batch %d", num_params / 1e6, num_classes,
-                 image_size, image_size, len(train_set), len(val_set), training.strategy, training.precision.name, plan.global_batch)
+                 "strategy %s, %s, global batch %d; %s", num_params / 1e6, num_classes, image_size, image_size, len(train_set),
+                 len(val_set), training.strategy, training.precision.name, plan.global_batch, scaled.describe())
 
         ckpt = gpuscale.Checkpointer(out / "checkpoints", keep=2)
         history: dict[str, list[float]] = {"train_loss": [], "val_loss": [], "val_accuracy": [], "epoch_time_s": []}
         step, start_epoch, partial = 0, 0, None
         if not args.no_resume and ckpt.latest() is not None:
-            state = ckpt.resume(model=training.model, optimizer=training.optimizer, loader=train_loader)
+            state = ckpt.resume(model=training.model, optimizer=training.optimizer, scheduler=scheduler, loader=train_loader)
             step, start_epoch, history = state.step, state.epoch, state.extra["history"]
             partial = state.extra.get("partial_epoch")  # stopped inside epoch start_epoch: its loss sums so far
         stop = gpuscale.StopSignal()  # USR1/TERM: finish the step, checkpoint, exit (75) to be resumed
@@ -219,12 +231,14 @@ def train(args: argparse.Namespace) -> dict:
                     loss = F.cross_entropy(training.model(pixel_values=x).logits.float(), y)
                 training.backward(loss)
                 stepped = training.step()
+                if stepped:
+                    scheduler.step()
                 step += stepped
                 loss_avg.update(loss.detach() * len(y), len(y))
                 if stepped and stop.requested():  # collective; only after a full optimizer step
                     with meter.phase("checkpoint"):
-                        ckpt.save(step=step, epoch=epoch, model=training.model, optimizer=training.optimizer, loader=train_loader,
-                                  extra={"history": history, "partial_epoch": gpuscale.all_reduce_sum([loss_avg.total, loss_avg.count])})
+                        ckpt.save(step=step, epoch=epoch, model=training.model, optimizer=training.optimizer, scheduler=scheduler,
+                                  loader=train_loader, extra={"history": history, "partial_epoch": gpuscale.all_reduce_sum([loss_avg.total, loss_avg.count])})
                     stop.exit()
             train_loss = loss_avg.compute()
             val_loss, val_acc = evaluate(training, val_loader, meter, rt.device)
@@ -235,7 +249,7 @@ def train(args: argparse.Namespace) -> dict:
                      epoch + 1, args.epochs, train_loss, val_loss, val_acc, epoch_time)
             with meter.phase("checkpoint"):
                 ckpt.save(step=step, epoch=epoch + 1, model=training.model, optimizer=training.optimizer,
-                          loader=train_loader, extra={"history": history})
+                          scheduler=scheduler, loader=train_loader, extra={"history": history})
 
         if not history["val_accuracy"]:
             raise ValueError(f"{ckpt.directory} holds a finished run of {start_epoch} epochs; use --no-resume or another --out")
@@ -246,6 +260,8 @@ def train(args: argparse.Namespace) -> dict:
             accuracy=history["val_accuracy"][-1],
             epoch_time_s=history["epoch_time_s"][-1],
             history=history,
+            per_epoch=per_epoch(history),
+            lr=scaled.as_dict(),
             precision=training.precision.name,
             zero_stage=training.ds_config["zero_optimization"]["stage"] if training.ds_config else None,
             example="vit",
@@ -271,6 +287,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", default="runs/vit", help="output folder for summary.json and checkpoints")
     parser.add_argument("--no-resume", action="store_true", help="ignore checkpoints in OUT/checkpoints and start afresh")
     add_arguments(parser, default_zero_stage=1)
+    gpuscale.lr.add_arguments(parser)
     args = parser.parse_args(argv)
     for name in ("batch_size", "eval_batch_size", "epochs"):
         if getattr(args, name) < 1:

@@ -20,6 +20,7 @@ from gpuscale.checkpoint import Checkpointer, ResumeState
 from gpuscale.data import BatchPlan, ShardedLoader, make_loader, plan_batch
 from gpuscale.env import DistEnv, detect_env
 from gpuscale.log import get_logger, print0, progress
+from gpuscale.lr import ScaledLR, scale_lr
 from gpuscale.metrics import Average, Meter, all_reduce_max, all_reduce_sum
 from gpuscale.runtime import Runtime, current, init
 from gpuscale.precision import Precision, resolve_precision
@@ -38,6 +39,7 @@ __all__ = [
     "Precision",
     "ResumeState",
     "Runtime",
+    "ScaledLR",
     "Training",
     "ShardedLoader",
     "StopSignal",
@@ -55,6 +57,7 @@ __all__ = [
     "print0",
     "progress",
     "resolve_precision",
+    "scale_lr",
     "setup",
     "unwrap",
     "wrap",

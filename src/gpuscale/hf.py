@@ -62,6 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuscale.data import BatchPlan
+from gpuscale import syncprobe
 from gpuscale.metrics import Meter
 from gpuscale.precision import resolve_precision
 from gpuscale.strategy.deepspeed_config import build_config, config_precision, load_config
@@ -193,6 +194,8 @@ class MeterCallback(TrainerCallback):
         self._mark = self._began = time.perf_counter()
         self._training = False
         self._first_epoch = 0.0
+        syncprobe.RECORD.unsupported = ("HF Trainer: it runs its own backward pass, which the sync probe cannot replay; "
+                                        "only the data wait is measured")
 
     def _now(self) -> float:
         self._mark = time.perf_counter()

@@ -54,7 +54,10 @@ def test_two_processes_learn_to_a_tenth_of_the_perplexity(tmp_path, data_home):
     assert [h["step"] for h in summary["history"]] == [0, 120, 240]
     assert summary["final_loss"] is not None and summary["final_loss"] < 7.5
     split = summary["time_split_s"]
-    assert all(v >= 0 for v in split.values()) and split["compute"] > 0 and split["eval"] > 0 and split["checkpoint"] > 0
+    assert all(v is None or v >= 0 for v in split.values()) and split["compute"] > 0 and split["eval"] > 0 and split["checkpoint"] > 0
+    # the HF Trainer runs its own backward pass: no sync probe, and the summary says why
+    assert summary["sync_probe"]["status"] == "not measured" and "Trainer" in summary["sync_probe"]["why"]
+    assert split["exposed_comm"] is None and split["imbalance"] is None
     output = result.stdout + result.stderr
     assert output.count("test perplexity") == 1, "the results must be printed once, by rank 0"
     assert output.count("--- sample 1/4") == 1 and output.count("--- sample 4/4") == 1

@@ -184,15 +184,25 @@ def test_demo_prints_weak_and_strong_scaling_and_writes_the_report(tmp_path):
     result = run(gpuscale_cmd("demo", "--out", str(out)), timeout=600, GPUSCALE_DATA=str(tmp_path / "data"))  # fresh: generates its images
     assert_ok(result)
     table = _table(result.stdout)
-    for name in ("weak-1x1", "weak-1x2", "strong-1x1", "strong-1x2"):
+    names = {f"{rule}-{scaling}-1x{n}" for rule in ("none", "linear") for scaling in ("weak", "strong") for n in (1, 2)}
+    for name in names:
         assert name in table
     assert "speed-up" in table and "efficiency" in table and "accuracy" in table and "time to result" in table
-    assert "Why not more" in table and "weak-1x2: " in table
+    assert "Why not more" in table and "none-weak-1x2: " in table and "lr rule" in table
     results = json.loads((out / "results.json").read_text())
-    assert {r["name"] for r in results["rows"]} == {"weak-1x1", "weak-1x2", "strong-1x1", "strong-1x2"}
-    assert all(r["metric"] == "accuracy" and r["metric_value"] > 0.6 for r in results["rows"])
+    rows = {r["name"]: r for r in results["rows"]}
+    assert set(rows) == names
+    assert all(r["metric"] == "accuracy" and r["metric_value"] > 0.6 for r in rows.values())
+    # the rule each run used, with its factor: x2 only where weak scaling doubled the global batch
+    assert rows["linear-weak-1x2"]["lr"]["rule"] == "linear" and rows["linear-weak-1x2"]["lr"]["factor"] == 2
+    assert rows["linear-strong-1x2"]["lr"]["factor"] == 1 and rows["none-weak-1x2"]["lr"]["factor"] == 1
+    # the linear rule keeps weak scaling's accuracy within 2 points of one process (the demo's story)
+    assert rows["linear-weak-1x1"]["metric_value"] - rows["linear-weak-1x2"]["metric_value"] <= 0.02
+    for name in ("none-weak-1x2", "linear-weak-1x2", "none-strong-1x2"):
+        assert rows[name]["sync_probe"]["status"] == "measured"
+        assert sum(rows[name]["loss_breakdown"].values()) == pytest.approx(1 - rows[name]["efficiency"])
     html = (out / "report.html").read_text()
-    assert html.count("data:image/png;base64,") >= 3
+    assert html.count("data:image/png;base64,") >= 4 and 'data-plot="waterfall"' in html
     # `gpuscale report` gives the same table from the saved JSON
     again = run(gpuscale_cmd("report", str(out), "--no-files"))
     assert_ok(again)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import math
 from pathlib import Path
 
 import pytest
@@ -135,3 +136,31 @@ def test_model_size_125m_has_gpt_neo_125m_shape_and_is_for_the_offline_model():
     assert 90e6 < sum(p.numel() for p in model.parameters()) < 95e6
     with pytest.raises(SystemExit):
         ex.parse_args(["--model", "EleutherAI/gpt-neo-125m", "--model-size", "125m"])
+
+
+def test_learning_rate_follows_the_scaling_options_and_one_warm_up():
+    import gpuscale
+
+    plan = gpuscale.plan_batch(64, 2, scaling="strong")  # the global batch stays 64 on any number of processes
+    default = ex.scaled_lr(ex.parse_args(["--global-batch", "64"]), plan)
+    assert (default.rule, default.factor, default.lr, default.warmup_steps) == ("none", 1.0, 1e-2, 10)  # offline defaults
+    linear = ex.scaled_lr(ex.parse_args(["--global-batch", "64", "--lr", "0.001", "--lr-scaling", "linear",
+                                         "--lr-base-batch", "32", "--lr-warmup-steps", "5"]), plan)
+    assert linear.lr == pytest.approx(0.002) and linear.base_batch == 32 and linear.warmup_steps == 5
+    assert ex.scaled_lr(ex.parse_args(["--lr-scaling", "linear"]), plan).factor == 1  # strong: tuned for its own batch
+    assert ex.scaled_lr(ex.parse_args(["--warmup-steps", "3"]), plan).warmup_steps == 3
+    assert ex.scaled_lr(ex.parse_args(["--warmup-steps", "3", "--lr-warmup-steps", "3"]), plan).warmup_steps == 3
+
+
+def test_two_different_warm_ups_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        ex.parse_args(["--warmup-steps", "3", "--lr-warmup-steps", "4"])
+    assert "--lr-warmup-steps 4 and --warmup-steps 3 disagree" in capsys.readouterr().err
+
+
+def test_per_epoch_lists_each_evaluation_with_its_perplexity():
+    evaluations = [{"step": 0, "epoch": 0, "eval_loss": math.log(8000.0)},
+                   {"step": 120, "epoch": 0.16, "eval_loss": math.log(600.0)}]
+    entries = ex.per_epoch(evaluations)
+    assert [(e["step"], e["epoch"], e["phase"]) for e in entries] == [(0, 0, "train"), (120, 0.16, "train")]
+    assert [e["val_perplexity"] for e in entries] == pytest.approx([8000.0, 600.0])
