@@ -37,12 +37,11 @@ from gpuscale._version import __version__
 from gpuscale.data import BatchPlan, batch_len as _batch_len
 from gpuscale.files import atomic_write_json
 from gpuscale.monitor import Monitor, device_stats, make_timeline, monitor_enabled
-from gpuscale.stepsplit import split_step, time_split
+from gpuscale.stepsplit import PHASES, split_step, time_split
 from gpuscale.syncprobe import FIRST_PROBE_STEP, PROBE_STEPS, RECORD as PROBES, probe_enabled
 
 __all__ = ["Average", "Meter", "all_reduce_sum", "all_reduce_max", "SUMMARY_KEYS", "PHASES"]
 
-PHASES = ("startup", "data_wait", "compute", "exposed_comm", "imbalance", "eval", "checkpoint", "probe")
 SUMMARY_KEYS = (
     "world_size", "num_nodes", "launcher", "backend", "device", "strategy", "scaling", "global_batch",
     "per_device_batch", "steps", "epochs", "train_time_s", "samples_per_s", "final_loss",

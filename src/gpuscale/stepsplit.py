@@ -28,7 +28,10 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["split_step", "time_split"]
+__all__ = ["PHASES", "split_step", "time_split"]
+
+PHASES = ("startup", "data_wait", "compute", "exposed_comm", "imbalance", "eval", "checkpoint", "probe")
+"""The keys of a summary's time_split_s (`time_split`), in the order reports stack and tabulate them."""
 
 
 def _common_probes(ranks: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:

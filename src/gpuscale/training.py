@@ -105,8 +105,8 @@ class Training:
         if self._capture is not None:  # armed before but never consumed by backward (an evaluation pass)
             self._capture.remove()
             self._capture = None
-        if not (last_micro_batch and torch.is_grad_enabled() and self.model.training and syncprobe.probe_enabled()
-                and syncprobe.is_probe_step(syncprobe.RECORD.steps)):
+        if not (last_micro_batch and syncprobe.is_probe_step(syncprobe.RECORD.steps) and torch.is_grad_enabled()
+                and self.model.training and syncprobe.probe_enabled()):  # the step's number first: it rules out most calls
             return
         if self._probe_blocker is not None:
             syncprobe.RECORD.unsupported = self._probe_blocker

@@ -299,6 +299,13 @@ def analyse_rows(rows: list[dict[str, Any]], device: str = "cpu") -> dict[str, s
     return baselines
 
 
+def compared_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows of a results.json that have a breakdown against a baseline (every row but the baselines)."""
+    baselines = set((results.get("baseline") or {}).values())
+    return [r for r in results["rows"]
+            if r["name"] not in baselines and r.get("loss_breakdown") and r.get("efficiency") is not None]
+
+
 def load_cells(study_dir: Path) -> tuple[dict[str, Any], list[tuple[Cell, dict[str, Any]]]]:
     """study.json and the finished cells with their summaries."""
     path = study_dir / STUDY_FILE

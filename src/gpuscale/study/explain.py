@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from gpuscale.study.analysis import PART_LABELS, PARTS
+from gpuscale.study.analysis import PART_LABELS, PARTS, compared_rows
 
 __all__ = ["DASH", "pct", "why_not_more", "breakdown_cells", "prediction_facts", "prediction_table"]
 
@@ -26,10 +26,6 @@ def pct(share: float | None) -> str:
     return DASH if share is None else f"{100 * share:.0f}%"
 
 
-def _baselines(results: dict[str, Any]) -> set[str]:
-    return set((results.get("baseline") or {}).values())
-
-
 def _not_measured(row: dict[str, Any]) -> str:
     why = (row.get("sync_probe") or {}).get("why")
     return f" (not measured: {why})" if why else " (not measured)"
@@ -39,10 +35,8 @@ def why_not_more(results: dict[str, Any]) -> list[tuple[str, str]]:
     """One line per run that is not a baseline: its efficiency, ideal throughput and each part of the
     loss in % of ideal, the prediction's part in brackets where the model has one."""
     lines = []
-    for row in results["rows"]:
-        shares = row.get("loss_breakdown")
-        if row["name"] in _baselines(results) or not shares or row.get("efficiency") is None:
-            continue
+    for row in compared_rows(results):
+        shares = row["loss_breakdown"]
         predicted = row.get("predicted_breakdown") or {}
         parts = []
         for part in PARTS:

@@ -45,13 +45,12 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from gpuscale.files import atomic_write  # noqa: E402
 from gpuscale.log import get_logger  # noqa: E402
-from gpuscale.study.analysis import PARTS  # noqa: E402
+from gpuscale.stepsplit import PHASES  # noqa: E402
+from gpuscale.study.analysis import PARTS, compared_rows  # noqa: E402
 
-__all__ = ["PHASES", "devices_label", "plot_paths", "throughput_plot", "efficiency_plot", "waterfall_plot",
+__all__ = ["devices_label", "plot_paths", "throughput_plot", "efficiency_plot", "waterfall_plot",
            "time_breakdown_plot", "utilisation_plot", "write_plots"]
 
-PHASES = ("startup", "data_wait", "compute", "exposed_comm", "imbalance", "eval", "checkpoint", "probe")
-"""The keys of a row's time_split_s, in the order they are stacked and tabulated."""
 
 _PHASE_COLOURS = ("#9e9e9e", "#e3a32b", "#3b75af", "#d1603d", "#8c564b", "#59a14f", "#b07aa1", "#c7c7c7")
 _SCALING_STYLE = {"weak": ("#3b75af", "o"), "strong": ("#d1603d", "s")}
@@ -83,7 +82,7 @@ def plot_paths(results: dict[str, Any]) -> dict[str, str]:
     paths = {"throughput": "plots/throughput.png"}
     if any(row.get("efficiency") is not None for row in results["rows"]):
         paths["efficiency"] = "plots/efficiency.png"
-    if _waterfall_rows(results):
+    if compared_rows(results):
         paths["waterfall"] = "plots/waterfall.png"
     paths["time_breakdown"] = "plots/time_breakdown.png"
     for row in results["rows"]:
@@ -194,11 +193,6 @@ _PART_SHORT = {"data": "data", "exposed_comm": "exposed\ncomm.", "imbalance": "i
                "rest": "rest"}
 
 
-def _waterfall_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
-    baselines = set((results.get("baseline") or {}).values())
-    return [r for r in results["rows"] if r["name"] not in baselines and r.get("loss_breakdown") and r.get("efficiency") is not None]
-
-
 def _waterfall_panel(ax: Any, row: dict[str, Any]) -> None:
     shares = row["loss_breakdown"]
     predicted = row.get("predicted_breakdown") or {}
@@ -236,7 +230,7 @@ def _waterfall_panel(ax: Any, row: dict[str, Any]) -> None:
 def waterfall_plot(results: dict[str, Any], path: Path) -> Path | None:
     """From ideal throughput through each measured loss to the measured efficiency, one panel per run
     with more devices than its baseline; None (nothing written) when no run has a breakdown."""
-    rows = _waterfall_rows(results)
+    rows = compared_rows(results)
     if not rows:
         return None
     columns = min(len(rows), 3)

@@ -42,9 +42,10 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from gpuscale.files import atomic_write
-from gpuscale.study.analysis import PART_LABELS, PARTS, RESULTS_VERSION
+from gpuscale.stepsplit import PHASES
+from gpuscale.study.analysis import PART_LABELS, PARTS, RESULTS_VERSION, compared_rows
 from gpuscale.study.explain import DASH, breakdown_cells, prediction_facts, prediction_table, why_not_more
-from gpuscale.study.plots import PHASES, plot_paths, write_plots
+from gpuscale.study.plots import plot_paths, write_plots
 
 __all__ = ["DASH", "COLUMNS", "columns", "format_table", "format_markdown", "render_html", "write_report"]
 
@@ -259,9 +260,7 @@ BREAKDOWN_HEADER = ["run", *(PART_LABELS[p] for p in PARTS), "lost (100% - effic
 
 
 def _breakdown_rows(results: dict[str, Any]) -> list[list[str]]:
-    baselines = set((results.get("baseline") or {}).values())
-    return [[row["name"], *breakdown_cells(row)] for row in results["rows"]
-            if row["name"] not in baselines and row.get("loss_breakdown")]
+    return [[row["name"], *breakdown_cells(row)] for row in compared_rows(results)]
 
 
 def format_markdown(results: dict[str, Any], plots: Iterable[str] | None = None) -> str:
