@@ -36,6 +36,7 @@ import torch.distributed as dist
 from gpuscale._version import __version__
 from gpuscale.data import BatchPlan, batch_len as _batch_len
 from gpuscale.files import atomic_write_json
+from gpuscale.probe.recorder import meter_created
 from gpuscale.monitor import Monitor, device_stats, make_timeline, monitor_enabled
 from gpuscale.stepsplit import PHASES, split_step, time_split
 from gpuscale.syncprobe import FIRST_PROBE_STEP, PROBE_STEPS, RECORD as PROBES, probe_enabled
@@ -132,6 +133,7 @@ class Meter:
 
     def __init__(self, plan: BatchPlan, rt: Any = None, monitor: bool = True, warmup_steps: int = 10) -> None:
         self.rt = _runtime(rt)
+        meter_created()  # under gpuscale's probe: this script measures itself
         self.plan = plan
         self.seconds = {"data_wait": 0.0, "eval": 0.0, "checkpoint": 0.0}
         self.batches = 0

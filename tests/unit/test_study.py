@@ -5,6 +5,7 @@ import math
 
 import pytest
 
+from gpuscale.study.command import StudyCommand
 from gpuscale.study import analysis, matrix, predict, runner
 from gpuscale.study.linkbench import fit
 from gpuscale.study.matrix import Cell
@@ -31,11 +32,12 @@ def test_default_process_counts_double_up_to_the_devices():
 def test_each_cell_gets_scaling_and_out_and_local_runs_refuse_many_nodes():
     cells = matrix.cells([1, 2], [1], ["weak", "strong"])
     assert [c.name for c in cells] == ["weak-1x1", "weak-1x2", "strong-1x1", "strong-1x2"]
-    argv = matrix.local_argv(cells[1], ["train.py", "--epochs", "2"], "out/weak-1x2", python="py")
+    command = StudyCommand.for_script(["train.py", "--epochs", "2"], "import gpuscale\n")
+    argv = matrix.local_argv(cells[1], command.argv_for(cells[1], "out/weak-1x2", 1), python="py")
     assert argv == ["py", "-m", "gpuscale", "run", "--nproc-per-node", "2", "train.py", "--epochs", "2",
                     "--scaling", "weak", "--out", "out/weak-1x2"]
     with pytest.raises(ValueError, match="--launcher slurm"):
-        matrix.local_argv(Cell("weak", 2, 1), ["train.py"], "out")
+        matrix.local_argv(Cell("weak", 2, 1), ["train.py"])
 
 
 def test_cpu_cells_give_every_process_the_same_cores():
@@ -262,7 +264,8 @@ def test_variants_get_their_own_cells_arguments_and_baselines(tmp_path):
     assert variants[1] == ("large", ("--swap-train-test", "--lr", "0.1"))
     cells = matrix.cells([1, 2], [1], ["weak"], variants)
     assert [c.name for c in cells] == ["small-weak-1x1", "small-weak-1x2", "large-weak-1x1", "large-weak-1x2"]
-    assert matrix.script_argv(cells[2], ["dvc.py"], "d") == ["dvc.py", "--swap-train-test", "--lr", "0.1", "--scaling", "weak", "--out", "d"]
+    command = StudyCommand.for_script(["dvc.py"], "from gpuscale import Meter\n")
+    assert command.argv_for(cells[2], "d", 1) == ["dvc.py", "--swap-train-test", "--lr", "0.1", "--scaling", "weak", "--out", "d"]
     with pytest.raises(ValueError, match="NAME=ARGS"):
         matrix.parse_variant("large")
     with pytest.raises(ValueError, match="must differ"):

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuscale.cli import study as study_cmd
+from gpuscale.study.spec import run_study
 
 DEMO_ARGS = ["--epochs", "2", "--finetune-epochs", "1"]
 LR_VARIANTS = ["--variant", "none=--lr-scaling none", "--variant", "linear=--lr-scaling linear"]
@@ -47,7 +48,9 @@ def run(args: argparse.Namespace) -> int:
     script = example_script()
     options = argparse.ArgumentParser()
     study_cmd.add_study_options(options)  # the study's own defaults: weak and strong, local, predicted
-    cpu_only = study_cmd._node_devices()[0] == 0
+    import torch
+
+    cpu_only = not torch.cuda.is_available() or torch.cuda.device_count() == 0
     study_args = options.parse_args((["--nproc", "1,2"] if cpu_only else []) + LR_VARIANTS)  # CPU: 1 vs 2 processes, as 1 vs 2 GPUs
-    results = study_cmd.execute(study_args, [str(script), *DEMO_ARGS], Path(args.out))
-    return 1 if results["failed"] else 0
+    result = run_study(study_cmd.spec_from_args(study_args, [str(script), *DEMO_ARGS], Path(args.out)))
+    return 1 if result.failed else 0

@@ -12,6 +12,11 @@ monitoring, restarts), with gpuscale's choices on top:
 - when a worker fails, the others are stopped and the exit code is the failing worker's.
 
 A script that calls `gpuscale.init()` prints, on rank 0, where every rank runs.
+
+Every worker loads gpuscale's probe first (`gpuscale.probe`; ``GPUSCALE_PROBE=0`` turns it off):
+for a script that does not measure itself with `gpuscale.Meter`, it counts optimizer steps,
+samples and data waits, samples the device's utilisation, and at the end this command prints the
+throughput and the split of the time (and writes summary.json and timeline.json with ``--summary DIR``).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpuscale.probe import RECORDS, collect, describe, probe_enabled, probe_environ
 from gpuscale.env import check_master_addr, check_one_launcher_per_node, port_from_job_id
 from gpuscale.preempt import EXIT_STOPPED
 from gpuscale.slurm.render import TORCHRUN_SIGNALS
@@ -37,6 +43,7 @@ EPILOG = """examples:
   gpuscale run examples/dogs_vs_cats.py                       # one process per GPU, or per core
   gpuscale run --nproc-per-node 2 examples/dogs_vs_cats.py --out runs/dvc
   gpuscale run --nproc-per-node 2 -m gpuscale env             # where does each rank run?
+  gpuscale run --nproc-per-node 2 --summary runs/ddp train.py # any script: runs/ddp/summary.json by the probe
   # two nodes, run on each (node-rank 0 and 1):
   gpuscale run --nnodes 2 --node-rank 0 --master-addr node0 --master-port 12345 train.py
 """
@@ -62,6 +69,8 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                         help="how long a collective may wait for a stuck rank before the job fails (default: GPUSCALE_TIMEOUT or 600)")
     parser.add_argument("--max-restarts", type=int, default=0, help="restart all workers up to K times after a failure (default 0)")
+    parser.add_argument("--summary", default=None, metavar="DIR",
+                        help="write what the probe measured (a script without gpuscale.Meter) to DIR/summary.json and DIR/timeline.json")
     parser.add_argument("-m", "--module", action="store_true", help="run SCRIPT as a Python module (python -m)")
     parser.add_argument("script", metavar="SCRIPT", help="training script (or module with -m)")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="arguments for the script")
@@ -179,6 +188,61 @@ def run(args: argparse.Namespace) -> int:
         # sharing, each attempt's rank 0 serves a fresh store on a free port.
         os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
 
+    records = _arm_probe(args)
+    code = 1
+    try:
+        code = _launch(argv, nproc)
+        return code
+    finally:
+        if records is not None:
+            _report_probe(args, records, nproc * args.nnodes, code)
+
+
+def _arm_probe(args: argparse.Namespace) -> Any:
+    """Load the probe in the workers; the folder its records go to (None: not ours to merge, or off).
+
+    A study cell names the folder itself (and merges after the cell). Across nodes only --summary's
+    folder, which every node must see, can hold all ranks' records; node 0 merges them.
+    """
+    if args.summary is not None:
+        Path(args.summary).mkdir(parents=True, exist_ok=True)
+    if not probe_enabled():
+        return None
+    if os.environ.get("GPUSCALE_PROBE_DIR") and args.summary is None:
+        os.environ.update(probe_environ(os.environ["GPUSCALE_PROBE_DIR"]))
+        return None
+    if args.summary is not None:
+        records: Any = Path(args.summary) / RECORDS
+        for stale in records.glob("rank-*.json"):
+            stale.unlink()
+    elif args.nnodes > 1:
+        return None
+    else:
+        records = tempfile.TemporaryDirectory(prefix="gpuscale-probe-")
+    path = Path(records if isinstance(records, Path) else records.name)
+    path.mkdir(parents=True, exist_ok=True)
+    os.environ.update(probe_environ(path))
+    return records
+
+
+def _report_probe(args: argparse.Namespace, records: Any, world_size: int, code: int) -> None:
+    """Merge the ranks' records, print what they measured, write it to --summary."""
+    path = records if isinstance(records, Path) else Path(records.name)
+    try:
+        if args.node_rank != 0:
+            return
+        failure = f"gpuscale run ended with exit code {code}" if code else None
+        summary = collect(path, args.summary, world_size=world_size, failure=failure)
+        if summary is not None:
+            where = f"; written to {Path(args.summary) / 'summary.json'}" if args.summary else ""
+            print(f"gpuscale run: {describe(summary)}{where}", file=sys.stderr, flush=True)
+    finally:
+        if not isinstance(records, Path):
+            records.cleanup()
+
+
+def _launch(argv: list[str], nproc: int) -> int:
+    """torchrun with `argv`; the exit code, with one line on who failed first."""
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError

@@ -13,12 +13,11 @@ CPU masks on shared nodes, options the cluster refuses, the script's path.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import sys
 from typing import Any
 
-from gpuscale.slurm.profiles import load_profile, parse_override
+from gpuscale.slurm.cluster import ClusterOptions, cluster_job, load_cluster_profile
 from gpuscale.slurm.render import CPU_BINDS, MODES, JobSpec, render_sbatch
 
 EPILOG = """examples:
@@ -82,32 +81,25 @@ def job_from_args(args: argparse.Namespace, check_paths: bool = True) -> tuple[A
         command = command[1:]
     if not command:
         raise ValueError("no training script given; put it after --, e.g. `-- train.py --epochs 3`")
-    return cluster_job(args, command, nodes=args.nodes, gpus_per_node=args.gpus_per_node, output=args.output,
-                       tasks_per_node=args.ntasks_per_node, check_paths=check_paths)
+    return cluster_job(cluster_options(args), command, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+                       output=args.output, tasks_per_node=args.ntasks_per_node, check_paths=check_paths,
+                       doctor=getattr(args, "doctor", False))
 
 
-def cluster_job(args: argparse.Namespace, command: list[str], *, nodes: int, gpus_per_node: int | None, output: str,
-                tasks_per_node: int | None = None, check_paths: bool = True) -> tuple[Any, JobSpec]:
-    """Profile and JobSpec for `command` (script and its arguments) with the cluster options of `args`."""
-    script, *script_args = command
-    if check_paths and not os.path.isfile(script):
-        raise ValueError(f"script {script!r} does not exist; give a path that the job can read")
-    profile = profile_from_args(args)
-    job = JobSpec(
-        script=script, script_args=tuple(script_args), nodes=nodes, gpus_per_node=gpus_per_node,
-        mode=args.mode, time=args.time, account=args.account, partition=args.partition,
-        reservation=args.reservation, mem_per_gpu=args.mem_per_gpu, job_name=args.job_name,
-        output=output, container=args.container, env=tuple(_pairs(args.env, "--env")), venv=args.venv,
-        exclusive=args.exclusive, cpu_bind=args.cpu_bind, cpus_per_gpu=args.cpus_per_gpu,
-        tasks_per_node=tasks_per_node, python=args.python, max_requeues=args.max_requeues,
-        doctor=getattr(args, "doctor", False),
+def cluster_options(args: argparse.Namespace) -> ClusterOptions:
+    """The cluster options (`add_cluster_options`) of parsed arguments, as typed values."""
+    return ClusterOptions(
+        profile=args.profile, overrides=tuple(_pairs(args.set, "--set")), mode=args.mode, time=args.time,
+        account=args.account, partition=args.partition, reservation=args.reservation, mem_per_gpu=args.mem_per_gpu,
+        job_name=args.job_name, container=args.container, env=tuple(_pairs(args.env, "--env")), venv=args.venv,
+        exclusive=args.exclusive, cpu_bind=args.cpu_bind, cpus_per_gpu=args.cpus_per_gpu, python=args.python,
+        max_requeues=args.max_requeues,
     )
-    return profile, job
 
 
 def profile_from_args(args: argparse.Namespace) -> Any:
     """The --profile with its --set overrides."""
-    return load_profile(args.profile, {k: parse_override(k, v) for k, v in _pairs(args.set, "--set")} or None)
+    return load_cluster_profile(ClusterOptions(profile=args.profile, overrides=tuple(_pairs(args.set, "--set"))))
 
 
 def add_parser(subparsers: Any) -> None:

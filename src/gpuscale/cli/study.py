@@ -4,10 +4,18 @@
     gpuscale study --launcher slurm --profile lumi-g --nproc 1,2,4,8 --nodes 1,2 --account project_465000 \\
         --out runs/lumi -- examples/vit.py
 
-Each cell (a scaling and a shape, e.g. weak-1x2: weak scaling, 1 node x 2 processes) runs the
-script with ``--scaling weak|strong --out DIR/<cell>`` appended; the script writes its
-summary.json there (gpuscale.Meter). Cells run one after another; a rerun skips finished cells,
-so an interrupted study continues where it stopped, and a longer --nproc list adds cells.
+Any script can be studied as it is. Each cell (a scaling and a shape, e.g. weak-1x2: weak scaling,
+1 node x 2 processes) fills the templates in the script's arguments ({out}, {scaling},
+{world_size}, {nproc_per_node}, {nodes}, {per_device_batch}, {global_batch}, {grad_accum_steps});
+with --global-batch N or --per-device-batch N every cell's batch is exact:
+
+    gpuscale study --nproc 1,2 --global-batch 64 --out runs/ddp -- train.py --batch-size {per_device_batch}
+
+gpuscale's probe, loaded in every rank, measures a script that does not use gpuscale.Meter
+(optimizer steps, samples, data waits, utilisation); a gpuscale script without templates gets
+``--scaling weak|strong --out DIR/<cell>`` appended and writes its own, richer summary.json.
+Cells run one after another; a rerun skips finished cells, so an interrupted study continues
+where it stopped, and a longer --nproc list adds cells. From Python: `gpuscale.study.run_study`.
 
 Weak scaling keeps each device's batch (the work grows with the devices), strong scaling keeps
 the global batch (the work is fixed). For both, speed-up and efficiency are training throughput
@@ -29,20 +37,17 @@ with a profile's interconnect figures on SLURM, with figures measured here other
 from __future__ import annotations
 
 import argparse
-import json
-import math
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from gpuscale.cli.slurm import add_cluster_options, cluster_job, profile_from_args
-from gpuscale.files import atomic_write_json
-from gpuscale.study import analysis, matrix, predict, runner
-from gpuscale.study.linkbench import MeasureError
+from gpuscale.cli.slurm import add_cluster_options, cluster_options
+from gpuscale.study import matrix
+from gpuscale.study.spec import StudyResult, StudySpec, run_study
 
 EPILOG = """examples:
   gpuscale study --nproc 1,2 --scaling weak,strong --out runs/study -- examples/dogs_vs_cats.py --epochs 2
+  gpuscale study --nproc 1,2 --global-batch 64 --out runs/ddp -- train.py --batch-size {per_device_batch}
   gpuscale study --nproc 1,2 --variant small= --variant large=--swap-train-test --out runs/data-size \
       -- examples/dogs_vs_cats.py                    # the course's 2,000 vs 22,000 training images
   gpuscale study --launcher slurm --profile local --nproc 1,2 --nodes 1,2 --out runs/slurm -- examples/dogs_vs_cats.py
@@ -66,6 +71,13 @@ def add_study_options(parser: argparse.ArgumentParser) -> None:
                         help="processes per node to try (default: 1, 2, 4, ... up to the node's GPUs, or its cores without GPUs)")
     parser.add_argument("--nodes", default="1", metavar="1,2", help="node counts to try (default 1; more need --launcher slurm)")
     parser.add_argument("--scaling", default="weak,strong", metavar="weak,strong", help="scaling modes (default both)")
+    parser.add_argument("--global-batch", type=int, default=None, metavar="N",
+                        help="strong scaling keeps this global batch, weak scaling the baseline's share of it; fills {per_device_batch}, "
+                        "{global_batch}, {grad_accum_steps} in the script's arguments")
+    parser.add_argument("--per-device-batch", type=int, default=None, metavar="N",
+                        help="weak scaling keeps this per-device batch, strong scaling the baseline's global batch")
+    parser.add_argument("--max-device-batch", type=int, default=None, metavar="M",
+                        help="the most samples a device holds per pass: a larger share becomes equal gradient-accumulation passes")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=ARGS",
                         help="a variant of the command: ARGS added to the script's (repeatable), e.g. "
                         "--variant small= --variant large=--swap-train-test; each variant gets its own baseline")
@@ -80,109 +92,23 @@ def add_study_options(parser: argparse.ArgumentParser) -> None:
     add_cluster_options(slurm, profile_required=False)
 
 
-def _node_devices() -> tuple[int, list[int]]:
-    import torch
-
-    from gpuscale.topology import allowed_cores
-
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return gpus, allowed_cores()
-
-
-def _command(raw: list[str]) -> list[str]:
-    command = raw[1:] if raw and raw[0] == "--" else list(raw)
-    if not command:
-        raise ValueError("no training script given; put it after --, e.g. `-- examples/dogs_vs_cats.py --epochs 2`")
-    if not os.path.isfile(command[0]):
-        raise ValueError(f"script {command[0]!r} does not exist; give the path of a Python file")
-    _check_script_args(command[1:])
-    return command
-
-
-def _check_script_args(args: list[str] | tuple[str, ...]) -> None:
-    if any(a in ("--out", "--scaling") or a.startswith(("--out=", "--scaling=")) for a in args):
-        raise ValueError("leave --out and --scaling out of the script's arguments: the study sets them for each cell")
-
-
-def _link(args: argparse.Namespace, out: Path, num_gpus: int, cores: list[int], max_nproc: int) -> predict.Link:
-    """The interconnect figures: the profile's on SLURM, else measured here once (cached in the study)."""
-    from gpuscale.study import linkbench
-
-    if args.launcher == "slurm":
-        return predict.Link.from_profile(profile_from_args(args))
-    path = out / "link.json"
-    if path.is_file():
-        return predict.Link.from_measurement(json.loads(path.read_text()))
-    nproc = 2 if not num_gpus else min(2, num_gpus)
-    # on CPU the benchmark's processes get the cores a 2-process cell gets
-    bound = None if num_gpus else matrix.cpu_cores_for(matrix.Cell("weak", 1, nproc), max_nproc, cores)
-    return predict.Link.from_measurement(linkbench.measure_local(path, nproc, bound))
-
-
-def execute(args: argparse.Namespace, command: list[str], out: Path, progress: Any = print) -> dict[str, Any]:
-    """Run the study that `args` describe; write results and report; return the results."""
-    from gpuscale.study.report import format_table, write_report
-
-    predict.check_overlap(args.overlap)
-    if args.cell_timeout is not None and not 0 < args.cell_timeout < math.inf:
-        raise ValueError(f"--cell-timeout {args.cell_timeout} must be a positive number of seconds")
-    num_gpus, cores = _node_devices()
-    if args.launcher == "slurm":
-        if not args.profile:
-            raise ValueError("--launcher slurm needs --profile (see `gpuscale profiles`)")
-        device_count = profile_from_args(args).gpus_per_node  # the cluster's nodes, not this login node
-    else:
-        device_count = num_gpus or len(cores)
-    nproc = matrix.parse_counts(args.nproc, "--nproc") if args.nproc else matrix.default_nproc(device_count)
-    nodes = matrix.parse_counts(args.nodes, "--nodes")
-    variants = [matrix.parse_variant(v) for v in args.variant]
-    cells = matrix.cells(nproc, nodes, matrix.parse_scalings(args.scaling), variants or None, args.repeat)
-    for _, extra in variants:
-        _check_script_args(extra)
-    unit = "GPU" if (num_gpus or args.launcher == "slurm") else "process"
-    if args.launcher == "slurm":
-
-        def job_for(cell: matrix.Cell, argv: list[str], output: str) -> tuple[Any, Any]:
-            return cluster_job(args, argv, nodes=cell.nodes, gpus_per_node=cell.nproc_per_node, output=output)
-
-        for cell in cells:  # every cell's job is checked before the first one runs
-            job_for(cell, matrix.script_argv(cell, command, str(out / cell.name)), str(out / cell.name / runner.LOG_FILE))
-        run_one: Any = runner.SlurmRunner(command, job_for, on_state=lambda s: progress(f"    {s}"), timeout_s=args.cell_timeout)
-    else:
-        if max(nodes) > 1:
-            raise ValueError(f"--nodes {args.nodes} needs --launcher slurm: the local launcher runs on this node only")
-        run_one = runner.LocalRunner(command, max(nproc), num_gpus, cores, timeout_s=args.cell_timeout)
-
-    runner.record_study(out, command, args.launcher, cells)
-    outcomes = runner.run_cells(out, cells, run_one, progress, unit)
-    medians = analysis.median_runs([(o.cell, o.summary) for o in outcomes if o.summary is not None])
-    summaries = {cell.base_name: summary for cell, summary, _ in medians}
-    shapes = [c for c in cells if c.repeat == 1]
-    prediction = None
-    if not args.no_predict and any(c.world_size == 1 and c.name in summaries for c in shapes) and len(shapes) > 1:
-        overlap = args.overlap if args.overlap is not None else (0.5 if unit == "GPU" else 0.0)
-        try:
-            link = _link(args, out, num_gpus, cores, max(nproc))
-            prediction = predict.predict_study(shapes, summaries, link, overlap)
-        except (ValueError, MeasureError) as exc:
-            progress(f"no prediction: {exc}")
-    results = analysis.analyse(out, prediction)
-    atomic_write_json(out / "results.json", results)
-    if results["rows"]:
-        progress("")
-        progress(format_table(results))
-        paths = write_report(results, out)
-        progress(f"\nreport: {paths['report.html']}  (and report.md, {out / 'plots'})")
-    failed = [o for o in outcomes if o.status == "failed"]
-    if failed:
-        progress(f"{len(failed)} of {len(cells)} runs failed: {', '.join(o.cell.name for o in failed)}; "
-                 "fix the cause and run the same command again: finished runs are kept")
-    results["failed"] = [o.cell.name for o in failed]
-    return results
+def spec_from_args(args: argparse.Namespace, command: list[str], out: Path) -> StudySpec:
+    """The StudySpec that parsed `gpuscale study` options describe (ValueError for a bad one)."""
+    raw = command[1:] if command and command[0] == "--" else list(command)
+    return StudySpec(
+        command=tuple(raw), out=out,
+        nproc=tuple(matrix.parse_counts(args.nproc, "--nproc")) if args.nproc else None,
+        nodes=tuple(matrix.parse_counts(args.nodes, "--nodes")),
+        scalings=tuple(matrix.parse_scalings(args.scaling)),
+        variants=tuple(matrix.parse_variant(v) for v in args.variant),
+        repeat=args.repeat, global_batch=args.global_batch, per_device_batch=args.per_device_batch,
+        max_device_batch=args.max_device_batch, launcher=args.launcher,
+        cluster=cluster_options(args) if args.profile else None,
+        overlap=args.overlap, predict=not args.no_predict, cell_timeout_s=args.cell_timeout,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    command = _command(args.command)
-    results = execute(args, command, Path(args.out))
+    result: StudyResult = run_study(spec_from_args(args, args.command, Path(args.out)))
     sys.stdout.flush()
-    return 1 if results["failed"] else 0
+    return 1 if result.failed else 0

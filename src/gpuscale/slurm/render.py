@@ -89,6 +89,9 @@ class JobSpec:
     """Times the job requeues itself after SLURM's warning before the time limit (USR1), to resume from
     the checkpoint it wrote on the way out; 0 never requeues (it still checkpoints). A TERM (scancel,
     preemption) stops at a checkpoint but never requeues."""
+    probe_dir: str | None = None
+    """Load gpuscale's probe (`gpuscale.probe`) in every rank of the training, its records written here:
+    a study's cells measure scripts that do not use gpuscale.Meter this way."""
 
 
 @dataclass(frozen=True)
@@ -209,8 +212,21 @@ def _q(value: str) -> str:
     return quoted
 
 
+_PROBE_SITE = ("import importlib.util as u, os; "
+               "print(os.path.join(os.path.dirname(u.find_spec('gpuscale').origin), 'probe', 'site'))")
+"""Where the job's own gpuscale keeps the probe's sitecustomize (found without importing gpuscale or torch)."""
+
+
+def _probe_exports(job: JobSpec) -> str:
+    """Shell that loads the probe in the processes started after it (the job's Python finds its folder)."""
+    site = f"$({_q(job.python)} -c {_q(_PROBE_SITE)})"
+    return (f"export GPUSCALE_PROBE_DIR={_q(job.probe_dir or '')} "
+            f'PYTHONPATH="{site}${{PYTHONPATH:+:$PYTHONPATH}}"; ')
+
+
 def _python_command(job: JobSpec, plan: _Plan, program: list[str] | None = None) -> str:
     """The program each task runs (default: the training script), as one shell string."""
+    probe = _probe_exports(job) if job.probe_dir and program is None else ""
     program = program or [job.python, job.script, *job.script_args]
     if job.mode == "torchrun":
         rendezvous = (
@@ -221,9 +237,9 @@ def _python_command(job: JobSpec, plan: _Plan, program: list[str] | None = None)
         # --signals-to-handle: torchrun passes USR1 (SLURM's warning before the time limit) on to its workers, as TERM.
         launcher = [_q(job.python), "-m", "torch.distributed.run", *rendezvous, f"--nproc-per-node={plan.gpus_per_node}",
                     f"--signals-to-handle={TORCHRUN_SIGNALS}"]
-        return "exec " + " ".join(launcher) + " " + " ".join(_q(p) for p in program[1:])
+        return probe + "exec " + " ".join(launcher) + " " + " ".join(_q(p) for p in program[1:])
     ranks = 'export RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" WORLD_SIZE="$SLURM_NTASKS"'
-    return f"{ranks}; exec " + " ".join(_q(p) for p in program)
+    return f"{probe}{ranks}; exec " + " ".join(_q(p) for p in program)
 
 
 def render_sbatch(profile: Profile, job: JobSpec) -> str:

@@ -3,6 +3,13 @@
     gpuscale study --nproc 1,2 --scaling weak,strong --out runs/study -- examples/dogs_vs_cats.py
     gpuscale report runs/study
 
+From Python (a notebook), the same study:
+
+    from gpuscale.study import StudySpec, run_study
+    result = run_study(StudySpec(command=("train.py", "--batch-size", "{per_device_batch}"),
+                                 out="runs/ddp", nproc=(1, 2), global_batch=64))
+    print(result.table)              # result.results is results.json; analyse(out) and write_report(results, out) redo the report
+
 A study directory holds:
 
     study.json              what was asked: the command, the launcher, the cells (written first)
@@ -13,7 +20,8 @@ A study directory holds:
     results.json            the analysed table (`analysis.analyse`), re-derived by `gpuscale report`
     report.md, report.html, plots/*.png
 
-Modules: `matrix` (the cells and their commands, pure), `runner` (runs cells locally or as SLURM
+Modules: `spec` (StudySpec, run_study), `matrix` (the cells, pure), `command` (the script's
+arguments in each cell: templates, exact batches; pure), `runner` (runs cells locally or as SLURM
 jobs, resumable), `analysis` (speed-up, efficiency, flags; pure), `predict` (the ring all-reduce
 cost model), `report` and `plots` (Markdown, HTML, PNG).
 
@@ -54,3 +62,10 @@ prediction models. Weak scaling keeps each device's batch, strong scaling the gl
 to result (the whole run) is a second, separately labelled column. `analysis` has the breakdown
 of lost efficiency, `gpuscale.stepsplit` and `gpuscale.syncprobe` how its parts are measured.
 """
+
+from gpuscale.study.analysis import analyse
+from gpuscale.study.report import write_report
+from gpuscale.study.spec import StudyResult, StudySpec, run_study
+from gpuscale.slurm.cluster import ClusterOptions
+
+__all__ = ["StudySpec", "StudyResult", "run_study", "analyse", "write_report", "ClusterOptions"]

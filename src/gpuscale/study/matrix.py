@@ -1,9 +1,8 @@
 """The cells of a scaling study and the command line of each. Pure: nothing here runs anything.
 
-A cell is one run: a scaling mode and a shape (nodes x processes per node). The script learns its
-cell from two arguments gpuscale appends to its own: ``--scaling weak|strong`` and ``--out DIR``
-(every example takes both; a script of yours needs them too, and must write its summary with
-``gpuscale.Meter.write_summary(args.out, ...)``).
+A cell is one run: a scaling mode and a shape (nodes x processes per node). How the script learns
+its cell (templates in its arguments, or ``--scaling`` and ``--out`` appended to a gpuscale
+script) is `gpuscale.study.command`'s business.
 """
 
 from __future__ import annotations
@@ -114,17 +113,12 @@ def cells(nproc: list[int], nodes: list[int], scalings: list[str],
             for name, args in (variants or [("", ())]) for s in scalings for n in nodes for p in nproc]
 
 
-def script_argv(cell: Cell, command: list[str], cell_dir: str) -> list[str]:
-    """The script and its arguments for this cell: the user's, the variant's, then --scaling and --out."""
-    return [*command, *cell.variant_args, "--scaling", cell.scaling, "--out", cell_dir]
-
-
-def local_argv(cell: Cell, command: list[str], cell_dir: str, python: str = sys.executable) -> list[str]:
-    """The local launch of a cell: `gpuscale run` with the cell's processes on this node."""
+def local_argv(cell: Cell, script_argv: list[str], python: str = sys.executable) -> list[str]:
+    """The local launch of a cell: `gpuscale run` with the cell's processes on this node, then the script's argv."""
     if cell.nodes != 1:
         raise ValueError(f"{cell.name} needs {cell.nodes} nodes, but --launcher local runs on this node only; "
                          "use --launcher slurm --profile P for several nodes")
-    return [python, "-m", "gpuscale", "run", "--nproc-per-node", str(cell.nproc_per_node), *script_argv(cell, command, cell_dir)]
+    return [python, "-m", "gpuscale", "run", "--nproc-per-node", str(cell.nproc_per_node), *script_argv]
 
 
 def cpu_cores_for(cell: Cell, max_nproc: int, cores: list[int]) -> list[int]:

@@ -1,6 +1,8 @@
 """Run the cells of a study, one after another, locally or as SLURM jobs; a rerun skips finished cells.
 
-A cell is finished when its folder holds a summary.json of the cell's shape. A cell folder without
+A cell is finished when its folder holds a complete summary.json of the cell's shape: the one the
+script's gpuscale.Meter wrote, or the one merged from the ranks' probe records (`gpuscale.probe`,
+kept in ``<cell>/probe/``) after the cell, locally or after its SLURM job. A cell folder without
 one (a run that failed or was interrupted) is emptied before the cell runs again: a run that
 resumed from its own half-written checkpoints would time only the epochs after the resume.
 Cells run one at a time, so no two runs compete for the same cores, GPUs or network.
@@ -25,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from gpuscale.files import atomic_write_json
-from gpuscale.study.matrix import SCALINGS, Cell, cpu_cores_for, local_argv, script_argv
+from gpuscale.probe import RECORDS as PROBE_RECORDS, collect, probe_enabled, probe_environ, read_records
+from gpuscale.study.matrix import SCALINGS, Cell, cpu_cores_for, local_argv
 
 STUDY_FILE = "study.json"
 SUMMARY_FILE = "summary.json"
@@ -99,6 +102,8 @@ def read_summary(cell_dir: Path, cell: Cell) -> dict[str, Any] | None:
         return None
     if summary_problem(summary) or summary.get("world_size") != cell.world_size or summary.get("scaling") != cell.scaling:
         return None
+    if summary.get("complete") is False:  # merged by the probe from a run that failed or lost a rank
+        return None
     return summary
 
 
@@ -154,10 +159,11 @@ def cell_from_entry(entry: Any) -> Cell:
     return Cell(scaling, nodes, nproc, variant, tuple(variant_args), repeat)
 
 
-def record_study(out: Path, command: list[str], launcher: str, cells: list[Cell]) -> None:
-    """Write (or check) study.json: a study directory holds one command's runs only."""
+def record_study(out: Path, command: list[str], launcher: str, cells: list[Cell], batch: dict[str, Any] | None = None) -> None:
+    """Write (or check) study.json: a study directory holds one command's runs only (and one batch)."""
     path = out / STUDY_FILE
     known: list[dict[str, Any]] = []
+    batch = {k: v for k, v in (batch or {}).items() if v is not None}
     if path.exists():
         previous = read_study(out)
         if previous.get("command") != command or previous.get("launcher") != launcher:
@@ -165,6 +171,9 @@ def record_study(out: Path, command: list[str], launcher: str, cells: list[Cell]
                 f"{out} holds a study of `{' '.join(previous.get('command', []))}` ({previous.get('launcher')}); "
                 "give another --out, or delete that directory to start over"
             )
+        if (previous.get("batch") or {}) != batch:
+            raise ValueError(f"{out} holds a study with batch options {previous.get('batch') or 'none'}, not {batch or 'none'}; "
+                             "give another --out, or delete that directory to start over")
         known = previous.get("cells", [])
     names = {c["name"] for c in known}
     for cell in cells:
@@ -172,7 +181,8 @@ def record_study(out: Path, command: list[str], launcher: str, cells: list[Cell]
             known.append({"name": cell.name, "scaling": cell.scaling, "nodes": cell.nodes, "nproc_per_node": cell.nproc_per_node,
                           "variant": cell.variant, "variant_args": list(cell.variant_args), "repeat": cell.repeat})
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(path, {"version": 1, "command": command, "launcher": launcher, "cells": known})
+    atomic_write_json(path, {"version": 1, "command": command, "launcher": launcher, "cells": known,
+                             **({"batch": batch} if batch else {})})
 
 
 def tail(path: Path, lines: int = 12) -> str:
@@ -187,8 +197,25 @@ def tail(path: Path, lines: int = 12) -> str:
 
 
 def _missing_summary(cell_dir: Path) -> str:
-    return (f"the run ended without writing {cell_dir / SUMMARY_FILE}: the script must accept --scaling and --out "
-            "and call gpuscale.Meter(...).write_summary(args.out)")
+    records = read_records(cell_dir / PROBE_RECORDS)
+    if any(r.get("meter") for r in records):
+        return (f"the script measures itself with gpuscale.Meter but wrote no {cell_dir / SUMMARY_FILE}: give it the cell's "
+                "folder (it gets --scaling and --out when its arguments hold no template; else write --out {out} --scaling {scaling})")
+    if not probe_enabled():
+        return f"the run wrote no {cell_dir / SUMMARY_FILE}, and the probe that measures scripts without gpuscale.Meter is off (GPUSCALE_PROBE=0)"
+    return (f"no rank left a probe record in {cell_dir / PROBE_RECORDS}: the script never imported torch, "
+            "or its Python does not load the probe (a PYTHONPATH reset inside the job?)")
+
+
+def _collect_probe(cell: Cell, cell_dir: Path, error: str | None) -> dict[str, Any] | None:
+    """Merge the cell's probe records into its summary.json (unless the script's gpuscale.Meter wrote one)."""
+    if (cell_dir / SUMMARY_FILE).exists():
+        return None
+    try:
+        return collect(cell_dir / PROBE_RECORDS, cell_dir, world_size=cell.world_size, scaling=cell.scaling,
+                       failure="the run failed" if error else None)
+    except (ValueError, KeyError, TypeError) as exc:  # a damaged record: say so, keep the study going
+        return {"complete": False, "probe": {"why": f"its probe records do not merge ({type(exc).__name__}: {exc})"}}
 
 
 class LocalRunner:
@@ -200,7 +227,8 @@ class LocalRunner:
 
     launcher = "local"
 
-    def __init__(self, command: list[str], max_nproc: int, num_gpus: int, cores: list[int], timeout_s: float | None = None) -> None:
+    def __init__(self, argv_for: Callable[[Cell], list[str]], max_nproc: int, num_gpus: int, cores: list[int],
+                 timeout_s: float | None = None) -> None:
         if num_gpus and max_nproc > num_gpus:
             raise ValueError(f"--nproc asks for {max_nproc} processes but this node has {num_gpus} GPUs; "
                              f"use at most {num_gpus}, or --launcher slurm for more nodes")
@@ -209,7 +237,7 @@ class LocalRunner:
             raise ValueError(f"--nproc asks for {max_nproc} processes but this process may use {len(cores)} cores; on CPUs "
                              f"every process needs a core of its own (processes sharing cores spin in gloo's waits): "
                              f"use at most {len(cores)}")
-        self.command = command
+        self.argv_for = argv_for  # the script's argv in a cell
         self.max_nproc = max_nproc
         self.num_gpus = num_gpus
         self.cores = cores
@@ -217,10 +245,13 @@ class LocalRunner:
 
     def run(self, cell: Cell, cell_dir: Path) -> str | None:
         """Run one cell; None on success, else why it failed."""
-        argv = local_argv(cell, self.command, str(cell_dir))
+        argv = local_argv(cell, self.argv_for(cell))
         cores = None if self.num_gpus else cpu_cores_for(cell, self.max_nproc, self.cores)
         env = dict(os.environ)
         env.setdefault("PYTHONUNBUFFERED", "1")
+        if probe_enabled(env):
+            (cell_dir / PROBE_RECORDS).mkdir(exist_ok=True)
+            env.update(probe_environ((cell_dir / PROBE_RECORDS).resolve(), env))
         log_path = cell_dir / LOG_FILE
         with log_path.open("w") as log:
             log.write(f"$ {' '.join(argv)}\n" + (f"# cores {cores}\n" if cores else ""))
@@ -246,10 +277,9 @@ class SlurmRunner:
 
     launcher = "slurm"
 
-    def __init__(self, command: list[str], job_for: Callable[[Cell, list[str], str], tuple[Any, Any]],
+    def __init__(self, job_for: Callable[[Cell, str], tuple[Any, Any]],
                  on_state: Callable[[str], None] | None = None, timeout_s: float | None = None) -> None:
-        self.command = command
-        self.job_for = job_for  # (cell, script argv, output path) -> (profile, JobSpec)
+        self.job_for = job_for  # (cell, output path) -> (profile, JobSpec)
         self.on_state = on_state
         self.timeout_s = timeout_s
 
@@ -258,7 +288,8 @@ class SlurmRunner:
         from gpuscale.slurm.render import render_sbatch
 
         log_path = cell_dir / LOG_FILE
-        profile, job = self.job_for(cell, script_argv(cell, self.command, str(cell_dir)), str(log_path))
+        (cell_dir / PROBE_RECORDS).mkdir(exist_ok=True)
+        profile, job = self.job_for(cell, str(log_path))
         job_id = jobs.submit(render_sbatch(profile, job), chdir=os.getcwd())
 
         def changed(info: Any) -> None:
@@ -290,9 +321,12 @@ def run_cells(out: Path, cells: list[Cell], runner: Any, progress: Callable[[str
         start = time.perf_counter()
         error = runner.run(cell, cell_dir)
         seconds = time.perf_counter() - start
+        merged = _collect_probe(cell, cell_dir, error)
         summary = read_summary(cell_dir, cell) if error is None else None
         if error is None and summary is None:
-            error = _missing_summary(cell_dir)
+            error = _missing_summary(cell_dir) if merged is None else f"the probe's summary is incomplete: {merged['probe']['why']}"
+        elif error and merged and merged["probe"].get("why"):
+            error += f"\n    the probe: {merged['probe']['why']}"
         if error:
             progress(f"{head}: FAILED after {seconds:.1f} s: {error}")
             outcomes.append(Outcome(cell, "failed", seconds, error=error))

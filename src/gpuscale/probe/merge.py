@@ -1,0 +1,202 @@
+"""Merge the ranks' probe records into the summary.json a gpuscale script writes. Pure: records in, dicts out.
+
+Each rank's record (`gpuscale.probe.recorder`) holds its loader passes and optimizer steps with
+their times. Per rank:
+
+- **steps** are those of the optimizer that stepped most (a second optimizer, as in a GAN, does
+  not double them);
+- a **training pass** is a pass over a DataLoader during which an optimizer stepped; any other pass
+  is an **evaluation** (validation loops, Lightning's sanity check);
+- **training time** runs from the first request of the first training pass to the last optimizer
+  step, less the evaluation passes that fall inside it (their whole span: the loop's forward
+  passes too); the time after the last step (a final evaluation, saving) counts only in time to
+  result;
+- **samples** are the training passes' samples; **data wait** the time their batches were waited for.
+
+Over the ranks, as `gpuscale.Meter` does it: samples add up, training time is the slowest rank's,
+throughput is samples over it. Startup is launch to the first training batch; time to result
+launch to the last rank's end. What the probe cannot see is None and named in ``probe.not_measured``:
+exposed communication and imbalance (the sync probe needs gpuscale's Training), checkpoint time
+(it stays in the training time if the script saves between steps), accuracy and loss.
+
+A run is complete when every rank 0..world-1 left a record that ended normally and the launcher
+saw no failure; otherwise ``"complete": false`` and ``probe.why`` says which rank did what.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import datetime, timezone
+from typing import Any
+
+from gpuscale._version import __version__
+from gpuscale.monitor import device_stats, make_timeline
+from gpuscale.stepsplit import split_step, time_split
+
+__all__ = ["rank_account", "merge_records", "NOT_MEASURED"]
+
+NOT_MEASURED = {
+    "exposed_comm": "exposed communication and imbalance: the sync probe replays steps only in gpuscale's Training",
+    "checkpoint": "checkpoint time: saving between steps stays in the training time",
+    "metrics": "accuracy and loss: the script's own numbers, which the probe does not read",
+}
+
+
+def _overlap(start: float, end: float, low: float, high: float) -> float:
+    return max(0.0, min(end, high) - max(start, low))
+
+
+def rank_account(record: dict[str, Any]) -> dict[str, Any]:
+    """One rank's training, from its record: steps, samples, training window, evaluation, data wait."""
+    optimizers = sorted(record.get("optimizers") or [], key=lambda o: -o["steps"])
+    main = optimizers[0] if optimizers else None
+    passes = record.get("passes") or []
+    training = [p for p in passes if p["steps"] > 0]
+    evaluation = [p for p in passes if p["steps"] == 0]
+    account: dict[str, Any] = {
+        "rank": record["rank"], "host": record.get("host"), "steps": main["steps"] if main else 0,
+        "gradient_bytes": main.get("gradient_bytes") if main else None,
+        "batches": sum(p["batches"] for p in training), "epochs": len(training),
+        "samples": None if any(p["samples"] is None for p in training) else sum(p["samples"] for p in training),
+        "unknown_batch": next((p["unknown_batch"] for p in training if p.get("unknown_batch")), None),
+        "data_wait_s": sum(p["wait_s"] for p in training), "start": None, "end": None,
+        "train_s": None, "eval_s": 0.0, "steady_step_s": None, "batch_size": None,
+    }
+    sizes: Counter[int] = Counter()
+    for p in training:
+        sizes.update({int(k): v for k, v in (p.get("batch_sizes") or {}).items()})
+    if sizes:
+        account["batch_size"] = sizes.most_common(1)[0][0]
+    if main is None:
+        return account
+    start = min(p["first_at"] for p in training) if training else main["first_step_at"]
+    end = main["last_step_at"]
+    eval_s = sum(_overlap(p["first_at"], p["last_at"], start, end) for p in evaluation)
+    account.update(start=start, end=end, eval_s=eval_s, train_s=max(end - start - eval_s, 0.0))
+    warmup = record.get("warmup_steps") or 0
+    if main.get("warm_at") is not None and main["steps"] > warmup:
+        steady_eval = sum(_overlap(p["first_at"], p["last_at"], main["warm_at"], end) for p in evaluation)
+        account["steady_step_s"] = max(end - main["warm_at"] - steady_eval, 0.0) / (main["steps"] - warmup)
+    return account
+
+
+def _problems(records: dict[int, dict[str, Any]], world_size: int, failure: str | None) -> list[str]:
+    problems = [failure] if failure else []
+    for rank in range(world_size):
+        record = records.get(rank)
+        if record is None:
+            problems.append(f"rank {rank} left no record")
+        elif record.get("ended") == "exception":
+            problems.append(f"rank {rank} raised {record.get('error')}")
+        elif record.get("ended") == "signal":
+            problems.append(f"rank {rank} was ended by {record.get('signal')}")
+        elif record.get("ended") is None:
+            problems.append(f"rank {rank} ended without writing its last record (killed, or stuck when signalled); "
+                            "its counts stop at its last periodic record")
+    return problems
+
+
+def _device(records: list[dict[str, Any]]) -> str | None:
+    devices = {str(r.get("device") or "").split(":")[0] for r in records if r.get("device")}
+    return devices.pop() if len(devices) == 1 else None
+
+
+def _utilisation(records: list[dict[str, Any]], zero: float) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """The summary's "utilisation" and the timeline.json document, t counted from `zero` (the training's start)."""
+    series = []
+    for record in records:
+        s = record.get("series")
+        if s:
+            series.append({**s, "t": [round(t - zero, 3) for t in s["t"]]})
+    if not series:
+        return None, None
+    stats = [device_stats(s) for s in series]
+    sources = sorted({s["source"] for s in stats if s["source"]})
+    interval = 0.5
+    starts = [r["series"]["t"][0] for r in records if r.get("series") and r["series"]["t"]]
+    utilisation = {"source": ",".join(sources) or None, "interval_s": interval, "devices": sorted(stats, key=lambda s: s["rank"])}
+    return utilisation, make_timeline(series, interval, min(starts) if starts else None)
+
+
+def merge_records(records: list[dict[str, Any]], *, world_size: int | None = None, scaling: str | None = None,
+                  failure: str | None = None) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The summary (Meter's format, ``"measured_by": "probe"``) and the timeline of one run from its ranks' records.
+
+    world_size: how many ranks the launcher started (else what the records say); scaling: the study
+    cell's ('weak'/'strong'), None outside a study; failure: the launcher's word on a failed run.
+    """
+    by_rank = {r["rank"]: r for r in records}
+    seen = max([(r.get("world") or {}).get("world_size") or int((r.get("env") or {}).get("WORLD_SIZE") or 1) for r in records] or [1])
+    world = world_size or seen
+    problems = _problems(by_rank, world, failure)
+    accounts = [rank_account(by_rank[rank]) for rank in sorted(by_rank)]
+    lead = accounts[0] if accounts else None
+    steps = lead["steps"] if lead else 0
+    samples_known = accounts and all(a["samples"] is not None for a in accounts)
+    samples = sum(a["samples"] for a in accounts) if samples_known else None
+    trained = [a for a in accounts if a["train_s"] is not None]
+    train_only = max((a["train_s"] for a in trained), default=None)
+    window = max((a["end"] - a["start"] for a in trained), default=None)
+    if steps == 0:
+        problems.append("no optimizer step was taken (the probe counts torch.optim steps)")
+    elif not samples_known:
+        kind = next((a["unknown_batch"] for a in accounts if a["unknown_batch"]), None)
+        problems.append(f"the probe cannot count the samples of a batch of type {kind}" if kind
+                        else "no training batch came from a torch DataLoader, so the probe cannot count samples")
+    throughput = samples / train_only if samples and train_only else None
+    step_time = train_only / steps if train_only and steps else None
+    starts = [a["start"] for a in trained]
+    launched = min((r.get("launched_at") or r.get("loaded_at") for r in records), default=None)
+    zero = min(starts) if starts else launched or 0.0
+    startup = max(0.0, zero - launched) if launched is not None else 0.0
+    ended = max((r.get("written_at") or 0.0 for r in records), default=None)
+    batch = lead["batch_size"] if lead else None
+    accumulation = max(1, round(lead["batches"] / steps)) if lead and steps else 1
+    split = split_step(step_time, steps, [{"rank": a["rank"], "data_wait_s": a["data_wait_s"], "probes": []} for a in accounts],
+                       NOT_MEASURED["exposed_comm"])
+    eval_s = sum(a["eval_s"] for a in accounts) / max(len(accounts), 1)
+    utilisation, timeline = _utilisation(records, zero)
+    steady = max((a["steady_step_s"] for a in accounts if a["steady_step_s"] is not None), default=None)
+    world_info = next((r["world"] for r in records if r.get("world")), None) or {}
+    summary: dict[str, Any] = {
+        "measured_by": "probe",
+        "complete": not problems,
+        "world_size": world,
+        "num_nodes": len({r.get("host") for r in records}) or None,
+        "hosts": sorted({str(r.get("host")) for r in records}),
+        "launcher": next((r.get("launcher") for r in records if r.get("launcher")), None),
+        "backend": world_info.get("backend"),
+        "device": _device(records),
+        "device_name": next((r.get("device_name") for r in records if r.get("device_name")), None),
+        "strategy": None,
+        "scaling": scaling,
+        "global_batch": batch * accumulation * world if batch else None,
+        "per_device_batch": batch,
+        "grad_accum_steps": accumulation,
+        "steps": steps,
+        "epochs": lead["epochs"] if lead else 0,
+        "samples": samples,
+        "train_time_s": window,
+        "time_to_result_s": ended - launched if ended and launched else None,
+        "samples_per_s": throughput,
+        "step_time_s": step_time,
+        "steady_step_time_s": steady,
+        "warmup_steps": records[0].get("warmup_steps") if records else None,
+        "gradient_bytes": lead["gradient_bytes"] if lead else None,
+        "final_loss": None,
+        "peak_memory_bytes": max((int(r.get("peak_memory_bytes") or 0) for r in records), default=None),
+        "time_split_s": time_split(startup, train_only or 0.0, steps, split, eval_s, None, 0.0),  # type: ignore[arg-type]
+        "step_breakdown_s": split["per_step_s"],
+        "sync_probe": {"status": "not measured", "why": NOT_MEASURED["exposed_comm"], "probes": 0,
+                       "schedule": None, "reference_rank": None},
+        "ranks": split["ranks"],
+        "probe": {"complete": not problems, "why": "; ".join(problems) or None, "not_measured": list(NOT_MEASURED.values()),
+                  "ranks": [{k: a[k] for k in ("rank", "host", "steps", "samples", "train_s", "eval_s", "data_wait_s")}
+                            | {k: by_rank[a["rank"]].get(k) for k in ("ended", "error", "signal")} for a in accounts]},
+        "placements": None,
+        "torch_version": next((r.get("torch_version") for r in records), None),
+        "gpuscale_version": __version__,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "utilisation": utilisation,
+    }
+    return summary, timeline

@@ -1,0 +1,358 @@
+"""In a rank: record what the script does with torch, without changing it; write the rank's record at exit.
+
+Installed by the probe's ``sitecustomize`` right after the script imports torch (see
+`gpuscale.probe`). It hooks three things, each cheap enough to leave step time unchanged:
+
+- **optimizer steps**: the global post-step hook of ``torch.optim`` (public), counting steps and
+  noting the times of the first, the WARMUP_STEPS-th and the last step of every optimizer;
+- **data loaders**: every ``DataLoader`` iterator's ``__next__`` (torch has no public hook for it:
+  the method of ``torch.utils.data.dataloader._BaseDataLoaderIter`` is wrapped), timing the wait
+  for each batch and counting its samples. One pass over a loader (an epoch, an evaluation) is a
+  *pass*; a pass during which an optimizer stepped is a training pass, any other an evaluation;
+- **the process group** (world size, backend), read once it exists, and the device the script uses
+  (the GPU it made current, else the CPU), whose utilisation `gpuscale.monitor` samples from the
+  first batch or step on.
+
+The record, ``GPUSCALE_PROBE_DIR/rank-<RANK>.json``, is written when the process ends, however
+it ends: a normal end or ``sys.exit`` (atexit), an uncaught exception (noted by ``sys.excepthook``,
+written at exit), a signal whose action was the default one (TERM, HUP, USR1, USR2: the record is
+written, then the signal takes its default course, so the exit status is unchanged). A rank killed
+outright (SIGKILL, the OOM killer) or stuck in native code when the signal came keeps the record a
+background thread writes every FLUSH_S seconds, marked ``"ended": null``. No collective is made:
+merging the ranks' records (`gpuscale.probe.merge`) happens outside them.
+
+A script that creates a `gpuscale.Meter` measures itself: its record says ``"meter": true`` and the
+launcher leaves the summary to the Meter.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import resource
+import signal
+import socket
+import sys
+import threading
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+RECORD_VERSION = 1
+WARMUP_STEPS = 10
+"""Optimizer steps before the steady step time is timed (as `gpuscale.Meter`'s default)."""
+FLUSH_S = 10.0
+"""How often a background thread rewrites the record while the rank runs."""
+MAX_PASSES = 10_000
+"""Loader passes kept one by one; later ones are folded into the last (a record stays small)."""
+SIGNALS = ("SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2")
+"""Signals whose default action ends the process: the record is written first (when nobody else handles them)."""
+
+ACTIVE: Recorder | None = None
+"""This process's recorder, once the probe is installed."""
+
+
+class _Pass:
+    """One pass over a DataLoader: its first request, last batch, waits, samples, and the steps taken during it."""
+
+    __slots__ = ("first_at", "last_at", "ended", "batches", "samples", "unknown", "wait_s", "steps", "sizes")
+
+    def __init__(self, now: float) -> None:
+        self.first_at = self.last_at = now
+        self.ended = False
+        self.batches = self.samples = self.steps = 0
+        self.unknown: str | None = None  # the type of a batch whose samples could not be counted
+        self.wait_s = 0.0
+        self.sizes: dict[int, int] = {}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"first_at": self.first_at, "last_at": self.last_at, "ended": self.ended, "batches": self.batches,
+                "samples": None if self.unknown else self.samples, "unknown_batch": self.unknown,
+                "wait_s": self.wait_s, "steps": self.steps, "batch_sizes": {str(k): v for k, v in sorted(self.sizes.items())}}
+
+
+def _batch_len(batch: Any) -> int | None:
+    from gpuscale.data import batch_len
+
+    try:
+        return batch_len(batch)
+    except (ValueError, TypeError, StopIteration):
+        return None
+
+
+class Recorder:
+    """What one rank did: loader passes, optimizer steps, world, device, utilisation; written as its record."""
+
+    def __init__(self, directory: str, rank: int) -> None:
+        self.directory = directory
+        self.rank = rank
+        self.pid = os.getpid()
+        self.loaded_at = time.time()
+        launch = os.environ.get("GPUSCALE_LAUNCH_TIME")
+        self.launched_at = float(launch) if launch else _process_start_time()
+        self.passes: list[_Pass] = []
+        self.current: _Pass | None = None  # the pass that gave the latest batch: the next step trains on it
+        self.optimizers: dict[int, dict[str, Any]] = {}
+        self.world: dict[str, Any] | None = None
+        self.device: str | None = None
+        self.device_name: str | None = None
+        self.meter = False
+        self.error: str | None = None
+        self.signal: str | None = None
+        self.monitor: Any = None
+        self._lock = threading.Lock()
+        self._finished = False
+        self._flusher: threading.Thread | None = None
+        self.launcher = _launcher()
+
+    # --- hooks (the training thread) ---
+
+    def batch(self, iterator: Any, fresh: bool, start: float, waited: float, batch: Any) -> None:
+        """A batch came out of `iterator` after `waited` seconds."""
+        state = iterator.__dict__.get("_gpuscale_pass")
+        if state is None or state.ended or fresh:
+            if len(self.passes) >= MAX_PASSES:
+                state = self.passes[-1]
+                state.ended = False
+            else:
+                state = _Pass(start)
+                self.passes.append(state)
+            iterator.__dict__["_gpuscale_pass"] = state
+            if len(self.passes) == 1:
+                self._first_activity()
+        state.last_at = time.time()
+        state.batches += 1
+        state.wait_s += waited
+        size = _batch_len(batch)
+        if size is None:
+            state.unknown = type(batch).__name__
+        else:
+            state.samples += size
+            state.sizes[size] = state.sizes.get(size, 0) + 1
+        self.current = state
+
+    def loader_end(self, iterator: Any) -> None:
+        """`iterator` raised StopIteration: its pass is over."""
+        state = iterator.__dict__.get("_gpuscale_pass")
+        if state is not None and not state.ended:
+            state.ended = True
+            state.last_at = time.time()
+
+    def step(self, optimizer: Any, args: Any = None, kwargs: Any = None) -> None:
+        """An optimizer finished a step (torch.optim's global post-step hook)."""
+        now = time.time()
+        entry = self.optimizers.get(id(optimizer))
+        if entry is None:
+            entry = self.optimizers[id(optimizer)] = {"name": type(optimizer).__name__, "steps": 0, "first_step_at": now,
+                                                      "warm_at": None, "last_step_at": now,
+                                                      "gradient_bytes": _gradient_bytes(optimizer)}
+            if len(self.optimizers) == 1:
+                self._first_activity()
+        entry["steps"] += 1
+        entry["last_step_at"] = now
+        if entry["steps"] == WARMUP_STEPS:
+            entry["warm_at"] = now
+        if self.current is not None:
+            self.current.steps += 1
+        if self.world is None:
+            self._observe_world()
+
+    def meter_created(self) -> None:
+        """The script measures itself with gpuscale.Meter: leave the summary (and the device's sampling) to it."""
+        self.meter = True
+        if self.monitor is not None:
+            self.monitor.stop(wait=False)
+
+    def _first_activity(self) -> None:
+        """The first batch or step: the script has set up its device and (usually) its process group."""
+        self._observe_world()
+        self._observe_device()
+        if self._flusher is None:
+            self._flusher = threading.Thread(target=self._flush_every, name="gpuscale-probe", daemon=True)
+            self._flusher.start()
+
+    def _observe_world(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            self.world = {"world_size": dist.get_world_size(), "rank": dist.get_rank(), "backend": str(dist.get_backend())}
+
+    def _observe_device(self) -> None:
+        from gpuscale.monitor import Monitor, monitor_enabled
+
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            device = torch.device("cuda", torch.cuda.current_device())
+            self.device_name = torch.cuda.get_device_name(device)
+        else:
+            device = torch.device("cpu")
+        self.device = str(device)
+        if self.meter or not monitor_enabled():
+            return
+        stand_in = SimpleNamespace(device=device, cores=tuple(sorted(os.sched_getaffinity(0))), rank=self.rank,
+                                   host=socket.gethostname())
+        self.monitor = Monitor(stand_in).start()
+
+    # --- the record ---
+
+    def record(self, ended: str | None) -> dict[str, Any]:
+        """This rank's record now; `ended` is how the process ends ('exit', 'exception', 'signal') or None (running)."""
+        series = None
+        if self.monitor is not None:
+            series = self.monitor.series(zero=0.0)  # absolute unix times: the merge picks the zero
+        return {
+            "version": RECORD_VERSION, "rank": self.rank, "pid": self.pid, "host": socket.gethostname(),
+            "env": {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK")},
+            "launched_at": self.launched_at, "loaded_at": self.loaded_at, "written_at": time.time(),
+            "ended": ended, "error": self.error, "signal": self.signal,
+            "launcher": self.launcher, "world": self.world, "device": self.device, "device_name": self.device_name, "meter": self.meter,
+            "optimizers": sorted(self.optimizers.values(), key=lambda o: -o["steps"]),
+            "passes": [p.as_dict() for p in list(self.passes)],
+            "warmup_steps": WARMUP_STEPS, "peak_memory_bytes": _peak_memory_bytes(),
+            "series": series, "torch_version": torch.__version__, "argv": list(sys.argv),
+        }
+
+    def write(self, ended: str | None) -> None:
+        """Write the record (atomically); after the final write, periodic writes stop."""
+        from gpuscale.files import atomic_write_json
+
+        with self._lock:
+            if self._finished:
+                return
+            if ended is not None:
+                self._finished = True
+                if self.monitor is not None:
+                    self.monitor.stop(wait=False)
+            try:
+                atomic_write_json(os.path.join(self.directory, f"rank-{self.rank}.json"), self.record(ended))
+            except Exception as exc:  # a full disk must not turn a good run into a failed one
+                print(f"gpuscale probe: could not write rank {self.rank}'s record: {type(exc).__name__}: {exc}",
+                      file=sys.stderr)
+
+    def _flush_every(self) -> None:
+        while not self._finished:
+            time.sleep(FLUSH_S)
+            if os.getpid() == self.pid:
+                self.write(None)
+
+    def at_exit(self) -> None:
+        if os.getpid() == self.pid:
+            self.write("exception" if self.error else "exit")
+
+    def on_signal(self, signum: int, frame: Any) -> None:
+        name = signal.Signals(signum).name
+        mine = signal.getsignal(signum) == self.on_signal
+        if os.getpid() == self.pid:
+            self.signal = name
+            if mine:
+                self.write("signal")
+            else:  # called on by a handler the script installed later: the process may go on
+                self.write(None)
+        if mine:  # take the signal's default course, so the exit status is what it would have been
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+
+def _gradient_bytes(optimizer: Any) -> int | None:
+    """Bytes of the gradients this optimizer updates (what DDP all-reduces each step; a shard under ZeRO or FSDP)."""
+    try:
+        return sum(p.numel() * p.element_size() for group in optimizer.param_groups for p in group["params"]
+                   if p.requires_grad)
+    except Exception:
+        return None
+
+
+def _launcher() -> str | None:
+    """How this rank was started (torchrun, srun, ...), as gpuscale.env tells it; None if it cannot."""
+    try:
+        from gpuscale.env import detect_env
+
+        return detect_env(os.environ).launcher
+    except Exception:
+        return None
+
+
+def _process_start_time() -> float:
+    """Unix time this process started (from /proc), else now."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.time()
+
+
+def _peak_memory_bytes() -> int:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return int(torch.cuda.max_memory_allocated())
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+
+
+def _hook_loaders(recorder: Recorder) -> None:
+    from torch.utils.data import dataloader
+
+    iterator_class = dataloader._BaseDataLoaderIter
+    original = iterator_class.__next__
+    clock = time.perf_counter
+
+    def __next__(self: Any) -> Any:
+        fresh = getattr(self, "_num_yielded", 1) == 0  # a persistent-workers iterator starts a new pass
+        start, wall = clock(), time.time()
+        try:
+            batch = original(self)
+        except StopIteration:
+            recorder.loader_end(self)
+            raise
+        recorder.batch(self, fresh, wall, clock() - start, batch)
+        return batch
+
+    __next__.__wrapped__ = original  # type: ignore[attr-defined]
+    iterator_class.__next__ = __next__  # type: ignore[method-assign]
+
+
+def _hook_signals(recorder: Recorder) -> None:
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for name in SIGNALS:
+        number = getattr(signal, name, None)
+        if number is not None and signal.getsignal(number) == signal.SIG_DFL:
+            signal.signal(number, recorder.on_signal)
+
+
+def _hook_exceptions(recorder: Recorder) -> None:
+    previous = sys.excepthook
+
+    def excepthook(kind: Any, value: Any, traceback: Any) -> None:
+        recorder.error = f"{kind.__name__}: {value}".splitlines()[0][:500] if str(value) else kind.__name__
+        previous(kind, value, traceback)
+
+    sys.excepthook = excepthook
+
+
+def install() -> Recorder | None:
+    """Hook torch in this rank (once); called by the probe's sitecustomize after ``import torch``."""
+    global ACTIVE
+    if ACTIVE is not None:
+        return ACTIVE
+    directory = os.environ.get("GPUSCALE_PROBE_DIR")
+    if not directory:
+        return None
+    recorder = Recorder(directory, int(os.environ.get("RANK", "0")))
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    register_optimizer_step_post_hook(recorder.step)
+    _hook_loaders(recorder)
+    _hook_exceptions(recorder)
+    _hook_signals(recorder)
+    atexit.register(recorder.at_exit)
+    ACTIVE = recorder
+    return recorder
+
+
+def meter_created() -> None:
+    """Called by `gpuscale.Meter`: this rank measures itself."""
+    if ACTIVE is not None:
+        ACTIVE.meter_created()

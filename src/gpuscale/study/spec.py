@@ -1,0 +1,211 @@
+"""A scaling study as a library call: `StudySpec` -> `run_study` -> `StudyResult`.
+
+    from gpuscale.study import StudySpec, run_study
+
+    spec = StudySpec(command=("train.py", "--batch-size", "{per_device_batch}"), out="runs/study",
+                     nproc=(1, 2), global_batch=64)
+    result = run_study(spec)
+    print(result.table)                 # the table `gpuscale study` prints; result.results is results.json
+
+`gpuscale study` is a thin parser over this. A spec is frozen and checked when it is made (a bad
+value raises ValueError with the fix); running it runs every unfinished cell (`runner`), merges
+what the probe measured in cells of scripts without gpuscale.Meter, analyses (`analysis.analyse`),
+predicts (`predict`), and writes results.json, report.md, report.html and plots/ (`report.write_report`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuscale.files import atomic_write_json
+from gpuscale.slurm.cluster import ClusterOptions, cluster_job, load_cluster_profile
+from gpuscale.study import analysis, matrix, predict, runner
+from gpuscale.study.command import StudyCommand, check_no_cell_options, baseline_world_size
+from gpuscale.study.linkbench import MeasureError
+
+__all__ = ["StudySpec", "StudyResult", "run_study", "LAUNCHERS"]
+
+LAUNCHERS = ("local", "slurm")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StudySpec:
+    """What to study: a script, the cells (devices x scalings x variants x repeats), the batch, where to run."""
+
+    command: tuple[str, ...]
+    """The script and its arguments; templates such as {per_device_batch} are filled per cell (`command`)."""
+    out: Path
+    """The study directory (created; a rerun skips finished cells)."""
+    nproc: tuple[int, ...] | None = None
+    """Processes per node to try; None: 1, 2, 4, ... up to the node's GPUs (or cores; the profile's GPUs on SLURM)."""
+    nodes: tuple[int, ...] = (1,)
+    """Node counts to try (more than 1 needs launcher 'slurm')."""
+    scalings: tuple[str, ...] = ("weak", "strong")
+    variants: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """Named variants of the command: (name, arguments added), each with its own baseline."""
+    repeat: int = 1
+    """Runs of every cell, in rounds; the table shows the median."""
+    global_batch: int | None = None
+    per_device_batch: int | None = None
+    max_device_batch: int | None = None
+    launcher: str = "local"
+    """'local' (this node, `gpuscale run`) or 'slurm' (a job per cell, from `cluster`)."""
+    cluster: ClusterOptions | None = None
+    """The cluster side of the SLURM jobs (profile, account, time, ...); needed with launcher 'slurm'."""
+    overlap: float | None = None
+    """Share of compute that hides communication, for the prediction (default 0 on CPU, 0.5 on GPUs)."""
+    predict: bool = True
+    """Predict each cell with the ring all-reduce model beside the measurement."""
+    cell_timeout_s: float | None = None
+    """Give up on a cell after this long."""
+    script_source: str | None = field(default=None, repr=False)
+    """The script's source (default: read from command[0]); decides whether gpuscale's options are appended."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "command", tuple(self.command))
+        object.__setattr__(self, "out", Path(self.out))
+        if not self.command:
+            raise ValueError("no training script given; put it after --, e.g. `-- examples/dogs_vs_cats.py --epochs 2`")
+        if self.launcher not in LAUNCHERS:
+            raise ValueError(f"launcher {self.launcher!r} is not one of {', '.join(LAUNCHERS)}")
+        if self.launcher == "slurm" and self.cluster is None:
+            raise ValueError("--launcher slurm needs --profile (see `gpuscale profiles`)")
+        if self.launcher == "local" and max(self.nodes) > 1:
+            raise ValueError(f"--nodes {','.join(map(str, self.nodes))} needs --launcher slurm: the local launcher runs on this node only")
+        predict.check_overlap(self.overlap)
+        if self.cell_timeout_s is not None and not 0 < self.cell_timeout_s < math.inf:
+            raise ValueError(f"--cell-timeout {self.cell_timeout_s} must be a positive number of seconds")
+        if self.script_source is None:
+            try:
+                source = Path(self.command[0]).read_text(errors="replace")
+            except (FileNotFoundError, IsADirectoryError):
+                raise ValueError(f"script {self.command[0]!r} does not exist; give the path of a Python file") from None
+            object.__setattr__(self, "script_source", source)
+        study_command = self.study_command  # checks templates and batch options
+        for _, extra in self.variants:
+            if study_command.appends_cell_options:
+                check_no_cell_options(extra)
+            StudyCommand(argv=(self.command[0], *extra), appends_cell_options=False, global_batch=self.global_batch,
+                         per_device_batch=self.per_device_batch, max_device_batch=self.max_device_batch)
+
+    @property
+    def study_command(self) -> StudyCommand:
+        return StudyCommand.for_script(self.command, self.script_source or "", global_batch=self.global_batch,
+                                       per_device_batch=self.per_device_batch, max_device_batch=self.max_device_batch)
+
+
+@dataclass
+class StudyResult:
+    """What a study gave: the analysed results (results.json's content), each cell's outcome, the report's files."""
+
+    results: dict[str, Any]
+    outcomes: list[runner.Outcome]
+    report: dict[str, Path] = field(default_factory=dict)
+    table: str = ""
+    """The table as `gpuscale study` prints it ('' when no cell finished)."""
+
+    @property
+    def failed(self) -> list[str]:
+        """Names of the cells that failed (run the same study again after fixing the cause: finished cells are kept)."""
+        return [o.cell.name for o in self.outcomes if o.status == "failed"]
+
+
+def _node_devices() -> tuple[int, list[int]]:
+    import torch
+
+    from gpuscale.topology import allowed_cores
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return gpus, allowed_cores()
+
+
+def _link(spec: StudySpec, num_gpus: int, cores: list[int], max_nproc: int) -> predict.Link:
+    """The interconnect figures: the profile's on SLURM, else measured here once (cached in the study)."""
+    from gpuscale.study import linkbench
+
+    if spec.cluster is not None and spec.launcher == "slurm":
+        return predict.Link.from_profile(load_cluster_profile(spec.cluster))
+    path = spec.out / "link.json"
+    if path.is_file():
+        return predict.Link.from_measurement(json.loads(path.read_text()))
+    nproc = 2 if not num_gpus else min(2, num_gpus)
+    # on CPU the benchmark's processes get the cores a 2-process cell gets
+    bound = None if num_gpus else matrix.cpu_cores_for(matrix.Cell("weak", 1, nproc), max_nproc, cores)
+    return predict.Link.from_measurement(linkbench.measure_local(path, nproc, bound))
+
+
+def plan_cells(spec: StudySpec, device_count: int) -> list[matrix.Cell]:
+    """The study's cells, their batches checked (ValueError before anything runs)."""
+    nproc = list(spec.nproc) if spec.nproc else matrix.default_nproc(device_count)
+    for counts, option in ((nproc, "--nproc"), (list(spec.nodes), "--nodes")):
+        matrix.parse_counts(",".join(map(str, counts)), option)
+    cells = matrix.cells(sorted(set(nproc)), sorted(set(spec.nodes)), matrix.parse_scalings(",".join(spec.scalings)),
+                         [(n, tuple(a)) for n, a in spec.variants] or None, spec.repeat)
+    spec.study_command.check_cells(cells)
+    return cells
+
+
+def run_study(spec: StudySpec, progress: Callable[[str], None] = print) -> StudyResult:
+    """Run the study `spec` describes; write results.json and the report; return them (see `StudyResult`)."""
+    from gpuscale.study.report import format_table, write_report
+
+    num_gpus, cores = _node_devices()
+    if spec.launcher == "slurm":
+        assert spec.cluster is not None
+        device_count = load_cluster_profile(spec.cluster).gpus_per_node  # the cluster's nodes, not this login node
+    else:
+        device_count = num_gpus or len(cores)
+    cells = plan_cells(spec, device_count)
+    command = spec.study_command
+    out = spec.out
+
+    def argv_for(cell: matrix.Cell) -> list[str]:
+        return command.argv_for(cell, str(out / cell.name), baseline_world_size(cells, cell))
+
+    unit = "GPU" if (num_gpus or spec.launcher == "slurm") else "process"
+    if spec.launcher == "slurm":
+        cluster = spec.cluster
+        assert cluster is not None
+
+        def job_for(cell: matrix.Cell, output: str) -> tuple[Any, Any]:
+            return cluster_job(cluster, argv_for(cell), nodes=cell.nodes, gpus_per_node=cell.nproc_per_node, output=output,
+                               probe_dir=str((out / cell.name / runner.PROBE_RECORDS).resolve()))
+
+        for cell in cells:  # every cell's job is checked before the first one runs
+            job_for(cell, str(out / cell.name / runner.LOG_FILE))
+        run_one: Any = runner.SlurmRunner(job_for, on_state=lambda s: progress(f"    {s}"), timeout_s=spec.cell_timeout_s)
+    else:
+        nproc = [c.nproc_per_node for c in cells]
+        run_one = runner.LocalRunner(argv_for, max(nproc), num_gpus, cores, timeout_s=spec.cell_timeout_s)
+
+    runner.record_study(out, list(spec.command), spec.launcher, cells, command.as_record())
+    outcomes = runner.run_cells(out, cells, run_one, progress, unit)
+    medians = analysis.median_runs([(o.cell, o.summary) for o in outcomes if o.summary is not None])
+    summaries = {cell.base_name: summary for cell, summary, _ in medians}
+    shapes = [c for c in cells if c.repeat == 1]
+    prediction = None
+    if spec.predict and any(c.world_size == 1 and c.name in summaries for c in shapes) and len(shapes) > 1:
+        overlap = spec.overlap if spec.overlap is not None else (0.5 if unit == "GPU" else 0.0)
+        try:
+            link = _link(spec, num_gpus, cores, max(c.nproc_per_node for c in cells))
+            prediction = predict.predict_study(shapes, summaries, link, overlap)
+        except (ValueError, MeasureError) as exc:
+            progress(f"no prediction: {exc}")
+    results = analysis.analyse(out, prediction)
+    atomic_write_json(out / "results.json", results)
+    result = StudyResult(results=results, outcomes=outcomes)
+    if results["rows"]:
+        result.table = format_table(results)
+        progress("")
+        progress(result.table)
+        result.report = write_report(results, out)
+        progress(f"\nreport: {result.report['report.html']}  (and report.md, {out / 'plots'})")
+    if result.failed:
+        progress(f"{len(result.failed)} of {len(cells)} runs failed: {', '.join(result.failed)}; "
+                 "fix the cause and run the same command again: finished runs are kept")
+    return result
