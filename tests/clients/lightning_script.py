@@ -117,6 +117,13 @@ def main():
     )
     sys.stdout.flush()
 
+    # Lightning keeps its process group alive after fit() (so test() or
+    # predict() could follow).  Tear it down ourselves: left to interpreter
+    # exit, gloo on CPU aborts now and then ("terminate called without an
+    # active exception").
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
 
 if __name__ == "__main__":
     main()

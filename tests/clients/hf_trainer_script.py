@@ -1,0 +1,151 @@
+"""A Hugging Face ``Trainer`` training script (test client).
+
+Written the way the Transformers documentation writes it: a model built from
+its config, a ``Dataset`` that yields ``input_ids`` / ``labels`` dicts,
+``TrainingArguments`` and ``Trainer(...).train()``.  It knows nothing of
+whoever launches or measures it.
+
+The model is a tiny GPT-Neo causal LM created from a ``GPTNeoConfig`` (random
+weights: nothing is downloaded).  The data are synthetic and deterministic
+(fixed seed): token sequences that count upwards with a per-sequence stride,
+modulo the vocabulary, so there is something to learn.
+
+Run it:
+
+    python tests/clients/hf_trainer_script.py --epochs 1
+    torchrun --standalone --nproc-per-node 2 tests/clients/hf_trainer_script.py --batch-size 16 --epochs 2 --samples 2048
+
+``--out`` is the Trainer's output_dir (default: a temporary directory that is
+removed at the end; with saving off nothing is written there).  At the end
+every rank prints one line:
+
+    CLIENT rank=<global rank> world_size=<world size> steps=<trainer.state.global_step> samples=<training samples>
+
+where samples counts the batch lengths that went through ``training_step`` on
+that rank (evaluation batches never do).
+"""
+
+import argparse
+import os
+import sys
+import tempfile
+
+import torch
+from torch.utils.data import Dataset
+from transformers import (
+    GPTNeoConfig,
+    GPTNeoForCausalLM,
+    Trainer,
+    TrainingArguments,
+    default_data_collator,
+)
+
+VOCAB = 256
+SEQ_LEN = 32
+SEED = 0
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description="HF Trainer test client")
+    parser.add_argument("--batch-size", type=int, default=16, help="per-device train batch size")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--samples", type=int, default=2048, help="training set size")
+    parser.add_argument("--out", default=None, help="Trainer output_dir (default: a temporary directory)")
+    return parser.parse_args()
+
+
+class CountingSequences(Dataset):
+    """Sequences start, start+stride, start+2*stride, ... (mod VOCAB)."""
+
+    def __init__(self, n, seed=SEED):
+        gen = torch.Generator().manual_seed(seed)
+        start = torch.randint(0, VOCAB, (n, 1), generator=gen)
+        stride = torch.randint(1, 8, (n, 1), generator=gen)
+        self.tokens = (start + stride * torch.arange(SEQ_LEN)) % VOCAB
+
+    def __len__(self):
+        return self.tokens.shape[0]
+
+    def __getitem__(self, idx):
+        ids = self.tokens[idx]
+        # The model shifts labels itself for the causal LM loss.
+        return {"input_ids": ids, "labels": ids.clone()}
+
+
+def make_model():
+    config = GPTNeoConfig(
+        vocab_size=VOCAB,
+        max_position_embeddings=SEQ_LEN,
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        attention_types=[[["global", "local"], 1]],
+        window_size=16,
+        intermediate_size=256,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    return GPTNeoForCausalLM(config)
+
+
+class CountingTrainer(Trainer):
+    """A Trainer that counts the training samples passing through it."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.train_samples = 0
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        self.train_samples += inputs["input_ids"].shape[0]
+        return super().training_step(model, inputs, num_items_in_batch)
+
+
+def train(args, output_dir):
+    use_cpu = not torch.cuda.is_available()
+    launched = "LOCAL_RANK" in os.environ or int(os.environ.get("WORLD_SIZE", "1")) > 1
+    training_args = TrainingArguments(
+        output_dir=output_dir,
+        per_device_train_batch_size=args.batch_size,
+        num_train_epochs=args.epochs,
+        learning_rate=1e-3,
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        eval_strategy="no",
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        seed=SEED,
+        # On a machine without a GPU the Trainer only joins torchrun's process
+        # group when told use_cpu (otherwise every rank trains on its own).
+        # gloo is the collective backend on CPU; name it only when launched
+        # distributed: a plain `python` run given a backend fails to start.
+        use_cpu=use_cpu,
+        ddp_backend="gloo" if use_cpu and launched else None,
+    )
+    trainer = CountingTrainer(
+        model=make_model(),
+        args=training_args,
+        train_dataset=CountingSequences(args.samples),
+        data_collator=default_data_collator,
+    )
+    trainer.train()
+
+    # One write call, so lines from concurrent ranks never interleave.
+    sys.stdout.write(
+        f"CLIENT rank={training_args.process_index} world_size={training_args.world_size} "
+        f"steps={trainer.state.global_step} samples={trainer.train_samples}\n"
+    )
+    sys.stdout.flush()
+
+
+def main():
+    args = parse_args()
+    if args.out is not None:
+        train(args, args.out)
+    else:
+        with tempfile.TemporaryDirectory(prefix="hf_trainer_client_") as tmp:
+            train(args, tmp)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""The probe measures scripts nobody changed: each kind of client under `gpuscale run` and in a study,
+checked against what the script itself printed and against gpuscale.Meter in the same run."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+from pathlib import Path
+
+import pytest
+
+from gpuscale.probe import read_records
+from gpuscale.probe.merge import merge_records
+from procs import ROOT, SCRIPTS, assert_ok, gpuscale_cmd, run
+
+pytestmark = pytest.mark.multiproc
+
+CLIENTS = ROOT / "tests" / "clients"
+CLIENT_LINE = re.compile(r"^CLIENT rank=(\d+) world_size=(\d+) steps=(\d+) samples=(\d+)$", re.M)
+# each client as its own library's documentation has it; the study fills the templates per cell
+CLIENT_ARGS = {
+    "ddp_plain": ["--epochs", "2", "--samples", "1024"],
+    "accelerate_script": ["--epochs", "2", "--samples", "1024"],
+    "lightning_script": ["--epochs", "2", "--samples", "1024", "--devices", "{nproc_per_node}", "--num-nodes", "{nodes}"],
+    "hf_trainer_script": ["--epochs", "2", "--samples", "1024", "--out", "{out}/hf"],
+}
+
+
+def _client_lines(text: str) -> dict[int, dict[str, int]]:
+    return {int(m[0]): {"world_size": int(m[1]), "steps": int(m[2]), "samples": int(m[3])} for m in CLIENT_LINE.findall(text)}
+
+
+def test_probe_and_meter_agree_on_the_same_run(tmp_path):
+    """A gpuscale script is measured twice in one run: by its Meter and by the probe's records."""
+    result = run(gpuscale_cmd("run", "--nproc-per-node", "2", "--summary", str(tmp_path / "probe_out"),
+                              str(SCRIPTS / "meter_twin.py"), "--out", str(tmp_path / "meter")), timeout=240)
+    assert_ok(result)
+    meter = json.loads((tmp_path / "meter" / "summary.json").read_text())
+    assert not (tmp_path / "probe_out" / "summary.json").exists()  # left to the Meter
+    records = read_records(tmp_path / "probe_out" / "probe")
+    assert [r["rank"] for r in records] == [0, 1] and all(r["meter"] for r in records)
+    probe, _ = merge_records(records, world_size=2, scaling="weak")
+    assert probe["complete"] and probe["steps"] == meter["steps"] == 2 * 1024 // 16
+    assert probe["samples"] == meter["samples"] == 2 * 2048
+    assert probe["epochs"] == meter["epochs"] == 2
+    assert probe["samples_per_s"] == pytest.approx(meter["samples_per_s"], rel=0.10)
+    assert probe["time_split_s"]["eval"] == pytest.approx(meter["time_split_s"]["eval"], rel=0.5, abs=0.2)
+
+
+def test_a_plain_ddp_script_under_gpuscale_run(tmp_path):
+    out = tmp_path / "ddp"
+    result = run(gpuscale_cmd("run", "--nproc-per-node", "2", "--summary", str(out), str(CLIENTS / "ddp_plain.py"),
+                              "--epochs", "2", "--samples", "1024"), timeout=240)
+    assert_ok(result)
+    said = _client_lines(result.stdout)
+    assert sorted(said) == [0, 1] and all(s["world_size"] == 2 for s in said.values())
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["measured_by"] == "probe" and summary["complete"] and summary["world_size"] == 2
+    assert summary["backend"] == "gloo" and summary["launcher"] == "torchrun" and summary["device"] == "cpu"
+    assert summary["steps"] == said[0]["steps"] and summary["samples"] == sum(s["samples"] for s in said.values())
+    assert summary["per_device_batch"] == 16 and summary["global_batch"] == 32 and summary["epochs"] == 2
+    split = summary["time_split_s"]
+    train_only = summary["samples"] / summary["samples_per_s"]
+    assert split["data_wait"] + split["compute"] == pytest.approx(train_only, rel=1e-6)
+    assert 0 < split["data_wait"] < train_only and split["startup"] > 0
+    assert [d["rank"] for d in summary["utilisation"]["devices"]] == [0, 1]
+    assert (out / "timeline.json").is_file()
+    assert "measured by the probe: 2 ranks (gloo)" in result.stderr and "samples/s" in result.stderr
+
+
+def test_the_probe_can_be_turned_off(tmp_path):
+    out = tmp_path / "off"
+    result = run(gpuscale_cmd("run", "--nproc-per-node", "1", "--summary", str(out), str(CLIENTS / "ddp_plain.py"),
+                              "--epochs", "1", "--samples", "64"), timeout=120, GPUSCALE_PROBE="0")
+    assert_ok(result)
+    assert not (out / "summary.json").exists() and not list(out.glob("probe/*")) and "probe" not in result.stderr
+
+
+@pytest.mark.parametrize("mode", ["kill", "raise"])
+def test_a_rank_that_dies_leaves_its_record(tmp_path, mode):
+    out = tmp_path / "victim"
+    result = run(gpuscale_cmd("run", "--nproc-per-node", "2", "--summary", str(out), str(SCRIPTS / "probe_victim.py"),
+                              "--mode", mode), timeout=180)
+    assert result.returncode != 0
+    records = {r["rank"]: r for r in read_records(out / "probe")}
+    victim = records[1]
+    assert victim["optimizers"][0]["steps"] == 12  # what it did before it died
+    if mode == "kill":
+        assert victim["ended"] == "signal" and victim["signal"] == "SIGTERM"
+        assert result.returncode == 128 + signal.SIGTERM  # the signal took its default course
+    else:
+        assert victim["ended"] == "exception" and victim["error"] == "RuntimeError: rank 1 gives up after 12 steps"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["complete"] is False
+    why = summary["probe"]["why"]
+    assert ("rank 1 was ended by SIGTERM" if mode == "kill" else "rank 1 raised RuntimeError: rank 1 gives up") in why
+    assert "incomplete:" in result.stderr
+
+
+@pytest.mark.parametrize("client", list(CLIENT_ARGS))
+def test_each_kind_of_script_is_studied_unchanged(tmp_path, client):
+    out = tmp_path / client
+    command = [str(CLIENTS / f"{client}.py"), "--batch-size", "{per_device_batch}", *CLIENT_ARGS[client]]
+    result = run(gpuscale_cmd("study", "--nproc", "1,2", "--scaling", "weak,strong", "--global-batch", "32",
+                              "--no-predict", "--out", str(out), "--", *command), timeout=600)
+    assert_ok(result)
+    rows = {row["name"]: row for row in json.loads((out / "results.json").read_text())["rows"]}
+    assert sorted(rows) == ["strong-1x1", "strong-1x2", "weak-1x1", "weak-1x2"]
+    for name, row in rows.items():
+        summary = json.loads((out / name / "summary.json").read_text())
+        said = _client_lines((out / name / "output.log").read_text())
+        world = row["world_size"]
+        assert sorted(said) == list(range(world)) and all(s["world_size"] == world for s in said.values()), (name, said)
+        assert summary["measured_by"] == "probe" and summary["complete"]
+        assert summary["steps"] == said[0]["steps"], (name, summary["steps"], said)
+        assert summary["samples"] == sum(s["samples"] for s in said.values()), name
+        expected = 16 if name == "strong-1x2" else 32  # strong keeps 32 in all; weak keeps 32 per device
+        assert row["per_device_batch"] == expected and row["global_batch"] == expected * world, name
+        assert row["samples_per_s"] > 0 and row["time_split_s"]["data_wait"] is not None
+        assert len(row["utilisation"]["devices"]) == world
+    report = (out / "report.md").read_text()
+    assert "sync probe replays steps only in gpuscale's Training" in report  # says what it could not measure

@@ -1,0 +1,139 @@
+"""The probe's merge: rank records written by hand, every figure of the summary computed by hand."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpuscale.probe import collect, describe, probe_enabled, probe_environ, SITE_DIR
+from gpuscale.probe.merge import merge_records, rank_account
+from gpuscale.study import runner
+from gpuscale.study.matrix import Cell
+
+T0 = 1_000_000.0  # launch
+
+
+def _pass(first, last, batches, samples, wait, steps, size=16):
+    return {"first_at": T0 + first, "last_at": T0 + last, "ended": True, "batches": batches, "samples": samples,
+            "unknown_batch": None, "wait_s": wait, "steps": steps, "batch_sizes": {str(size): batches}}
+
+
+def _record(rank, *, passes, steps=20, first_step=3.0, warm=5.0, last_step=12.0, ended="exit", **extra):
+    record = {
+        "version": 1, "rank": rank, "host": "h0", "pid": 100 + rank, "env": {"WORLD_SIZE": "2"},
+        "launched_at": T0, "loaded_at": T0 + 0.5, "written_at": T0 + 14.0, "ended": ended, "error": None, "signal": None,
+        "launcher": "torchrun", "world": {"world_size": 2, "rank": rank, "backend": "gloo"}, "device": "cpu",
+        "device_name": None, "meter": False,
+        "optimizers": [{"name": "SGD", "steps": steps, "first_step_at": T0 + first_step, "warm_at": T0 + warm,
+                        "last_step_at": T0 + last_step, "gradient_bytes": 4000},
+                       {"name": "Adam", "steps": 5, "first_step_at": T0 + 4, "warm_at": None, "last_step_at": T0 + 6,
+                        "gradient_bytes": 10}],
+        "passes": passes, "warmup_steps": 10, "peak_memory_bytes": 1000 + rank, "series": None, "torch_version": "x",
+    }
+    record.update(extra)
+    return record
+
+
+def _two_epochs_with_eval(wait=0.5):
+    # epoch 1: 2.0 .. 6.0, eval 6.0 .. 7.0 (no step), epoch 2: 7.0 .. 12.0; 40 batches of 16 in all
+    return [_pass(2.0, 6.0, 20, 320, wait, 10), _pass(6.0, 7.0, 8, 128, 0.2, 0), _pass(7.0, 12.0, 20, 320, wait, 10)]
+
+
+def test_one_rank_account_by_hand():
+    account = rank_account(_record(0, passes=_two_epochs_with_eval()))
+    assert account["steps"] == 20  # the optimizer that stepped most; the second one does not add
+    assert account["samples"] == 640 and account["batches"] == 40 and account["epochs"] == 2
+    assert account["start"] == T0 + 2.0 and account["end"] == T0 + 12.0
+    assert account["eval_s"] == pytest.approx(1.0)
+    assert account["train_s"] == pytest.approx(9.0)  # 10 s window less 1 s of evaluation
+    assert account["data_wait_s"] == pytest.approx(1.0)  # the evaluation pass's wait is not training's
+    # steady: from the 10th step (5.0) to the last (12.0), less the evaluation inside (6..7), over 10 steps
+    assert account["steady_step_s"] == pytest.approx(6.0 / 10)
+    assert account["batch_size"] == 16
+
+
+def test_two_ranks_merge_like_meter():
+    slow = _two_epochs_with_eval()
+    slow[2] = _pass(7.0, 13.0, 20, 320, 0.5, 10)
+    records = [_record(0, passes=_two_epochs_with_eval()), _record(1, passes=slow, last_step=13.0)]
+    summary, timeline = merge_records(records, world_size=2, scaling="strong")
+    assert summary["measured_by"] == "probe" and summary["complete"] is True and summary["probe"]["why"] is None
+    assert summary["world_size"] == 2 and summary["backend"] == "gloo" and summary["scaling"] == "strong"
+    assert summary["samples"] == 1280 and summary["steps"] == 20
+    assert summary["samples_per_s"] == pytest.approx(1280 / 10.0)  # the slower rank's training time: 11 s - 1 s eval
+    assert summary["step_time_s"] == pytest.approx(10.0 / 20)
+    assert summary["per_device_batch"] == 16 and summary["grad_accum_steps"] == 2 and summary["global_batch"] == 64
+    split = summary["time_split_s"]
+    assert split["startup"] == pytest.approx(2.0) and split["eval"] == pytest.approx(1.0)
+    assert split["data_wait"] == pytest.approx(1.0)  # both ranks waited 1 s over the 20 steps
+    assert split["compute"] == pytest.approx(10.0 - 1.0)
+    assert split["exposed_comm"] is None and split["imbalance"] is None and split["checkpoint"] is None
+    assert summary["time_to_result_s"] == pytest.approx(14.0)
+    assert summary["gradient_bytes"] == 4000 and summary["peak_memory_bytes"] == 1001
+    assert summary["sync_probe"]["status"] == "not measured" and "Training" in summary["sync_probe"]["why"]
+    assert timeline is None and summary["utilisation"] is None
+    assert runner.summary_problem(summary) is None  # the study reads it like a Meter's
+
+
+def test_incomplete_runs_say_which_rank_did_what():
+    good = _record(0, passes=_two_epochs_with_eval())
+    summary, _ = merge_records([good], world_size=2)
+    assert summary["complete"] is False and "rank 1 left no record" in summary["probe"]["why"]
+    raised = _record(1, passes=_two_epochs_with_eval(), ended="exception", error="ValueError: bad batch")
+    killed = _record(1, passes=_two_epochs_with_eval(), ended="signal", signal="SIGTERM")
+    lost = _record(1, passes=_two_epochs_with_eval(), ended=None)
+    assert "rank 1 raised ValueError: bad batch" in merge_records([good, raised])[0]["probe"]["why"]
+    assert "rank 1 was ended by SIGTERM" in merge_records([good, killed])[0]["probe"]["why"]
+    assert "last periodic record" in merge_records([good, lost])[0]["probe"]["why"]
+    failed, _ = merge_records([good, _record(1, passes=_two_epochs_with_eval())], failure="the run failed")
+    assert failed["complete"] is False and failed["probe"]["why"].startswith("the run failed")
+
+
+def test_uncountable_batches_and_no_steps_leave_no_throughput():
+    passes = _two_epochs_with_eval()
+    passes[0] |= {"samples": None, "unknown_batch": "MyBatch"}
+    summary, _ = merge_records([_record(0, passes=passes)], world_size=1)
+    assert summary["samples_per_s"] is None and "type MyBatch" in summary["probe"]["why"]
+    assert runner.summary_problem(summary) is not None  # not a finished cell
+    idle, _ = merge_records([_record(0, passes=[_pass(1.0, 2.0, 4, 64, 0.1, 0)], optimizers=[])], world_size=1)
+    assert idle["complete"] is False and "no optimizer step" in idle["probe"]["why"]
+
+
+def test_utilisation_is_counted_from_the_training_start():
+    series = {"rank": 0, "host": "h0", "device": "cpu", "name": "cores 0", "source": "proc",
+              "t": [T0 + 1.0, T0 + 3.0, T0 + 5.0], "util_pct": [10.0, 90.0, 70.0], "mem_bytes": [5, 9, 7], "power_w": [None] * 3}
+    summary, timeline = merge_records([_record(0, passes=_two_epochs_with_eval(), series=series)], world_size=1)
+    device = summary["utilisation"]["devices"][0]
+    assert device["util_mean"] == pytest.approx(80.0)  # the sample before training (t = -1) is not in the mean
+    assert device["mem_peak_bytes"] == 9
+    assert timeline["series"][0]["t"] == [-1.0, 1.0, 3.0]
+
+
+def test_collect_writes_the_summary_and_leaves_meter_scripts_alone(tmp_path):
+    records, out = tmp_path / "probe", tmp_path / "out"
+    records.mkdir()
+    for rank in (0, 1):
+        (records / f"rank-{rank}.json").write_text(json.dumps(_record(rank, passes=_two_epochs_with_eval())))
+    (records / "rank-7.json").write_text("{broken")
+    summary = collect(records, out, world_size=2, scaling="weak")
+    assert json.loads((out / "summary.json").read_text()) == summary
+    assert runner.read_summary(out, Cell("weak", 1, 2)) == summary
+    assert "2 ranks (gloo), 20 optimizer steps, 1280 samples" in describe(summary)
+    (records / "rank-1.json").write_text(json.dumps(_record(1, passes=[], meter=True)))
+    assert collect(records, tmp_path / "other") is None and not (tmp_path / "other").exists()
+    assert collect(tmp_path / "empty", None) is None
+
+
+def test_an_incomplete_summary_is_not_a_finished_cell(tmp_path):
+    summary, _ = merge_records([_record(0, passes=_two_epochs_with_eval())], world_size=2, scaling="weak")
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    assert runner.read_summary(tmp_path, Cell("weak", 1, 2)) is None
+
+
+def test_probe_environment(monkeypatch):
+    env = probe_environ("/r", {"PYTHONPATH": f"/a:{SITE_DIR}:/b"})
+    assert env == {"PYTHONPATH": f"{SITE_DIR}:/a:/b", "GPUSCALE_PROBE_DIR": "/r"}
+    assert probe_enabled({}) and not probe_enabled({"GPUSCALE_PROBE": "0"})
+    with pytest.raises(ValueError, match="GPUSCALE_PROBE=0"):
+        probe_enabled({"GPUSCALE_PROBE": "off"})
