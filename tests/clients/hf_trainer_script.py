@@ -121,6 +121,9 @@ def train(args, output_dir):
         # distributed: a plain `python` run given a backend fails to start.
         use_cpu=use_cpu,
         ddp_backend="gloo" if use_cpu and launched else None,
+        # Every parameter gets a gradient; say so, or DDP walks the graph for
+        # unused ones each step and warns about it.
+        ddp_find_unused_parameters=False,
     )
     trainer = CountingTrainer(
         model=make_model(),
@@ -136,6 +139,8 @@ def train(args, output_dir):
         f"steps={trainer.state.global_step} samples={trainer.train_samples}\n"
     )
     sys.stdout.flush()
+    # Finish the trackers and destroy the process group, once, at the end.
+    trainer.end()
 
 
 def main():

@@ -26,6 +26,10 @@ CASES = {
                                       account="project_465000", reservation="course", container="/scratch/p/pytorch.sif"),
     "lumi-g-2nodes-srun": JobSpec(script="train.py", nodes=2, mode="srun", account="project_465000",
                                   container="/scratch/p/pytorch.sif", env=(("HF_HOME", "/scratch/p/hf cache"),)),
+    # a study cell of a script without gpuscale.Meter: the probe loads in every rank, inside the container
+    "lumi-g-2nodes-srun-probe": JobSpec(script="train.py", script_args=("--batch-size", "16"), nodes=2, mode="srun",
+                                        account="project_465000", container="/scratch/p/pytorch.sif",
+                                        probe_dir="/scratch/p/runs/weak-2x8/probe"),
 }
 
 

@@ -212,14 +212,14 @@ def _q(value: str) -> str:
     return quoted
 
 
-_PROBE_SITE = ("import importlib.util as u, os; "
-               "print(os.path.join(os.path.dirname(u.find_spec('gpuscale').origin), 'probe', 'site'))")
-"""Where the job's own gpuscale keeps the probe's sitecustomize (found without importing gpuscale or torch)."""
+_PROBE_SITE = "import sys, os, importlib.util as u; print(os.path.join(os.path.dirname(u.find_spec(sys.argv[1]).origin), *sys.argv[2:]))"
+"""Where the job's own gpuscale keeps the probe's sitecustomize (found without importing gpuscale or torch);
+the names come as arguments, so the snippet holds no quote of its own."""
 
 
 def _probe_exports(job: JobSpec) -> str:
     """Shell that loads the probe in the processes started after it (the job's Python finds its folder)."""
-    site = f"$({_q(job.python)} -c {_q(_PROBE_SITE)})"
+    site = f"$({_q(job.python)} -c {_q(_PROBE_SITE)} gpuscale probe site)"
     return (f"export GPUSCALE_PROBE_DIR={_q(job.probe_dir or '')} "
             f'PYTHONPATH="{site}${{PYTHONPATH:+:$PYTHONPATH}}"; ')
 
@@ -363,6 +363,9 @@ def render_sbatch(profile: Profile, job: JobSpec) -> str:
             + ' || { echo "gpuscale: doctor found a problem (see above); the training was not started" >&2; exit 1; }',
             "",
         ]
+    if job.probe_dir:
+        lines += ["# gpuscale's probe: put first on PYTHONPATH, it loads in every rank of the training and records its",
+                  "# optimizer steps, samples and data waits into GPUSCALE_PROBE_DIR (the script stays as it is)."]
     lines += [_step_command(profile, job, plan, srun, None) + " &", *_requeue_block(job.max_requeues)]
     return "\n".join(lines) + "\n"
 
