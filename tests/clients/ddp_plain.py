@@ -27,13 +27,13 @@ import sys
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
 IN_FEATURES = 256
-HIDDEN = 2048  # ~13 ms per optimizer step at batch 16 on one CPU core
+HIDDEN = 1536  # ~9 ms per optimizer step at batch 16 on one CPU core
 CLASSES = 10
 SEED = 0
 

@@ -28,12 +28,12 @@ import sys
 
 import lightning as L
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 IN_FEATURES = 256
-HIDDEN = 2048  # ~13 ms per optimizer step at batch 16 on one CPU core
+HIDDEN = 1536  # ~9 ms per optimizer step at batch 16 on one CPU core
 CLASSES = 10
 SEED = 0
 
