@@ -16,7 +16,10 @@ def test_plain_and_gpuscale_loops_take_identical_steps(tmp_path):
     records = {}
     for loop in ("plain_ddp", "gpuscale_ddp", "accelerate_ddp"):
         out = tmp_path / f"{loop}.json"
-        result = run([sys.executable, *TORCHRUN, str(ROOT / "bench" / "loops" / f"{loop}.py"), str(out), "41", "5"], timeout=300)
+        # PYTHONFAULTHANDLER: a rank that aborts (SIGABRT once seen in CI from the Accelerate loop, never again
+        # reproduced) shows where it was
+        result = run([sys.executable, *TORCHRUN, str(ROOT / "bench" / "loops" / f"{loop}.py"), str(out), "41", "5"], timeout=300,
+                     PYTHONFAULTHANDLER="1")
         assert result.returncode == 0, result.stderr[-3000:]
         records[loop] = json.loads(out.read_text())
     assert records["plain_ddp"]["losses"] == records["gpuscale_ddp"]["losses"] and len(records["plain_ddp"]["losses"]) == 2

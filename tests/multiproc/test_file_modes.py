@@ -25,6 +25,7 @@ RESUME = str(SCRIPTS / "resume.py")
 # os.makedirs, so only the umask it inherits from `gpuscale study` / `gpuscale run` protects them.
 TINY = '''
 import argparse, json, os
+import gpuscale  # a gpuscale script (it writes its own summary.json): the study appends --scaling and --out
 parser = argparse.ArgumentParser()
 parser.add_argument("--out")
 parser.add_argument("--scaling")

@@ -91,11 +91,12 @@ def test_a_rank_that_dies_leaves_its_record(tmp_path, mode):
         assert result.returncode == 128 + signal.SIGTERM  # the signal took its default course
     else:
         assert victim["ended"] == "exception" and victim["error"] == "RuntimeError: rank 1 gives up after 12 steps"
-    summary = json.loads((out / "summary.json").read_text())
+    assert not (out / "summary.json").exists()  # what a failed run measured is never taken for a result
+    summary = json.loads((out / "summary-incomplete.json").read_text())
     assert summary["complete"] is False
     why = summary["probe"]["why"]
     assert ("rank 1 was ended by SIGTERM" if mode == "kill" else "rank 1 raised RuntimeError: rank 1 gives up") in why
-    assert "incomplete:" in result.stderr
+    assert "incomplete:" in result.stderr and "summary-incomplete.json" in result.stderr
 
 
 @pytest.mark.parametrize("client", list(CLIENT_ARGS))

@@ -116,6 +116,7 @@ def test_a_failing_cell_is_reported_and_the_rest_are_kept(tmp_path):
     script = tmp_path / "fails_on_two.py"
     script.write_text(
         "import os, sys\n"
+        "import gpuscale  # it runs a gpuscale script, so the study gives it --scaling and --out\n"
         f"sys.argv[0] = {MLP!r}\n"
         "if os.environ.get('WORLD_SIZE') == '2' and not os.path.exists(os.environ['FIXED']):\n"
         "    sys.exit('broken on two ranks')\n"
@@ -141,7 +142,17 @@ def test_a_script_that_writes_no_summary_gets_told_what_is_missing(tmp_path):
     script.write_text("import argparse\np = argparse.ArgumentParser()\np.add_argument('--scaling')\np.add_argument('--out')\np.parse_args()\n")
     result = run(gpuscale_cmd("study", "--nproc", "1", "--scaling", "weak", "--out", str(tmp_path / "s"), "--", str(script)), timeout=120)
     assert result.returncode == 1
+    assert "no rank left a probe record" in result.stdout and "the script never imported torch" in result.stdout
     assert "must accept --scaling and --out" in result.stdout and "write_summary" in result.stdout
+
+
+def test_a_gpuscale_script_that_takes_no_step_and_writes_no_summary_is_told_both_ways(tmp_path):
+    script = tmp_path / "imports_only.py"
+    script.write_text("import argparse\nimport gpuscale\np = argparse.ArgumentParser()\np.add_argument('--scaling')\n"
+                      "p.add_argument('--out')\np.parse_args()\n")
+    result = run(gpuscale_cmd("study", "--nproc", "1", "--scaling", "weak", "--out", str(tmp_path / "s"), "--", str(script)), timeout=120)
+    assert result.returncode == 1
+    assert "no optimizer step was taken" in result.stdout and "write_summary" in result.stdout
 
 
 def test_bad_study_input_is_one_line(tmp_path):

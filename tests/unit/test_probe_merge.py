@@ -127,8 +127,21 @@ def test_collect_writes_the_summary_and_leaves_meter_scripts_alone(tmp_path):
 
 def test_an_incomplete_summary_is_not_a_finished_cell(tmp_path):
     summary, _ = merge_records([_record(0, passes=_two_epochs_with_eval())], world_size=2, scaling="weak")
-    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    (tmp_path / "summary.json").write_text(json.dumps(summary))  # by hand: collect never names it so
     assert runner.read_summary(tmp_path, Cell("weak", 1, 2)) is None
+
+
+def test_an_incomplete_merge_is_kept_beside_and_never_as_summary_json(tmp_path):
+    records, out = tmp_path / "probe", tmp_path / "run"
+    records.mkdir()
+    (records / "rank-0.json").write_text(json.dumps(_record(0, passes=_two_epochs_with_eval())))
+    (records / "rank-1.json").write_text(json.dumps(_record(1, passes=_two_epochs_with_eval())))
+    assert collect(records, out, world_size=2)["complete"] and (out / "summary.json").is_file()
+    (records / "rank-1.json").unlink()  # the same folder, run again, and rank 1 is lost this time
+    again = collect(records, out, world_size=2)
+    assert again["complete"] is False and "rank 1 left no record" in again["probe"]["why"]
+    assert not (out / "summary.json").exists()  # the earlier, complete summary is not left to pass for this run's
+    assert json.loads((out / "summary-incomplete.json").read_text()) == again
 
 
 def test_probe_environment(monkeypatch):

@@ -32,7 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpuscale.probe import RECORDS, collect, describe, probe_enabled, probe_environ
+from gpuscale.files import make_dir
+from gpuscale.probe import RECORDS, collect, describe, probe_enabled, probe_environ, summary_name
 from gpuscale.env import check_master_addr, check_one_launcher_per_node, port_from_job_id
 from gpuscale.preempt import EXIT_STOPPED
 from gpuscale.slurm.render import TORCHRUN_SIGNALS
@@ -70,7 +71,8 @@ def add_parser(subparsers: Any) -> None:
                         help="how long a collective may wait for a stuck rank before the job fails (default: GPUSCALE_TIMEOUT or 600)")
     parser.add_argument("--max-restarts", type=int, default=0, help="restart all workers up to K times after a failure (default 0)")
     parser.add_argument("--summary", default=None, metavar="DIR",
-                        help="write what the probe measured (a script without gpuscale.Meter) to DIR/summary.json and DIR/timeline.json")
+                        help="write what the probe measured (a script without gpuscale.Meter) to DIR/summary.json and DIR/timeline.json "
+                        "(DIR/summary-incomplete.json when a rank failed)")
     parser.add_argument("-m", "--module", action="store_true", help="run SCRIPT as a Python module (python -m)")
     parser.add_argument("script", metavar="SCRIPT", help="training script (or module with -m)")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="arguments for the script")
@@ -205,7 +207,7 @@ def _arm_probe(args: argparse.Namespace) -> Any:
     folder, which every node must see, can hold all ranks' records; node 0 merges them.
     """
     if args.summary is not None:
-        Path(args.summary).mkdir(parents=True, exist_ok=True)
+        make_dir(args.summary)
     if not probe_enabled():
         return None
     if os.environ.get("GPUSCALE_PROBE_DIR") and args.summary is None:
@@ -220,7 +222,7 @@ def _arm_probe(args: argparse.Namespace) -> Any:
     else:
         records = tempfile.TemporaryDirectory(prefix="gpuscale-probe-")
     path = Path(records if isinstance(records, Path) else records.name)
-    path.mkdir(parents=True, exist_ok=True)
+    make_dir(path)
     os.environ.update(probe_environ(path))
     return records
 
@@ -234,7 +236,7 @@ def _report_probe(args: argparse.Namespace, records: Any, world_size: int, code:
         failure = f"gpuscale run ended with exit code {code}" if code else None
         summary = collect(path, args.summary, world_size=world_size, failure=failure)
         if summary is not None:
-            where = f"; written to {Path(args.summary) / 'summary.json'}" if args.summary else ""
+            where = f"; written to {Path(args.summary) / summary_name(summary)}" if args.summary else ""
             print(f"gpuscale run: {describe(summary)}{where}", file=sys.stderr, flush=True)
     finally:
         if not isinstance(records, Path):

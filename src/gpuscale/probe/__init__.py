@@ -23,13 +23,16 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from gpuscale.files import atomic_write_json
+from gpuscale.files import atomic_write_json, make_dir
 
-__all__ = ["SITE_DIR", "probe_enabled", "probe_environ", "read_records", "collect", "describe"]
+__all__ = ["SITE_DIR", "RECORDS", "SUMMARY", "INCOMPLETE_SUMMARY", "probe_enabled", "probe_environ", "read_records",
+           "summary_name", "collect", "describe"]
 
 SITE_DIR = str(Path(__file__).resolve().parent / "site")
 """The folder holding the probe's sitecustomize.py: first on a worker's PYTHONPATH, it loads the probe."""
 RECORDS = "probe"
+SUMMARY = "summary.json"
+INCOMPLETE_SUMMARY = "summary-incomplete.json"
 """A study cell's folder of rank records (``<cell>/probe/rank-<RANK>.json``)."""
 
 
@@ -60,9 +63,19 @@ def read_records(records_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return records
 
 
+def summary_name(summary: Mapping[str, Any]) -> str:
+    """The file a merged summary goes to: summary.json only when it is complete.
+
+    Whatever reads a run's summary.json (a study's table, `gpuscale predict`) can then trust it; what a
+    failed run measured is kept beside it in summary-incomplete.json, with `probe.why`.
+    """
+    return SUMMARY if summary.get("complete") else INCOMPLETE_SUMMARY
+
+
 def collect(records_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str] | None, *, world_size: int | None = None,
             scaling: str | None = None, failure: str | None = None) -> dict[str, Any] | None:
-    """Merge the records of one run; write summary.json and timeline.json into `out_dir` (if given).
+    """Merge the records of one run; write timeline.json and the summary into `out_dir` (if given), as
+    summary.json when the run is complete, else as summary-incomplete.json (the other one is removed).
 
     None when there is nothing to merge: no rank left a record (the probe was off, or the script
     never imported torch), or the script measured itself with gpuscale.Meter (its summary stays).
@@ -74,12 +87,14 @@ def collect(records_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str]
         return None
     summary, timeline = merge_records(records, world_size=world_size, scaling=scaling, failure=failure)
     if out_dir is not None:
-        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        make_dir(out_dir)
         if timeline is not None:
             atomic_write_json(Path(out_dir) / "timeline.json", timeline)
         else:
             (Path(out_dir) / "timeline.json").unlink(missing_ok=True)
-        atomic_write_json(Path(out_dir) / "summary.json", summary)
+        name = summary_name(summary)
+        (Path(out_dir) / ({SUMMARY, INCOMPLETE_SUMMARY} - {name}).pop()).unlink(missing_ok=True)
+        atomic_write_json(Path(out_dir) / name, summary)
     return summary
 
 

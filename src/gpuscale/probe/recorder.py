@@ -215,7 +215,7 @@ class Recorder:
 
     def write(self, ended: str | None) -> None:
         """Write the record (atomically); after the final write, periodic writes stop."""
-        from gpuscale.files import atomic_write_json
+        from gpuscale.files import atomic_write_json, make_dir
 
         with self._lock:
             if self._finished:
@@ -225,7 +225,7 @@ class Recorder:
                 if self.monitor is not None:
                     self.monitor.stop(wait=False)
             try:
-                os.makedirs(self.directory, exist_ok=True)
+                make_dir(self.directory)
                 atomic_write_json(os.path.join(self.directory, f"rank-{self.rank}.json"), self.record(ended))
             except Exception as exc:  # a full disk must not turn a good run into a failed one
                 print(f"gpuscale probe: could not write rank {self.rank}'s record: {type(exc).__name__}: {exc}",

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuscale.files import atomic_write_json
+from gpuscale.files import atomic_write_json, make_dir
 from gpuscale.probe import RECORDS as PROBE_RECORDS, collect, probe_enabled, probe_environ, read_records
 from gpuscale.study.matrix import SCALINGS, Cell, cpu_cores_for, local_argv
 
@@ -196,6 +196,10 @@ def tail(path: Path, lines: int = 12) -> str:
     return "\n".join("    " + line for line in text[:end][-lines:])
 
 
+SELF_MEASURED = ("a script that measures itself must accept --scaling and --out and write the cell's summary with "
+                 "gpuscale.Meter.write_summary(args.out)")
+
+
 def _missing_summary(cell_dir: Path) -> str:
     records = read_records(cell_dir / PROBE_RECORDS)
     if any(r.get("meter") for r in records):
@@ -204,7 +208,7 @@ def _missing_summary(cell_dir: Path) -> str:
     if not probe_enabled():
         return f"the run wrote no {cell_dir / SUMMARY_FILE}, and the probe that measures scripts without gpuscale.Meter is off (GPUSCALE_PROBE=0)"
     return (f"no rank left a probe record in {cell_dir / PROBE_RECORDS}: the script never imported torch, "
-            "or its Python does not load the probe (a PYTHONPATH reset inside the job?)")
+            "or its Python does not load the probe (a PYTHONPATH reset inside the job?); " + SELF_MEASURED)
 
 
 def _collect_probe(cell: Cell, cell_dir: Path, error: str | None) -> dict[str, Any] | None:
@@ -250,7 +254,7 @@ class LocalRunner:
         env = dict(os.environ)
         env.setdefault("PYTHONUNBUFFERED", "1")
         if probe_enabled(env):
-            (cell_dir / PROBE_RECORDS).mkdir(exist_ok=True)
+            make_dir(cell_dir / PROBE_RECORDS)
             env.update(probe_environ((cell_dir / PROBE_RECORDS).resolve(), env))
         log_path = cell_dir / LOG_FILE
         with log_path.open("w") as log:
@@ -288,7 +292,7 @@ class SlurmRunner:
         from gpuscale.slurm.render import render_sbatch
 
         log_path = cell_dir / LOG_FILE
-        (cell_dir / PROBE_RECORDS).mkdir(exist_ok=True)
+        make_dir(cell_dir / PROBE_RECORDS)
         profile, job = self.job_for(cell, str(log_path))
         job_id = jobs.submit(render_sbatch(profile, job), chdir=os.getcwd())
 
@@ -324,7 +328,7 @@ def run_cells(out: Path, cells: list[Cell], runner: Any, progress: Callable[[str
         merged = _collect_probe(cell, cell_dir, error)
         summary = read_summary(cell_dir, cell) if error is None else None
         if error is None and summary is None:
-            error = _missing_summary(cell_dir) if merged is None else f"the probe's summary is incomplete: {merged['probe']['why']}"
+            error = _missing_summary(cell_dir) if merged is None else f"the probe's summary is incomplete: {merged['probe']['why']}; {SELF_MEASURED}"
         elif error and merged and merged["probe"].get("why"):
             error += f"\n    the probe: {merged['probe']['why']}"
         if error:

@@ -21,15 +21,18 @@ args = parser.parse_args()
 
 dist.init_process_group("gloo")
 data = TensorDataset(torch.randn(4096, 64), torch.randint(0, 4, (4096,)))
-loader = DataLoader(data, batch_size=8, sampler=DistributedSampler(data))
+loader = DataLoader(data, batch_size=8, sampler=DistributedSampler(data, shuffle=False))  # one pass: no epochs to reshuffle
 model = DDP(torch.nn.Linear(64, 4))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-for step, (x, y) in enumerate(loader, 1):
-    optimizer.zero_grad()
-    torch.nn.functional.cross_entropy(model(x), y).backward()
-    optimizer.step()
-    if step == args.after and dist.get_rank() == args.rank:
-        print(f"VICTIM rank={args.rank} steps={step}", flush=True)
-        if args.mode == "kill":
-            os.kill(os.getpid(), signal.SIGTERM)
-        raise RuntimeError(f"rank {args.rank} gives up after {step} steps")
+try:
+    for step, (x, y) in enumerate(loader, 1):
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        if step == args.after and dist.get_rank() == args.rank:
+            print(f"VICTIM rank={args.rank} steps={step}", flush=True)
+            if args.mode == "kill":
+                os.kill(os.getpid(), signal.SIGTERM)
+            raise RuntimeError(f"rank {args.rank} gives up after {step} steps")
+finally:
+    dist.destroy_process_group()
