@@ -18,14 +18,18 @@ Run it:
 
 At the end every process prints one line:
 
-    CLIENT rank=<rank> world_size=<world size> steps=<optimizer steps> samples=<training samples>
+    CLIENT rank=<rank> world_size=<world size> steps=<optimizer steps> samples=<training samples> train_s=<seconds>
 
 where steps counts the optimizer steps really taken (micro-batches that ended
-an accumulation window, i.e. ``accelerator.sync_gradients`` was true).
+an accumulation window, i.e. ``accelerator.sync_gradients`` was true), and
+train_s is the process's own training time, timed with ``time.perf_counter``
+from just before the first training batch is requested to just after the last
+optimizer step really taken (the script has no evaluation loop to leave out).
 """
 
 import argparse
 import sys
+import time
 
 import torch
 from accelerate import Accelerator
@@ -90,6 +94,7 @@ def main():
     steps = 0
     samples = 0
     model.train()
+    start = end = time.perf_counter()  # the training time: first batch requested .. last optimizer step
     for epoch in range(args.epochs):
         for inputs, targets in loader:
             with accelerator.accumulate(model):
@@ -101,13 +106,14 @@ def main():
             # Inside accumulate() the prepared optimizer only really steps on
             # the micro-batch that closes an accumulation window.
             if accelerator.sync_gradients:
+                end = time.perf_counter()
                 steps += 1
 
     accelerator.wait_for_everyone()
     # One write call, so lines from concurrent processes never interleave.
     sys.stdout.write(
         f"CLIENT rank={accelerator.process_index} world_size={accelerator.num_processes} "
-        f"steps={steps} samples={samples}\n"
+        f"steps={steps} samples={samples} train_s={end - start:.4f}\n"
     )
     sys.stdout.flush()
     accelerator.end_training()

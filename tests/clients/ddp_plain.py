@@ -18,12 +18,17 @@ Without torchrun (no RANK in the environment) it trains as a single process
 with no process group and no DDP wrapper.  At the end every rank prints one
 line:
 
-    CLIENT rank=<rank> world_size=<world size> steps=<optimizer steps> samples=<training samples>
+    CLIENT rank=<rank> world_size=<world size> steps=<optimizer steps> samples=<training samples> train_s=<seconds>
+
+where train_s is the rank's own training time, timed with ``time.perf_counter``
+from just before the first training batch is requested to just after the last
+``optimizer.step()`` (the script has no evaluation loop to leave out).
 """
 
 import argparse
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -98,6 +103,7 @@ def main():
     steps = 0
     samples = 0
     model.train()
+    start = end = time.perf_counter()  # the training time: first batch requested .. last optimizer step
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         for inputs, targets in loader:
@@ -106,11 +112,14 @@ def main():
             loss = loss_fn(model(inputs), targets)
             loss.backward()
             optimizer.step()
+            end = time.perf_counter()
             steps += 1
             samples += inputs.shape[0]
 
     # One write call, so lines from concurrent ranks never interleave.
-    sys.stdout.write(f"CLIENT rank={rank} world_size={world_size} steps={steps} samples={samples}\n")
+    sys.stdout.write(
+        f"CLIENT rank={rank} world_size={world_size} steps={steps} samples={samples} train_s={end - start:.4f}\n"
+    )
     sys.stdout.flush()
 
     if distributed:

@@ -19,16 +19,21 @@ Run it:
 removed at the end; with saving off nothing is written there).  At the end
 every rank prints one line:
 
-    CLIENT rank=<global rank> world_size=<world size> steps=<trainer.state.global_step> samples=<training samples>
+    CLIENT rank=<global rank> world_size=<world size> steps=<trainer.state.global_step> samples=<training samples> train_s=<seconds>
 
 where samples counts the batch lengths that went through ``training_step`` on
-that rank (evaluation batches never do).
+that rank (evaluation batches never do), and train_s is the rank's own
+training time as a ``TrainerCallback`` times it with ``time.perf_counter``:
+from the beginning of the first epoch to the end of the last optimizer step,
+less the ``eval_runtime`` of any evaluation that ended in between (this script
+evaluates never, but a copy of it given an eval_strategy would).
 """
 
 import argparse
 import os
 import sys
 import tempfile
+import time
 
 import torch
 from torch.utils.data import Dataset
@@ -36,6 +41,7 @@ from transformers import (
     GPTNeoConfig,
     GPTNeoForCausalLM,
     Trainer,
+    TrainerCallback,
     TrainingArguments,
     default_data_collator,
 )
@@ -100,6 +106,29 @@ class CountingTrainer(Trainer):
         return super().training_step(model, inputs, num_items_in_batch)
 
 
+class TrainingTime(TrainerCallback):
+    """Times the training: first epoch's beginning .. last step's end, less the evaluations in between."""
+
+    def __init__(self):
+        self.start = self.end = None
+        self.evaluations = []  # (when it ended, its eval_runtime) of every evaluation
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        if self.start is None:
+            self.start = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.end = time.perf_counter()
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        self.evaluations.append((time.perf_counter(), (metrics or {}).get("eval_runtime", 0.0)))
+
+    @property
+    def seconds(self):
+        inside = sum(runtime for at, runtime in self.evaluations if self.start < at < self.end)
+        return self.end - self.start - inside
+
+
 def train(args, output_dir):
     use_cpu = not torch.cuda.is_available()
     launched = "LOCAL_RANK" in os.environ or int(os.environ.get("WORLD_SIZE", "1")) > 1
@@ -125,18 +154,20 @@ def train(args, output_dir):
         # unused ones each step and warns about it.
         ddp_find_unused_parameters=False,
     )
+    timer = TrainingTime()
     trainer = CountingTrainer(
         model=make_model(),
         args=training_args,
         train_dataset=CountingSequences(args.samples),
         data_collator=default_data_collator,
+        callbacks=[timer],
     )
     trainer.train()
 
     # One write call, so lines from concurrent ranks never interleave.
     sys.stdout.write(
         f"CLIENT rank={training_args.process_index} world_size={training_args.world_size} "
-        f"steps={trainer.state.global_step} samples={trainer.train_samples}\n"
+        f"steps={trainer.state.global_step} samples={trainer.train_samples} train_s={timer.seconds:.4f}\n"
     )
     sys.stdout.flush()
     # Finish the trackers and destroy the process group, once, at the end.

@@ -17,14 +17,19 @@ the launcher starts, as in Lightning's torchrun recipe):
 
 At the end every rank prints one line:
 
-    CLIENT rank=<global rank> world_size=<world size> steps=<trainer.global_step> samples=<training samples>
+    CLIENT rank=<global rank> world_size=<world size> steps=<trainer.global_step> samples=<training samples> train_s=<seconds>
 
 where samples counts the batch lengths seen by ``training_step`` on that rank
-(validation batches are not counted).
+(validation batches are not counted), and train_s is the rank's own training
+time as a ``Callback`` times it with ``time.perf_counter``: from the start of
+the first training epoch to the end of the last training batch, less the
+validation loops that ran in between (the sanity check comes before, the last
+epoch's validation after).
 """
 
 import argparse
 import sys
+import time
 
 import lightning as L
 import torch
@@ -89,6 +94,32 @@ class Classifier(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=0.9)
 
 
+class TrainingTime(L.Callback):
+    """Times the training: first training epoch's start .. last training batch's end, less validation."""
+
+    def __init__(self):
+        self.start = self.end = None
+        self.validations = []  # (start, end) of every validation loop
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        if self.start is None:
+            self.start = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.end = time.perf_counter()
+
+    def on_validation_start(self, trainer, pl_module):
+        self.validations.append((time.perf_counter(), None))
+
+    def on_validation_end(self, trainer, pl_module):
+        self.validations[-1] = (self.validations[-1][0], time.perf_counter())
+
+    @property
+    def seconds(self):
+        inside = sum(max(0.0, min(end, self.end) - max(start, self.start)) for start, end in self.validations)
+        return self.end - self.start - inside
+
+
 def main():
     args = parse_args()
     L.seed_everything(SEED, verbose=False)
@@ -97,6 +128,7 @@ def main():
     val_loader = DataLoader(make_dataset(max(1, args.samples // 4), seed=2), batch_size=args.batch_size)
 
     model = Classifier()
+    timer = TrainingTime()
     trainer = L.Trainer(
         accelerator="auto",
         devices=args.devices,
@@ -107,13 +139,14 @@ def main():
         logger=False,
         enable_checkpointing=False,
         enable_model_summary=False,
+        callbacks=[timer],
     )
     trainer.fit(model, train_dataloaders=train_loader, val_dataloaders=val_loader)
 
     # One write call, so lines from concurrent ranks never interleave.
     sys.stdout.write(
         f"CLIENT rank={trainer.global_rank} world_size={trainer.world_size} "
-        f"steps={trainer.global_step} samples={model.train_samples}\n"
+        f"steps={trainer.global_step} samples={model.train_samples} train_s={timer.seconds:.4f}\n"
     )
     sys.stdout.flush()
 

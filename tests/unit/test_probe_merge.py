@@ -8,6 +8,7 @@ import pytest
 
 from gpuscale.probe import collect, describe, probe_enabled, probe_environ, SITE_DIR
 from gpuscale.probe.merge import merge_records, rank_account
+from gpuscale.probe.recorder import ddp_sample
 from gpuscale.study import runner
 from gpuscale.study.matrix import Cell
 
@@ -71,9 +72,52 @@ def test_two_ranks_merge_like_meter():
     assert split["exposed_comm"] is None and split["imbalance"] is None and split["checkpoint"] is None
     assert summary["time_to_result_s"] == pytest.approx(14.0)
     assert summary["gradient_bytes"] == 4000 and summary["peak_memory_bytes"] == 1001
-    assert summary["sync_probe"]["status"] == "not measured" and "Training" in summary["sync_probe"]["why"]
+    assert summary["sync_probe"]["status"] == "not measured" and "no DDP model" in summary["sync_probe"]["why"]
+    assert any("exposed communication" in text for text in summary["probe"]["not_measured"])
     assert timeline is None and summary["utilisation"] is None
     assert runner.summary_problem(summary) is None  # the study reads it like a Meter's
+
+
+def test_a_ddp_timer_sample_by_hand():
+    ns = 1_000_000_000
+    data = {"iteration": 7, "forward_compute_time": 4_000_000, "backward_compute_time": 9_000_000,
+            "backward_compute_time_start": 100 * ns, "backward_compute_time_end": 100 * ns + 9_000_000,
+            "backward_comm_time_start": 100 * ns + 2_000_000, "backward_comm_time_end": 100 * ns + 21_000_000,
+            "backward_comm_time": 19_000_000, "backward_compute_comm_overlap_time": 7_000_000}
+    sample = ddp_sample(data)
+    assert sample["iteration"] == 7 and sample["forward_s"] == pytest.approx(0.004) and sample["backward_s"] == pytest.approx(0.009)
+    assert sample["sync_wait_s"] == pytest.approx(0.012)  # the all-reduce ended 12 ms after the last gradient was ready
+    assert ddp_sample({"iteration": 0}) is None and ddp_sample({}) is None  # before DDP's first timed iteration
+
+
+def _ddp(waits, forward=0.004, backward=0.009):
+    """DDP timer samples of iterations 1..len(waits), each with the sync wait given."""
+    return {"parameters": 1000, "samples": [{"iteration": i, "forward_s": forward, "backward_s": backward, "sync_wait_s": w,
+                                             "comm_start_ns": i} for i, w in enumerate(waits, 1)]}
+
+
+def test_ddp_timers_split_the_step_like_the_sync_probe():
+    # rank 1 is 30 ms slower every step: rank 0 waits 31 ms in the all-reduce, rank 1 only the exposed 1 ms
+    # (iteration 1 is warm-up and dropped: its waits are off on purpose)
+    records = [_record(0, passes=_two_epochs_with_eval(), ddp=_ddp([0.5] + [0.031] * 9)),
+               _record(1, passes=_two_epochs_with_eval(), ddp=_ddp([0.0] + [0.001] * 9, forward=0.005))]
+    summary, _ = merge_records(records, world_size=2, scaling="weak")
+    probe = summary["sync_probe"]
+    assert probe["status"] == "measured" and probe["source"] == "ddp_timers" and probe["probes"] == 9
+    assert probe["reference_rank"] == 0  # the rank that waited longest, i.e. the fastest
+    part = summary["step_breakdown_s"]
+    assert part["exposed_comm"] == pytest.approx(0.001) and part["imbalance"] == pytest.approx(0.030)
+    assert part["compute"] == pytest.approx(2 * (0.004 + 0.009))  # rank 0's forward + backward, 2 batches per step
+    assert part["step"] == pytest.approx(9.0 / 20) and part["data_wait"] == pytest.approx(1.0 / 20)
+    assert part["other"] == pytest.approx(9.0 / 20 - 0.05 - 0.026 - 0.001 - 0.030)
+    split = summary["time_split_s"]
+    assert split["exposed_comm"] == pytest.approx(20 * 0.001) and split["imbalance"] == pytest.approx(20 * 0.030)
+    assert not any("exposed communication" in text for text in summary["probe"]["not_measured"])
+    # ranks whose timed iterations do not meet cannot be compared
+    records[1]["ddp"]["samples"] = [dict(d, iteration=d["iteration"] + 1000) for d in records[1]["ddp"]["samples"]]
+    none_common, _ = merge_records(records, world_size=2)
+    assert none_common["sync_probe"]["status"] == "not measured"
+    assert none_common["sync_probe"]["why"] == "the ranks' DDP timers have no timed iteration in common"
 
 
 def test_incomplete_runs_say_which_rank_did_what():

@@ -106,10 +106,14 @@ def describe(summary: dict[str, Any]) -> str:
              + (f", {summary['samples']} samples" if summary.get("samples") is not None else "")]
     if summary.get("samples_per_s"):
         split = summary["time_split_s"]
-        train = sum(split.get(k) or 0.0 for k in ("data_wait", "compute"))
-        wait = 100 * (split.get("data_wait") or 0.0) / train if train else 0.0
-        lines.append(f"  throughput {summary['samples_per_s']:.1f} samples/s over {train:.1f} s of training "
-                     f"({1000 * summary['step_time_s']:.1f} ms per step, data wait {wait:.0f}% of it); "
+        train = summary["samples"] / summary["samples_per_s"]
+
+        def share(phase: str) -> str:
+            return f"{100 * (split.get(phase) or 0.0) / train:.0f}%" if split.get(phase) is not None else "not measured"
+
+        lines.append(f"  throughput {summary['samples_per_s']:.1f} samples/s over {train:.2f} s of training "
+                     f"({1000 * summary['step_time_s']:.1f} ms per step: data wait {share('data_wait')}, exposed "
+                     f"communication {share('exposed_comm')}, imbalance {share('imbalance')}); "
                      f"startup {split['startup']:.1f} s, evaluation {split['eval']:.1f} s, "
                      f"time to result {summary['time_to_result_s']:.1f} s")
     if not summary["complete"]:

@@ -15,9 +15,18 @@ their times. Per rank:
 
 Over the ranks, as `gpuscale.Meter` does it: samples add up, training time is the slowest rank's,
 throughput is samples over it. Startup is launch to the first training batch; time to result
-launch to the last rank's end. What the probe cannot see is None and named in ``probe.not_measured``:
-exposed communication and imbalance (the sync probe needs gpuscale's Training), checkpoint time
-(it stays in the training time if the script saves between steps), accuracy and loss.
+launch to the last rank's end.
+
+**Exposed communication and imbalance** come from DDP's own timers where the script trains a
+``DistributedDataParallel`` model (plain DDP, Accelerate, Lightning's and the Trainer's DDP): each
+timed iteration (1-10, then every 100th) is a probe for `gpuscale.stepsplit.split_step`, its sync
+wait the time from the backward's last gradient to the end of the all-reduce on that rank. The
+smallest sync wait over the ranks is exposed communication, the spread is imbalance, as with the
+sync probe's replays; the compute is DDP's forward and backward compute times the batches per step.
+
+What the probe cannot see is None and named in ``probe.not_measured``: exposed communication and
+imbalance without a DDP model (FSDP, DeepSpeed, a hand-written all-reduce), checkpoint time (it
+stays in the training time if the script saves between steps), accuracy and loss.
 
 A run is complete when every rank 0..world-1 left a record that ended normally and the launcher
 saw no failure; otherwise ``"complete": false`` and ``probe.why`` says which rank did what.
@@ -33,13 +42,17 @@ from gpuscale._version import __version__
 from gpuscale.monitor import device_stats, make_timeline
 from gpuscale.stepsplit import split_step, time_split
 
-__all__ = ["rank_account", "merge_records", "NOT_MEASURED"]
+__all__ = ["rank_account", "merge_records", "NOT_MEASURED", "DDP_SCHEDULE"]
 
 NOT_MEASURED = {
-    "exposed_comm": "exposed communication and imbalance: the sync probe replays steps only in gpuscale's Training",
+    "exposed_comm": "exposed communication and imbalance: no DDP model timed its all-reduce (the probe reads DDP's own "
+                    "timers; FSDP, DeepSpeed and hand-written collectives are not timed)",
     "checkpoint": "checkpoint time: saving between steps stays in the training time",
     "metrics": "accuracy and loss: the script's own numbers, which the probe does not read",
 }
+
+
+DDP_SCHEDULE = "DDP's timed iterations: 1-10, then every 100th"
 
 
 def _overlap(start: float, end: float, low: float, high: float) -> float:
@@ -60,7 +73,7 @@ def rank_account(record: dict[str, Any]) -> dict[str, Any]:
         "samples": None if any(p["samples"] is None for p in training) else sum(p["samples"] for p in training),
         "unknown_batch": next((p["unknown_batch"] for p in training if p.get("unknown_batch")), None),
         "data_wait_s": sum(p["wait_s"] for p in training), "start": None, "end": None,
-        "train_s": None, "eval_s": 0.0, "steady_step_s": None, "batch_size": None,
+        "train_s": None, "eval_s": 0.0, "steady_step_s": None, "batch_size": None, "probes": [],
     }
     sizes: Counter[int] = Counter()
     for p in training:
@@ -69,6 +82,10 @@ def rank_account(record: dict[str, Any]) -> dict[str, Any]:
         account["batch_size"] = sizes.most_common(1)[0][0]
     if main is None:
         return account
+    micro_batches = max(1, round(account["batches"] / main["steps"])) if main["steps"] else 1
+    account["probes"] = [{"step": d["iteration"], "forward_s": d["forward_s"], "backward_s": d["backward_s"],
+                          "synced_backward_s": d["backward_s"] + d["sync_wait_s"], "micro_batches": micro_batches}
+                         for d in (record.get("ddp") or {}).get("samples") or []]
     start = min(p["first_at"] for p in training) if training else main["first_step_at"]
     end = main["last_step_at"]
     eval_s = sum(_overlap(p["first_at"], p["last_at"], start, end) for p in evaluation)
@@ -152,8 +169,11 @@ def merge_records(records: list[dict[str, Any]], *, world_size: int | None = Non
     ended = max((r.get("written_at") or 0.0 for r in records), default=None)
     batch = lead["batch_size"] if lead else None
     accumulation = max(1, round(lead["batches"] / steps)) if lead and steps else 1
-    split = split_step(step_time, steps, [{"rank": a["rank"], "data_wait_s": a["data_wait_s"], "probes": []} for a in accounts],
-                       NOT_MEASURED["exposed_comm"])
+    split = split_step(step_time, steps, [{"rank": a["rank"], "data_wait_s": a["data_wait_s"], "probes": a["probes"]}
+                                          for a in accounts], NOT_MEASURED["exposed_comm"])
+    if split["status"] != "measured" and any(a["probes"] for a in accounts):
+        split["why"] = "the ranks' DDP timers have no timed iteration in common"
+    not_measured = [text for key, text in NOT_MEASURED.items() if key != "exposed_comm" or split["status"] != "measured"]
     eval_s = sum(a["eval_s"] for a in accounts) / max(len(accounts), 1)
     utilisation, timeline = _utilisation(records, zero)
     steady = max((a["steady_step_s"] for a in accounts if a["steady_step_s"] is not None), default=None)
@@ -187,10 +207,10 @@ def merge_records(records: list[dict[str, Any]], *, world_size: int | None = Non
         "peak_memory_bytes": max((int(r.get("peak_memory_bytes") or 0) for r in records), default=None),
         "time_split_s": time_split(startup, train_only or 0.0, steps, split, eval_s, None, 0.0),  # type: ignore[arg-type]
         "step_breakdown_s": split["per_step_s"],
-        "sync_probe": {"status": "not measured", "why": NOT_MEASURED["exposed_comm"], "probes": 0,
-                       "schedule": None, "reference_rank": None},
+        "sync_probe": {"status": split["status"], "why": split["why"], "probes": split["probes"],
+                       "schedule": DDP_SCHEDULE, "reference_rank": split["reference_rank"], "source": "ddp_timers"},
         "ranks": split["ranks"],
-        "probe": {"complete": not problems, "why": "; ".join(problems) or None, "not_measured": list(NOT_MEASURED.values()),
+        "probe": {"complete": not problems, "why": "; ".join(problems) or None, "not_measured": not_measured,
                   "ranks": [{k: a[k] for k in ("rank", "host", "steps", "samples", "train_s", "eval_s", "data_wait_s")}
                             | {k: by_rank[a["rank"]].get(k) for k in ("ended", "error", "signal")} for a in accounts]},
         "placements": None,

@@ -11,7 +11,14 @@ Installed by the probe's ``sitecustomize`` right after the script imports torch 
   *pass*; a pass during which an optimizer stepped is a training pass, any other an evaluation;
 - **the process group** (world size, backend), read once it exists, and the device the script uses
   (the GPU it made current, else the CPU), whose utilisation `gpuscale.monitor` samples from the
-  first batch or step on.
+  first batch or step on;
+- **DDP's own timers**: every ``DistributedDataParallel`` made is noted (its ``__init__`` is
+  wrapped) and, after each optimizer step, the largest one's logging data is read
+  (``_get_ddp_logging_data()``, a few microseconds). DDP times iterations 1-10 and every 100th:
+  forward and backward compute, and when its gradient all-reduce ended after the backward's last
+  gradient was ready, which is the rank's **sync wait** (exposed communication, plus waiting for
+  the slowest rank). The merge turns these samples into the step's split as the sync probe's
+  replays do for gpuscale's Training.
 
 The record, ``GPUSCALE_PROBE_DIR/rank-<RANK>.json``, is written when the process ends, however
 it ends: a normal end or ``sys.exit`` (atexit), an uncaught exception (noted by ``sys.excepthook``,
@@ -35,12 +42,15 @@ import socket
 import sys
 import threading
 import time
+import weakref
 from types import SimpleNamespace
 from typing import Any
 
 import torch
 
 RECORD_VERSION = 1
+MAX_DDP_SAMPLES = 200
+"""DDP timer samples kept: the first 10 iterations and the latest ones (every 100th iteration)."""
 WARMUP_STEPS = 10
 """Optimizer steps before the steady step time is timed (as `gpuscale.Meter`'s default)."""
 FLUSH_S = 10.0
@@ -106,6 +116,9 @@ class Recorder:
         self._finished = False
         self._flusher: threading.Thread | None = None
         self.launcher = _launcher()
+        self.ddp: weakref.ref[Any] | None = None  # the largest DistributedDataParallel module made
+        self.ddp_parameters = 0
+        self.ddp_samples: list[dict[str, Any]] = []
 
     # --- hooks (the training thread) ---
 
@@ -158,6 +171,36 @@ class Recorder:
             self.current.steps += 1
         if self.world is None:
             self._observe_world()
+        if self.ddp is not None:
+            self._sample_ddp()
+
+    def ddp_created(self, module: Any) -> None:
+        """A DistributedDataParallel module was made: follow the largest one's timers."""
+        try:
+            size = sum(p.numel() for p in module.parameters())
+        except Exception:
+            return
+        if self.ddp is None or self.ddp() is None or size > self.ddp_parameters:
+            self.ddp, self.ddp_parameters = weakref.ref(module), size
+            self.ddp_samples = []
+
+    def _sample_ddp(self) -> None:
+        module = self.ddp() if self.ddp is not None else None
+        if module is None:
+            return
+        try:
+            sample = ddp_sample(module._get_ddp_logging_data())
+        except Exception:  # a private API: if it changes, exposed communication is just "not measured"
+            self.ddp = None
+            return
+        if sample is None:
+            return
+        last = self.ddp_samples[-1] if self.ddp_samples else None
+        if last is not None and (last["iteration"] == sample["iteration"] or last["comm_start_ns"] == sample["comm_start_ns"]):
+            return  # not a new timed iteration (or one with no all-reduce, under no_sync)
+        self.ddp_samples.append(sample)
+        if len(self.ddp_samples) > MAX_DDP_SAMPLES:
+            del self.ddp_samples[10]
 
     def meter_created(self) -> None:
         """The script measures itself with gpuscale.Meter: leave the summary (and the device's sampling) to it."""
@@ -211,6 +254,7 @@ class Recorder:
             "passes": [p.as_dict() for p in list(self.passes)],
             "warmup_steps": WARMUP_STEPS, "peak_memory_bytes": _peak_memory_bytes(),
             "series": series, "torch_version": torch.__version__, "argv": list(sys.argv),
+            "ddp": {"parameters": self.ddp_parameters, "samples": list(self.ddp_samples)} if self.ddp_parameters else None,
         }
 
     def write(self, ended: str | None) -> None:
@@ -253,6 +297,25 @@ class Recorder:
         if mine:  # take the signal's default course, so the exit status is what it would have been
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
+
+
+def ddp_sample(data: dict[str, Any]) -> dict[str, Any] | None:
+    """One timed DDP iteration from DDP's logging data (nanoseconds), in seconds; None before the first.
+
+    sync_wait_s is from the moment the backward's last gradient was ready to the end of the last
+    bucket's all-reduce: communication the backward did not hide, plus waiting for slower ranks.
+    """
+    try:
+        compute_end, comm_start, comm_end = (int(data[k]) for k in ("backward_compute_time_end", "backward_comm_time_start",
+                                                                     "backward_comm_time_end"))
+        forward, backward = int(data["forward_compute_time"]), int(data["backward_compute_time"])
+        iteration = int(data["iteration"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if iteration < 1 or comm_end <= 0 or comm_start <= 0:
+        return None
+    return {"iteration": iteration, "forward_s": forward / 1e9, "backward_s": backward / 1e9,
+            "sync_wait_s": max(comm_end - compute_end, 0) / 1e9, "comm_start_ns": comm_start}
 
 
 def _gradient_bytes(optimizer: Any) -> int | None:
@@ -314,6 +377,19 @@ def _hook_loaders(recorder: Recorder) -> None:
     iterator_class.__next__ = __next__  # type: ignore[method-assign]
 
 
+def _hook_ddp(recorder: Recorder) -> None:
+    from torch.nn.parallel import DistributedDataParallel
+
+    original = DistributedDataParallel.__init__
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        recorder.ddp_created(self)
+
+    __init__.__wrapped__ = original  # type: ignore[attr-defined]
+    DistributedDataParallel.__init__ = __init__  # type: ignore[method-assign]
+
+
 def _hook_signals(recorder: Recorder) -> None:
     if threading.current_thread() is not threading.main_thread():
         return
@@ -346,6 +422,7 @@ def install() -> Recorder | None:
 
     register_optimizer_step_post_hook(recorder.step)
     _hook_loaders(recorder)
+    _hook_ddp(recorder)
     _hook_exceptions(recorder)
     _hook_signals(recorder)
     atexit.register(recorder.at_exit)

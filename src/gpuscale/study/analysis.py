@@ -114,6 +114,8 @@ def row_from_summary(cell: Cell, summary: dict[str, Any], study_dir: Path, runs:
         "time_to_result_s": _time_to_result(summary),
         "step_time_s": summary.get("step_time_s"), "time_split_s": summary.get("time_split_s") or {},
         "step_breakdown_s": summary.get("step_breakdown_s"), "sync_probe": summary.get("sync_probe"),
+        "measured_by": summary.get("measured_by") or "meter",
+        "not_measured": (summary.get("probe") or {}).get("not_measured") or [],
         "gradient_bytes": summary.get("gradient_bytes"),
         "ideal_samples_per_s": None, "speedup": None, "efficiency": None,
         "time_speedup": None, "loss_breakdown": None, "predicted_breakdown": None,

@@ -111,9 +111,20 @@ BASIS = {
 
 
 def basis(results: dict[str, Any]) -> str:
-    """The sentences of `BASIS` for the columns `results` shows."""
+    """The sentences of `BASIS` for the columns `results` shows; which runs the probe measured, and what it could not."""
     shown = {col.key for col in columns(results)}
-    return " ".join(text for key, text in BASIS.items() if key in shown)
+    return " ".join([text for key, text in BASIS.items() if key in shown] + _probed(results))
+
+
+def _probed(results: dict[str, Any]) -> list[str]:
+    probed = [row for row in results["rows"] if row.get("measured_by") == "probe"]
+    if not probed:
+        return []
+    missing = list(dict.fromkeys(text for row in probed for text in row.get("not_measured") or []))
+    names = "all runs" if len(probed) == len(results["rows"]) else ", ".join(row["name"] for row in probed)
+    text = (f"Measured by the probe, the script unchanged ({names}): optimizer steps, loader waits and samples, "
+            "and exposed communication and imbalance from DDP's own timers where the script trains a DDP model.")
+    return [text + (" Not measured there: " + "; ".join(missing) + "." if missing else "")]
 
 
 _PREDICTED = ("predicted_efficiency",)
@@ -186,7 +197,8 @@ def format_table(results: dict[str, Any]) -> str:
 WHY_HEADING = "Why not more (lost efficiency, % of ideal throughput, measured; the model's prediction in brackets)"
 WHY_TEXT = ("Each part is the growth of a time per sample against the baseline, in % of ideal throughput; the parts "
             "add up to 100% - efficiency. data: loader wait; exposed communication: synchronisation that compute did "
-            "not hide; imbalance: the fastest rank waiting for the slowest (both from the sync probe's replayed steps); "
+            "not hide; imbalance: the fastest rank waiting for the slowest (both from the sync probe's replayed steps, or "
+            "from DDP's own timers in a script measured by the probe); "
             "per-device compute: forward and backward per sample; rest: what no measurement explains. The model "
             "predicts exposed communication only (and assumes compute per sample constant).")
 SPLIT_TEXT = ("Seconds, and % of the whole run (the sum of the phases). Communication, imbalance, data wait and "
