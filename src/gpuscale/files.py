@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, BinaryIO
 
-__all__ = ["atomic_write", "atomic_write_json", "fsync_dir", "make_dir", "tighten_umask"]
+__all__ = ["atomic_write", "atomic_write_json", "fsync_dir", "make_dir", "tighten_umask", "write_run_files"]
 
 NOT_BY_OTHERS = 0o002
 
@@ -97,3 +97,14 @@ def atomic_write_json(path: str | os.PathLike[str], data: Any) -> Path:
     """Write `data` as indented JSON, atomically."""
     text = json.dumps(data, indent=2, sort_keys=True, default=str) + "\n"
     return atomic_write(path, lambda f: f.write(text.encode()))
+
+
+def write_run_files(out_dir: str | os.PathLike[str], summary: Any, timeline: Any, summary_name: str = "summary.json") -> None:
+    """A run's summary and timeline.json in `out_dir`, each written atomically; with no timeline (the
+    monitor was off) an old timeline.json is removed, so that it never describes another run."""
+    out = make_dir(out_dir)
+    if timeline is not None:
+        atomic_write_json(out / "timeline.json", timeline)
+    else:
+        (out / "timeline.json").unlink(missing_ok=True)
+    atomic_write_json(out / summary_name, summary)

@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from gpuscale._version import __version__
 from gpuscale.data import BatchPlan, batch_len as _batch_len
-from gpuscale.files import atomic_write_json
+from gpuscale.files import write_run_files
 from gpuscale.probe.recorder import meter_created
 from gpuscale.monitor import Monitor, device_stats, make_timeline, monitor_enabled
 from gpuscale.stepsplit import PHASES, split_step, time_split
@@ -333,9 +333,5 @@ class Meter:
         summary = self.summary(**metrics)
         timeline = self._timeline()
         if self.rt.is_main:
-            if timeline is not None:
-                atomic_write_json(Path(out_dir) / "timeline.json", timeline)
-            else:
-                (Path(out_dir) / "timeline.json").unlink(missing_ok=True)
-            atomic_write_json(Path(out_dir) / "summary.json", summary)
+            write_run_files(out_dir, summary, timeline)
         return summary

@@ -23,7 +23,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from gpuscale.files import atomic_write_json, make_dir
+from gpuscale.files import write_run_files
 
 __all__ = ["SITE_DIR", "RECORDS", "SUMMARY", "INCOMPLETE_SUMMARY", "probe_enabled", "probe_environ", "read_records",
            "summary_name", "collect", "describe"]
@@ -87,14 +87,9 @@ def collect(records_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str]
         return None
     summary, timeline = merge_records(records, world_size=world_size, scaling=scaling, failure=failure)
     if out_dir is not None:
-        make_dir(out_dir)
-        if timeline is not None:
-            atomic_write_json(Path(out_dir) / "timeline.json", timeline)
-        else:
-            (Path(out_dir) / "timeline.json").unlink(missing_ok=True)
         name = summary_name(summary)
         (Path(out_dir) / ({SUMMARY, INCOMPLETE_SUMMARY} - {name}).pop()).unlink(missing_ok=True)
-        atomic_write_json(Path(out_dir) / name, summary)
+        write_run_files(out_dir, summary, timeline, name)
     return summary
 
 
