@@ -171,7 +171,7 @@ class Recorder:
             self.current.steps += 1
         if self.world is None:
             self._observe_world()
-        if self.ddp is not None:
+        if self.ddp is not None and not self.meter:  # a Meter's sync probe measures its own script
             self._sample_ddp()
 
     def ddp_created(self, module: Any) -> None:
