@@ -140,6 +140,9 @@ def test_each_kind_of_script_is_studied_unchanged(tmp_path, client):
         assert row["samples_per_s"] == summary["samples_per_s"] > 0 and row["time_split_s"]["data_wait"] is not None
         _assert_timed_as_the_script_timed_itself(summary, said, name)
         assert len(row["utilisation"]["devices"]) == world
+        if world == 2:  # every client trains a DDP model on two ranks: DDP's timers split the step
+            assert row["sync_probe"]["status"] == "measured" and row["sync_probe"]["source"] == "ddp_timers", (name, row["sync_probe"])
+            assert row["time_split_s"]["exposed_comm"] is not None and row["time_split_s"]["imbalance"] is not None
     report = (out / "report.md").read_text()
     # says which runs the probe measured and what it could not measure
     assert "Measured by the probe, the script unchanged (all runs)" in report and "Not measured there: " in report
