@@ -378,7 +378,10 @@ def _hook_loaders(recorder: Recorder) -> None:
 
 
 def _hook_ddp(recorder: Recorder) -> None:
-    from torch.nn.parallel import DistributedDataParallel
+    try:
+        from torch.nn.parallel import DistributedDataParallel
+    except ImportError:  # a torch built without distributed: nothing to time
+        return
 
     original = DistributedDataParallel.__init__
 
