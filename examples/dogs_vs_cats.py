@@ -53,7 +53,7 @@ accuracies, loss and learning rate under ``per_epoch``.
 Strategies. ``--strategy ddp`` (the default) replicates the model; ``fsdp`` shards it; ``deepspeed``
 runs ZeRO (``--zero-stage``, ``--offload``, ``--ds-config``); ``--precision bf16`` on GPUs that have it.
 After unfreezing the last block the model is set up again, so its new parameters are synchronised
-(DDP) or partitioned (DeepSpeed); the course's version forgot that step (FACTS §5, bug 1).
+(DDP) or partitioned (DeepSpeed); the course's version forgot that step (docs/classic-bugs.md, bug 1).
 
 Interrupted runs resume from OUT/checkpoints (written every epoch); --no-resume starts afresh.
 Told to stop (SLURM's USR1 before the time limit, a TERM on preemption; gpuscale's batch scripts

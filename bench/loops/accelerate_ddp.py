@@ -1,7 +1,9 @@
-"""The workload with Hugging Face Accelerate (run under torchrun; cpu=True as Accelerate needs on CPU, FACTS §9)."""
+"""The workload with Hugging Face Accelerate (run under torchrun; cpu=True as Accelerate needs on CPU, docs/traps.md)."""
 
+import gc
 import os
 import sys
+import time
 
 import torch.nn.functional as F
 from accelerate import Accelerator
@@ -29,4 +31,9 @@ while going:
             going = False
             break
 rec.write(out, accelerator.process_index, accelerator.num_processes, variant="accelerate")
+# torch 2.13 + gloo aborts at exit now and then (docs/traps.md): free what holds the process group, meet, then end
+del model, opt
+gc.collect()
+accelerator.wait_for_everyone()
 accelerator.end_training()
+time.sleep(0.1)  # the GIL to gloo's threads before shutdown

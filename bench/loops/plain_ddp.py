@@ -1,7 +1,9 @@
 """The workload in plain PyTorch DDP, the way the PyTorch tutorial writes it (run under torchrun)."""
 
+import gc
 import os
 import sys
+import time
 
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -33,4 +35,10 @@ while going:
             break
     epoch += 1
 rec.write(out, rank, world, variant="plain")
+# torch 2.13 + gloo aborts at exit now and then ("terminate called without an active exception", docs/traps.md):
+# free what holds the process group, meet, then destroy it
+del model, opt
+gc.collect()
+dist.barrier()
 dist.destroy_process_group()
+time.sleep(0.1)  # the GIL to gloo's threads before shutdown

@@ -19,7 +19,7 @@ number of ranks. `consolidate` turns any layout into one plain state dict.
 Writes are atomic: a file is written under a temporary name, fsynced and renamed; a sharded
 directory is filled under a temporary name and renamed when every shard and the metadata are
 written. A kill at any moment leaves the previous checkpoint intact; the last `keep` are kept. Files are read with
-``torch.load(weights_only=True)``: a checkpoint cannot run code (FACTS §8).
+``torch.load(weights_only=True)``: a checkpoint cannot run code (docs/reliability.md).
 
 Integrity: torch.load does not notice flipped bits in tensor data, so every checkpoint carries
 SHA-256 sums in ``sha256sum`` format: ``step-N.pt.sha256`` beside a file, ``step-N/SHA256SUMS``

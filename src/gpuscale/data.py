@@ -3,7 +3,7 @@
 Weak scaling keeps the per-device batch: N GPUs see N times the samples per step. Strong scaling
 keeps the global batch: each of N GPUs sees 1/N of it, so the optimisation is the same as on one
 GPU and only the speed changes. The global batch is exact: 25 samples on 2 ranks is refused with
-the nearest valid choices instead of silently training with 2 x 12 = 24 (FACTS §5, bug 7).
+the nearest valid choices instead of silently training with 2 x 12 = 24 (docs/classic-bugs.md, bug 7).
 
     plan = gpuscale.plan_batch(32, world_size=rt.world_size, scaling="strong")
     train = gpuscale.make_loader(train_set, plan, shuffle=True)
@@ -158,7 +158,7 @@ class ShardedLoader:
     """A DataLoader over this rank's shard that sets the sampler's epoch itself and can resume.
 
     Each complete pass (``for batch in loader``) is one epoch: the sampler is reshuffled with the
-    epoch number before the pass, so every epoch has a new order (FACTS §5, bug 2), the same on
+    epoch number before the pass, so every epoch has a new order (docs/classic-bugs.md, bug 2), the same on
     all ranks. `state_dict()` records the epoch and the batches already taken in it; after
     `load_state_dict()` the next pass resumes with the next batch.
     """

@@ -265,7 +265,7 @@ def check_one_launcher_per_node(environ: Mapping[str, str], workers_per_launcher
     """Refuse a launcher (torchrun, `gpuscale run`) started by srun several times on one node.
 
     With ``--ntasks-per-node=8`` and torchrun in each task, 8 launchers each start their own
-    workers: 64 processes fighting over 8 GPUs (FACTS §3). One task per node is right for torchrun.
+    workers: 64 processes fighting over 8 GPUs (docs/clusters.md, launch modes). One task per node is right for torchrun.
     """
     if not _in_slurm_step(environ):
         return

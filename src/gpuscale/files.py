@@ -2,7 +2,7 @@
 
 Write to a temporary name in the same directory, flush and fsync, rename over the target (atomic
 on POSIX within one file system), then fsync the directory so the rename itself survives a crash
-(FACTS §8). Files are created 0644: readable by colleagues, writable only by their owner.
+(docs/reliability.md). Files are created 0644: readable by colleagues, writable only by their owner.
 
 Nothing gpuscale writes is world-writable, whatever the user's umask (a shared cluster's scratch
 is read by many: a world-writable batch script or checkpoint is anyone's to replace). Two guards:

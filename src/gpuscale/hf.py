@@ -20,11 +20,11 @@ Trainer run a gpuscale run all the same:
         meter.write_summary(out, final_loss=metered.final_loss, ...)   # summary.json on rank 0
 
 `trainer_arguments` returns the `TrainingArguments` keywords gpuscale owns: the per-device batch
-and gradient accumulation from the `BatchPlan` (so the global batch is exact, FACTS §5 bug 7),
+and gradient accumulation from the `BatchPlan` (so the global batch is exact, docs/classic-bugs.md, bug 7),
 ``use_cpu`` on a CPU (without it the Trainer on CPU is not distributed: every rank trains alone
-and exits 0, FACTS §9), the precision flags, the gradient-clipping norm and, for ``deepspeed``, a
+and exits 0, docs/traps.md), the precision flags, the gradient-clipping norm and, for ``deepspeed``, a
 config dict built by `gpuscale.strategy.deepspeed_config.build_config`, whose batch equals the
-loader's (FACTS §5 bug 5) and whose clipping and precision equal the Trainer's, so that the
+loader's (docs/classic-bugs.md, bug 5) and whose clipping and precision equal the Trainer's, so that the
 Trainer's own consistency checks pass. The Trainer builds the optimizer and the scheduler and
 hands them to DeepSpeed (a config with an ``optimizer`` section is refused). ``fsdp`` is not
 offered: the Trainer's FSDP goes through Accelerate's plugin, which gpuscale does not configure.

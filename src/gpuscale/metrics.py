@@ -1,6 +1,6 @@
 """Measure: metrics over all ranks, throughput, the split of time, and `summary.json`.
 
-A loss or accuracy computed on rank 0's shard describes 1/N of the data (FACTS §5, bug 3).
+A loss or accuracy computed on rank 0's shard describes 1/N of the data (docs/classic-bugs.md, bug 3).
 `Average` sums value and count on every rank and all-reduces both, so `compute()` is the value
 over the whole dataset, identical on every rank:
 

@@ -490,7 +490,7 @@ def _note_failure(env: DistEnv, exc: BaseException) -> None:
 
 
 def _teardown(rt: Runtime | None, failed: bool) -> None:
-    """Destroy the process group so that gloo does not abort at interpreter exit (FACTS §9).
+    """Destroy the process group so that gloo does not abort at interpreter exit (docs/traps.md).
 
     The cause (found with gdb on core dumps): a gloo worker thread holds the last reference to a
     finished collective, whose destructor needs the GIL to release Python objects (autograd's

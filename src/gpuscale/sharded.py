@@ -2,7 +2,7 @@
 
 DCP stores its ``.metadata`` with plain pickle and reads non-tensor items with
 ``torch.load(weights_only=False)``: a checkpoint directory from elsewhere could run code when
-loaded. gpuscale loads checkpoints with ``weights_only=True`` only (FACTS §8), so here:
+loaded. gpuscale loads checkpoints with ``weights_only=True`` only (docs/reliability.md), so here:
 
 - `verify_metadata` unpickles ``.metadata`` with an allow-list of the classes DCP's metadata is
   made of (its own dataclasses, torch.Size, dtypes, paths) and refuses anything else;

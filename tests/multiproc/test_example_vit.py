@@ -60,7 +60,7 @@ def test_strategies_reach_the_same_loss(tmp_path, data_home):
 
 
 def test_course_deepspeed_config_with_a_wrong_batch_is_refused(tmp_path, data_home):
-    """FACTS §5 bug 5: train_batch_size 32 in the config, 32 per rank on 2 ranks in the loader."""
+    """docs/classic-bugs.md, bug 5: train_batch_size 32 in the config, 32 per rank on 2 ranks in the loader."""
     pytest.importorskip("deepspeed")
     config = tmp_path / "ds_config.json"
     config.write_text('{\n  "train_batch_size": 32,\n  "zero_optimization": {"stage": 1},\n}\n')  # hjson: trailing comma

@@ -39,7 +39,7 @@ def test_clipping_is_off_unless_asked_for():
 
 
 def test_course_config_with_a_per_rank_batch_is_refused():
-    """FACTS §5 bug 5: train_batch_size 32 while the loader gives 32 per rank on 2 ranks."""
+    """docs/classic-bugs.md, bug 5: train_batch_size 32 while the loader gives 32 per rank on 2 ranks."""
     plan = plan_batch(32, 2, scaling="weak")
     with pytest.raises(ValueError) as err:
         build_config(plan, FP32, user_config={"train_batch_size": 32})

@@ -1,6 +1,6 @@
 """gpuscale doctor's verdicts on crafted worlds: what ranks would report on nodes we do not have.
 
-LUMI-G's GCD-to-cores map (FACTS §2), an NVIDIA node with NUMA information, ranks that disagree,
+LUMI-G's GCD-to-cores map (docs/clusters.md, LUMI-G), an NVIDIA node with NUMA information, ranks that disagree,
 two ranks on one GPU, shared cores, idle GPUs, version skew, a NIC setting that names no interface.
 """
 

@@ -8,7 +8,7 @@ import pytest
 
 from gpuscale.topology import BindingPlan, format_cpulist, parse_cpulist, plan_binding, split_evenly
 
-# LUMI-G (FACTS §2): 64 cores, 0, 8, ..., 56 reserved; GCD -> nearest cores.
+# LUMI-G (docs/clusters.md, LUMI-G): 64 cores, 0, 8, ..., 56 reserved; GCD -> nearest cores.
 LUMI_ALLOWED = [c for c in range(64) if c % 8 != 0]
 LUMI_GCD_CORES = [
     list(range(49, 56)),  # GCD0

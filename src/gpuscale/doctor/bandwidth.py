@@ -1,4 +1,4 @@
-"""All-reduce bandwidth over message sizes, reported the way nccl-tests does (FACTS §7).
+"""All-reduce bandwidth over message sizes, reported the way nccl-tests does (docs/measuring.md, the prediction).
 
 For each size S (float32, on the rank's device: NCCL/RCCL on GPUs, gloo on CPU) every rank runs
 the same number of all-reduces between barriers; the time of one is the slowest rank's mean.

@@ -6,7 +6,7 @@ reaches the shell, and restricted to a safe alphabet where it reaches an ``#SBAT
 sbatch reads itself, without a shell). Profile text in ``env_shell`` and ``setup`` is trusted
 shell by design. Each block carries a comment that tells a learner why it is there.
 
-Launch modes (FACTS §3):
+Launch modes (docs/clusters.md, launch modes):
 
 - ``srun``: one task per GPU; each task sets RANK, LOCAL_RANK and WORLD_SIZE from its own
   SLURM_PROCID, SLURM_LOCALID and SLURM_NTASKS (escaped, so every task expands its own); CPU masks

@@ -10,7 +10,7 @@ A strategy is a small object with seven methods (the `Strategy` protocol) and a 
 
 `wrap` on an already wrapped model re-wraps it around the current trainable parameters. A model
 whose trainable parameters change after wrapping refuses its next forward pass with the fix,
-because DDP would silently never synchronise the newly unfrozen gradients (FACTS §5, bug 1).
+because DDP would silently never synchronise the newly unfrozen gradients (docs/classic-bugs.md, bug 1).
 """
 
 from __future__ import annotations

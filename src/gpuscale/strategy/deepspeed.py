@@ -1,7 +1,7 @@
 """Strategy ``deepspeed``: ZeRO stage 1, 2 or 3 (optionally offloaded to CPU memory) through DeepSpeed.
 
 ZeRO shards what DDP replicates: stage 1 the optimizer states, stage 2 also the gradients, stage
-3 also the parameters (FACTS §7). DeepSpeed owns the training step: its engine scales the loss
+3 also the parameters (docs/measuring.md, the prediction). DeepSpeed owns the training step: its engine scales the loss
 for accumulation and precision, reduces the gradients and steps the optimizer, so a deepspeed run
 goes through `gpuscale.setup` (which builds the engine around the model and the optimizer
 together) rather than `gpuscale.wrap`. Its config is built from the `BatchPlan` so that its batch

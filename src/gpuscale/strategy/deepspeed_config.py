@@ -2,7 +2,7 @@
 
 DeepSpeed reads its batch from its config: ``train_batch_size`` (global), the micro batch per GPU
 and the gradient-accumulation steps, and it must equal what the loader delivers. The course's
-config said ``train_batch_size: 32`` while its loader gave 32 per rank (FACTS §5, bug 5): the
+config said ``train_batch_size: 32`` while its loader gave 32 per rank (docs/classic-bugs.md, bug 5): the
 learning rate was tuned for one batch and the run trained with another. Here the three batch
 keys always come from the `BatchPlan`; a user's own config may leave them out or say ``"auto"``,
 and one that states other numbers is refused, naming both.

@@ -2,7 +2,7 @@
 
 Each rank keeps 1/N of every sharded unit and gathers a unit's full parameters just for its
 forward and backward pass; gradients are reduce-scattered. That moves about 1.5x DDP's bytes per
-step (FACTS §7) and divides the model's memory by N.
+step (docs/measuring.md, the prediction) and divides the model's memory by N.
 
 Units: the blocks a model declares unsplittable (HF models' ``_no_split_modules``), else every
 child of a ModuleList or Sequential that holds parameters; then the root. FSDP2 keeps the

@@ -1,6 +1,6 @@
 """Predict throughput and efficiency on N devices from one single-device run and the interconnect.
 
-The model (FACTS §7): data parallelism adds one all-reduce of the gradients per optimizer step.
+The model (docs/measuring.md, the prediction): data parallelism adds one all-reduce of the gradients per optimizer step.
 A ring all-reduce of S bytes over N ranks takes
 
     T(N) = 2 (N - 1) * alpha * buckets  +  2 (N - 1) / N * S / B

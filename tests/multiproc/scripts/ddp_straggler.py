@@ -6,6 +6,7 @@ from DDP's own timers.
 """
 
 import argparse
+import gc
 import time
 
 import torch
@@ -32,5 +33,9 @@ try:
         optimizer.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
         optimizer.step()
+    del model, optimizer  # torch 2.13 + gloo aborts at exit now and then unless the DDP model goes first
+    gc.collect()
+    dist.barrier()
 finally:
     dist.destroy_process_group()
+    time.sleep(0.1)  # the GIL to gloo's threads before shutdown (docs/traps.md)
