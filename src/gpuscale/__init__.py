@@ -24,7 +24,8 @@ from gpuscale.lr import ScaledLR, scale_lr
 from gpuscale.metrics import Average, Meter, all_reduce_max, all_reduce_sum
 from gpuscale.runtime import Runtime, current, init
 from gpuscale.precision import Precision, resolve_precision
-from gpuscale.preempt import EXIT_STOPPED, StopSignal
+from gpuscale.exits import EXIT_STOPPED
+from gpuscale.preempt import StopSignal
 from gpuscale.strategy import full_state_dict, no_sync, unwrap, wrap
 from gpuscale.training import Training, setup
 

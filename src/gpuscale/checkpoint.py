@@ -34,7 +34,6 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
-import random
 import re
 import shutil
 import struct
@@ -48,6 +47,7 @@ from torch import nn
 
 from gpuscale.files import atomic_write, fsync_dir
 from gpuscale.log import get_logger
+from gpuscale.rng import capture_rng, restore_rng
 from gpuscale.speed import keeping_implementation
 from gpuscale.strategy import strategy_of
 from gpuscale.strategy.deepspeed import TAG as DEEPSPEED_TAG
@@ -77,34 +77,6 @@ class ResumeState:
 
 def _resume_state(source: Path, payload: dict[str, Any]) -> ResumeState:
     return ResumeState(path=source, step=int(payload["step"]), epoch=payload["epoch"], extra=payload["extra"])
-
-
-def capture_rng(device: torch.device) -> dict[str, Any]:
-    """This process's random-number states, in types `weights_only` loading accepts."""
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    try:
-        import numpy as np
-
-        kind, keys, pos, has_gauss, cached = np.random.get_state()
-        state["numpy"] = (kind, torch.from_numpy(keys.astype("int64")), int(pos), int(has_gauss), float(cached))
-    except ImportError:
-        pass
-    return state
-
-
-def restore_rng(state: dict[str, Any], device: torch.device) -> None:
-    """Put back states captured by `capture_rng`."""
-    torch.set_rng_state(state["torch"])
-    random.setstate(_as_tuple(state["python"]))
-    if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
-    if "numpy" in state:
-        import numpy as np
-
-        kind, keys, pos, has_gauss, cached = state["numpy"]
-        np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, cached))
 
 
 def _sha256(path: Path) -> str:
@@ -147,10 +119,6 @@ def verify_checksums(source: Path) -> bool:
         if _sha256(target) != expected:
             raise ValueError(f"{source} is damaged: {name} does not match its SHA-256 sum")
     return True
-
-
-def _as_tuple(value: Any) -> Any:
-    return tuple(_as_tuple(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
 class Checkpointer:

@@ -41,23 +41,16 @@ import signal
 import threading
 import time
 from types import FrameType
-from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from gpuscale.exits import EXIT_STOPPED, Stopped
+from gpuscale.runtime import Runtime, current
+
 __all__ = ["StopSignal", "Stopped", "EXIT_STOPPED", "STOP_SIGNALS"]
 
-EXIT_STOPPED = 75
-"""Exit code of a run that stopped on request after writing a checkpoint (sysexits' EX_TEMPFAIL: try again)."""
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
-
-
-class Stopped(SystemExit):
-    """Raised by `StopSignal.exit()`: a clean, requested stop (gpuscale.init() does not report it as a failure)."""
-
-    def __init__(self) -> None:
-        super().__init__(EXIT_STOPPED)
 
 
 class StopSignal:
@@ -68,9 +61,7 @@ class StopSignal:
     """
 
     def __init__(self, signals: tuple[int, ...] = STOP_SIGNALS, *, every: int | str = "auto", interval_s: float = 0.5,
-                 rt: Any = None) -> None:
-        from gpuscale.runtime import current
-
+                 rt: Runtime | None = None) -> None:
         if every != "auto" and (not isinstance(every, int) or isinstance(every, bool) or every < 1):
             raise ValueError(f"every={every!r} must be 'auto' or at least 1 (check for a stop request every K-th call)")
         if not interval_s > 0:

@@ -58,7 +58,7 @@ from gpuscale.env import DistEnv, detect_env, device_index, visible_devices
 from gpuscale.files import tighten_umask
 from gpuscale.lifeline import end_with_parent, parent_death_signal
 from gpuscale.log import configure_logging, get_logger
-from gpuscale.preempt import Stopped
+from gpuscale.exits import Stopped
 from gpuscale.topology import (
     BindingPlan,
     allowed_cores,

@@ -2,7 +2,7 @@
 
 A random crop or flip inside ``Dataset.__getitem__`` draws from the global generators of the
 process that loads the sample. In the main process those are in every checkpoint
-(`gpuscale.checkpoint.capture_rng`), but DataLoader worker processes have their own, seeded once
+(`gpuscale.rng.capture_rng`), but DataLoader worker processes have their own, seeded once
 when the workers start and never saved: a run resumed from a checkpoint restarts every worker's
 stream from its beginning, so from the first resumed batch on, its augmentations (and so its
 weights) differ from those of the run that was not interrupted.
@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 from torch.utils.data import Dataset, get_worker_info
+
+from gpuscale.rng import capture_rng, restore_rng
 
 try:
     import numpy as np
@@ -87,7 +89,6 @@ class SeededSamples(Dataset):
         if get_worker_info() is not None:  # a worker's generators are its own: nothing to put back
             _seed_generators(value)
             return load()
-        from gpuscale.checkpoint import capture_rng, restore_rng  # here: the checkpoint module imports the strategies
 
         cpu = torch.device("cpu")
         saved = capture_rng(cpu)

@@ -35,7 +35,7 @@ from typing import Any
 from gpuscale.files import make_dir
 from gpuscale.probe import RECORDS, collect, describe, probe_enabled, probe_environ, summary_name
 from gpuscale.env import check_master_addr, check_one_launcher_per_node, port_from_job_id
-from gpuscale.preempt import EXIT_STOPPED
+from gpuscale.exits import EXIT_STOPPED
 from gpuscale.slurm.render import TORCHRUN_SIGNALS
 from gpuscale.runtime import FAILURE_DIR, LAUNCH_TIME, OMP_FROM_LAUNCHER
 from gpuscale.topology import allowed_cores
