@@ -51,6 +51,9 @@ from gpuscale.rng import capture_rng, restore_rng
 from gpuscale.speed import keeping_implementation
 from gpuscale.strategy import strategy_of
 from gpuscale.strategy.deepspeed import TAG as DEEPSPEED_TAG
+from gpuscale.runtime import current
+from gpuscale.strategy.deepspeed import consolidate_deepspeed
+from gpuscale.sharded import load_all
 
 __all__ = ["Checkpointer", "ResumeState", "capture_rng", "restore_rng", "consolidate"]
 
@@ -125,8 +128,6 @@ class Checkpointer:
     """Atomic, rotating checkpoints in one directory. `save` is collective; `resume` is not."""
 
     def __init__(self, directory: str | Path, keep: int = 3, rt: Any = None) -> None:
-        from gpuscale.runtime import current
-
         if keep < 1:
             raise ValueError(f"keep={keep} must be at least 1: the newest checkpoint is always kept")
         self.directory = Path(directory)
@@ -337,12 +338,8 @@ def consolidate(source: str | Path, target: str | Path) -> Path:
     if not source.exists():
         raise ValueError(f"checkpoint {source} does not exist")
     if source.is_dir() and (source / DEEPSPEED_TAG).is_dir():
-        from gpuscale.strategy.deepspeed import consolidate_deepspeed
-
         model = consolidate_deepspeed(source)
     elif source.is_dir():
-        from gpuscale.sharded import load_all
-
         model = load_all(source)["model"]
     else:
         model = Checkpointer._load(source)["model"]

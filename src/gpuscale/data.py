@@ -23,6 +23,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from gpuscale.sample_seeds import SeededSamples
+from gpuscale.runtime import current
 
 __all__ = ["BatchPlan", "plan_batch", "make_loader", "ShardedLoader", "ResumableDistributedSampler", "EvalShardSampler"]
 
@@ -233,8 +234,6 @@ def batch_len(batch: Any) -> int:
 
 def _check_even_batches(loader: ShardedLoader) -> None:
     """Refuse, before it hangs, an uneven evaluation pass under a strategy whose forward pass is collective."""
-    from gpuscale.runtime import current
-
     sampler = loader.sampler
     if not isinstance(sampler, EvalShardSampler) or sampler.even:
         return
@@ -294,8 +293,6 @@ def make_loader(
     (`gpuscale.sample_seeds`). Default: on when workers load the samples, whose generators no
     checkpoint holds; in the main process the checkpoint's random state already suffices.
     """
-    from gpuscale.runtime import current
-
     rt = rt or current()
     if not isinstance(dataset, Sized):
         raise ValueError("make_loader needs a dataset with a length (a map-style Dataset)")

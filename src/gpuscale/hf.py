@@ -66,6 +66,8 @@ from gpuscale import syncprobe
 from gpuscale.metrics import Meter
 from gpuscale.precision import resolve_precision
 from gpuscale.strategy.deepspeed_config import build_config, config_precision, load_config
+from gpuscale.runtime import current
+from gpuscale.strategy.deepspeed import SAFE_GLOBALS
 
 try:
     from transformers import TrainerCallback
@@ -101,8 +103,6 @@ def trainer_arguments(
     deepspeed fused=True and compile are refused, as in `gpuscale.setup`. channels_last=True is refused: the Trainer does not
     change memory formats (the language models here have no convolutions).
     """
-    from gpuscale.runtime import current
-
     rt = rt or current()
     if strategy not in TRAINER_STRATEGIES:
         raise ValueError(f"strategy {strategy!r} is not available with the HF Trainer; choose one of: {', '.join(TRAINER_STRATEGIES)}")
@@ -142,8 +142,6 @@ def trainer_arguments(
 
 def check_trainer(trainer: Any, plan: BatchPlan, rt: Any = None) -> None:
     """Raise ValueError unless the Trainer is distributed over gpuscale's ranks with the planned batch."""
-    from gpuscale.runtime import current
-
     rt = rt or current()
     args = trainer.args
     if args.world_size != rt.world_size:
@@ -167,7 +165,6 @@ def check_checkpoint(path: str | Path) -> None:
     """Refuse a checkpoint-N folder whose DeepSpeed files (global_step*/*.pt) name objects other than data."""
     from torch.serialization import get_unsafe_globals_in_checkpoint
 
-    from gpuscale.strategy.deepspeed import SAFE_GLOBALS
 
     for file in sorted(Path(path).glob("global_step*/*.pt")):
         try:

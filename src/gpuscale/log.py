@@ -22,6 +22,8 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
+from gpuscale.env import detect_env
+
 __all__ = ["get_logger", "print0", "progress", "current_rank", "configure_logging"]
 
 T = TypeVar("T")
@@ -34,7 +36,6 @@ def current_rank() -> tuple[int, int]:
     """(rank, world_size) of this process: from init() once it ran, else from the environment."""
     if _placement is not None:
         return _placement
-    from gpuscale.env import detect_env
 
     try:
         env = detect_env(os.environ)

@@ -40,6 +40,7 @@ from gpuscale.probe.recorder import meter_created
 from gpuscale.monitor import Monitor, device_stats, make_timeline, monitor_enabled
 from gpuscale.stepsplit import PHASES, split_step, time_split
 from gpuscale.syncprobe import FIRST_PROBE_STEP, PROBE_STEPS, RECORD as PROBES, probe_enabled
+from gpuscale.runtime import current
 
 __all__ = ["Average", "Meter", "all_reduce_sum", "all_reduce_max", "SUMMARY_KEYS", "PHASES"]
 
@@ -51,8 +52,6 @@ SUMMARY_KEYS = (
 
 
 def _runtime(rt: Any) -> Any:
-    from gpuscale.runtime import current
-
     return rt or current()
 
 

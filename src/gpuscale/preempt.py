@@ -47,6 +47,7 @@ import torch.distributed as dist
 
 from gpuscale.exits import EXIT_STOPPED, Stopped
 from gpuscale.runtime import Runtime, current
+from gpuscale.log import get_logger
 
 __all__ = ["StopSignal", "Stopped", "EXIT_STOPPED", "STOP_SIGNALS"]
 
@@ -136,8 +137,6 @@ class StopSignal:
     def exit(self) -> None:
         """End the run now with EXIT_STOPPED (75), after the checkpoint. gpuscale.init() tears down as usual."""
         if self.rt.is_main:
-            from gpuscale.log import get_logger
-
             get_logger("preempt").warning("stopped on request (%s) after writing a checkpoint; run again to resume",
                                           self.signal_name or "a signal on another rank")
         raise Stopped()

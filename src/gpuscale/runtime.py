@@ -68,6 +68,7 @@ from gpuscale.topology import (
     plan_binding,
     set_affinity,
 )
+from gpuscale.files import atomic_write_json
 
 __all__ = ["Runtime", "init", "current", "DEFAULT_TIMEOUT_S"]
 
@@ -481,8 +482,6 @@ def _note_failure(env: DistEnv, exc: BaseException) -> None:
     if not directory:
         return
     try:
-        from gpuscale.files import atomic_write_json
-
         atomic_write_json(Path(directory) / f"rank-{env.rank}.json",
                           {"rank": env.rank, "time": time.time(), "symptom": is_peer_symptom(exc), "message": str(exc)[:500]})
     except Exception:  # a courtesy for the launcher's summary; the report above went out

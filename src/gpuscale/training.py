@@ -42,6 +42,8 @@ from gpuscale.log import get_logger
 from gpuscale.precision import PRECISIONS, Precision, resolve_precision
 from gpuscale.strategy import STRATEGIES, get_strategy, gradient_bytes, no_sync, unwrap, wrap
 from gpuscale.strategy.deepspeed_config import ZERO_STAGES, build_config, config_precision, load_config
+from gpuscale.runtime import current
+from gpuscale.strategy.deepspeed import import_deepspeed
 
 __all__ = ["Training", "setup", "add_arguments", "training_options", "loader_options"]
 
@@ -214,8 +216,6 @@ def setup(
     for convolutional models and fused SGD/Adam/AdamW, both under ddp on GPUs only; compile off).
     DeepSpeed runs its own step and keeps flat shards: there, an explicit True of any is refused.
     """
-    from gpuscale.runtime import current
-
     rt = rt or current()
     get_strategy(strategy)  # unknown names fail here, listing the valid ones
     if strategy != "deepspeed":
@@ -243,8 +243,6 @@ def setup(
 def _setup_deepspeed(model: nn.Module, optimizer: OptimizerFactory | None, *, plan: BatchPlan, precision: str,
                      zero_stage: int | None, offload: bool, ds_config: str | dict[str, Any] | None,
                      clip_grad_norm: float | None, rt: Any) -> Training:
-    from gpuscale.strategy.deepspeed import import_deepspeed
-
     user_config = load_config(ds_config) if isinstance(ds_config, str) else ds_config
     if precision == "auto" and user_config is not None:
         precision = config_precision(user_config) or "auto"

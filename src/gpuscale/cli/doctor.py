@@ -25,6 +25,17 @@ import os
 import sys
 from typing import Any
 
+from gpuscale.slurm.profiles import load_profile
+from gpuscale.topology import parse_gpu_core_map
+from gpuscale.doctor import check_port_free
+from gpuscale.doctor.bandwidth import message_sizes, parse_size
+from gpuscale.env import detect_env
+from gpuscale.runtime import init
+from gpuscale.doctor import Finding, judge
+from gpuscale.doctor.bandwidth import sweep, verdict
+from gpuscale.doctor.facts import rank_facts
+from gpuscale.doctor.report import as_json, exit_code, format_text
+
 EPILOG = """examples:
   gpuscale doctor
   gpuscale run --nproc-per-node 2 -m gpuscale doctor
@@ -61,9 +72,6 @@ def add_parser(subparsers: Any) -> None:
 
 def _expectations(args: argparse.Namespace, num_nodes: int) -> tuple[float | None, list[list[int] | None] | None]:
     """(expected busbw in GB/s, GPU index -> nearby cores) from the options or the profile."""
-    from gpuscale.slurm.profiles import load_profile
-    from gpuscale.topology import parse_gpu_core_map
-
     expected, gpu_cores = args.expect_busbw, None
     if args.gpu_cores:
         try:
@@ -84,10 +92,6 @@ def _expectations(args: argparse.Namespace, num_nodes: int) -> tuple[float | Non
 def run(args: argparse.Namespace) -> int:
     import torch.distributed as dist
 
-    from gpuscale.doctor import check_port_free
-    from gpuscale.doctor.bandwidth import message_sizes, parse_size
-    from gpuscale.env import detect_env
-    from gpuscale.runtime import init
 
     if not 0 < args.timeout < 1e6:
         raise ValueError(f"--timeout {args.timeout} must be a positive number of seconds")
@@ -122,10 +126,6 @@ def _examine(args: argparse.Namespace, rt: Any, environ: dict[str, str], sizes: 
     """Gather every rank's facts, judge them on rank 0, measure the all-reduce if the placement allows; the exit code."""
     import torch.distributed as dist
 
-    from gpuscale.doctor import Finding, judge
-    from gpuscale.doctor.bandwidth import sweep, verdict
-    from gpuscale.doctor.facts import rank_facts
-    from gpuscale.doctor.report import as_json, exit_code, format_text
 
     mine = rank_facts(rt, environ)
     facts: list[Any] = [mine]

@@ -31,6 +31,7 @@ from typing import Any
 
 from gpuscale.cli.slurm import profile_from_args
 from gpuscale.study import matrix, predict
+from gpuscale.study.linkbench import measure_local
 
 EPILOG = """examples:
   gpuscale predict runs/dvc-1gpu --profile lumi-g --nproc 1,2,4,8 --nodes 1,2
@@ -160,8 +161,6 @@ def run(args: argparse.Namespace) -> int:
     cells = matrix.cells(matrix.parse_counts(args.nproc, "--nproc"), matrix.parse_counts(args.nodes, "--nodes"),
                          matrix.parse_scalings(args.scaling))
     if args.measure:
-        from gpuscale.study.linkbench import measure_local
-
         vendor = this_machine_vendor()
         predict.check_target(base, vendor, "this machine (--measure)", "here")
         with tempfile.TemporaryDirectory() as tmp:

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from gpuscale.study import analysis
+from gpuscale.files import atomic_write_json
+from gpuscale.study.report import format_table, write_report
 
 EPILOG = """examples:
   gpuscale report runs/study
@@ -37,9 +39,6 @@ def _prediction_ok(prediction: Any) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpuscale.files import atomic_write_json
-    from gpuscale.study.report import format_table, write_report
-
     study_dir = Path(args.study_dir)
     saved = study_dir / "results.json"
     prediction = None

@@ -19,6 +19,9 @@ from typing import Any
 
 from gpuscale.slurm.cluster import ClusterOptions, cluster_job, load_cluster_profile
 from gpuscale.slurm.render import CPU_BINDS, MODES, JobSpec, render_sbatch
+from gpuscale.slurm import jobs
+from gpuscale.files import atomic_write
+from gpuscale.secrets import is_secret_name
 
 EPILOG = """examples:
   gpuscale slurm script --profile lumi-g --nodes 1 --gpus-per-node 8 --mode srun -- train.py
@@ -151,9 +154,6 @@ def run_script(args: argparse.Namespace) -> int:
     profile, job = job_from_args(args)
     text = render_sbatch(profile, job)
     if args.write:
-        from gpuscale.files import atomic_write
-        from gpuscale.secrets import is_secret_name
-
         # An --env value that looks like a token is written into the script: then only its owner may read it.
         secret = any(is_secret_name(name) for name, _ in job.env)
         atomic_write(args.write, lambda f: f.write(text.encode()), mode=0o700 if secret else 0o755)
@@ -181,8 +181,6 @@ def _describe(info: Any) -> str:
 
 
 def run_submit(args: argparse.Namespace) -> int:
-    from gpuscale.slurm import jobs
-
     profile, job = job_from_args(args)
     text = render_sbatch(profile, job)
     job_id = jobs.submit(text)
@@ -213,8 +211,6 @@ def run_submit(args: argparse.Namespace) -> int:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    from gpuscale.slurm import jobs
-
     infos = [jobs.job_info(_job_id(j)) for j in args.job_ids] if args.job_ids else jobs.list_jobs()
     for info in infos:
         print(_describe(info))
@@ -224,8 +220,6 @@ def run_status(args: argparse.Namespace) -> int:
 
 
 def run_cancel(args: argparse.Namespace) -> int:
-    from gpuscale.slurm import jobs
-
     for job_id in args.job_ids:
         jobs.cancel(_job_id(job_id))
         print(f"cancelled {job_id}")
@@ -233,8 +227,6 @@ def run_cancel(args: argparse.Namespace) -> int:
 
 
 def run_logs(args: argparse.Namespace) -> int:
-    from gpuscale.slurm import jobs
-
     info = jobs.job_info(_job_id(args.job_id))
     if not info.stdout_path:
         raise ValueError(f"SLURM does not say where job {args.job_id} writes its output")

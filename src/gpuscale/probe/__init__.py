@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from gpuscale.files import write_run_files
+from gpuscale.probe.merge import merge_records
 
 __all__ = ["SITE_DIR", "RECORDS", "SUMMARY", "INCOMPLETE_SUMMARY", "probe_enabled", "probe_environ", "read_records",
            "summary_name", "collect", "describe"]
@@ -80,8 +81,6 @@ def collect(records_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str]
     None when there is nothing to merge: no rank left a record (the probe was off, or the script
     never imported torch), or the script measured itself with gpuscale.Meter (its summary stays).
     """
-    from gpuscale.probe.merge import merge_records
-
     records = read_records(records_dir)
     if not records or any(r.get("meter") for r in records):
         return None

@@ -48,6 +48,11 @@ from typing import Any
 
 import torch
 
+from gpuscale.data import batch_len
+from gpuscale.monitor import Monitor, monitor_enabled
+from gpuscale.files import atomic_write_json, make_dir
+from gpuscale.env import detect_env
+
 RECORD_VERSION = 1
 MAX_DDP_SAMPLES = 200
 """DDP timer samples kept: the first 10 iterations and the latest ones (every 100th iteration)."""
@@ -84,8 +89,6 @@ class _Pass:
 
 
 def _batch_len(batch: Any) -> int | None:
-    from gpuscale.data import batch_len
-
     try:
         return batch_len(batch)
     except (ValueError, TypeError, StopIteration):
@@ -223,8 +226,6 @@ class Recorder:
             self.world = {"world_size": dist.get_world_size(), "rank": dist.get_rank(), "backend": str(dist.get_backend())}
 
     def _observe_device(self) -> None:
-        from gpuscale.monitor import Monitor, monitor_enabled
-
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             device = torch.device("cuda", torch.cuda.current_device())
             self.device_name = torch.cuda.get_device_name(device)
@@ -259,8 +260,6 @@ class Recorder:
 
     def write(self, ended: str | None) -> None:
         """Write the record (atomically); after the final write, periodic writes stop."""
-        from gpuscale.files import atomic_write_json, make_dir
-
         with self._lock:
             if self._finished:
                 return
@@ -330,8 +329,6 @@ def _gradient_bytes(optimizer: Any) -> int | None:
 def _launcher() -> str | None:
     """How this rank was started (torchrun, srun, ...), as gpuscale.env tells it; None if it cannot."""
     try:
-        from gpuscale.env import detect_env
-
         return detect_env(os.environ).launcher
     except Exception:
         return None

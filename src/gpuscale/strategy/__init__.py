@@ -24,6 +24,7 @@ from torch import nn
 from gpuscale.strategy.ddp import DDPStrategy
 from gpuscale.strategy.deepspeed import DeepSpeedStrategy
 from gpuscale.strategy.fsdp import FSDPStrategy
+from gpuscale.runtime import current
 
 __all__ = ["Strategy", "STRATEGIES", "get_strategy", "wrap", "unwrap", "full_state_dict", "no_sync"]
 
@@ -78,8 +79,6 @@ def wrap(model: nn.Module, strategy: str | None = None, rt: Any = None, precisio
     the optimizer on, and hand to `Checkpointer`. With one process the model is returned as is
     (moved to the device), so the same script runs everywhere.
     """
-    from gpuscale.runtime import current
-
     rt = rt or current()
     previous = _strategy_of(model)
     chosen = get_strategy(strategy) if strategy else (previous or get_strategy("ddp"))

@@ -23,6 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from gpuscale import sharded
+
 __all__ = ["FSDPStrategy"]
 
 
@@ -129,7 +131,6 @@ class FSDPStrategy:
         import torch.distributed as dist
         from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
-        from gpuscale import sharded
 
         state = self._sharded_state(model, optimizer)
         sharded.load(state, directory, no_dist=not (dist.is_available() and dist.is_initialized()))

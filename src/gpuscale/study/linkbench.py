@@ -25,6 +25,9 @@ import sys
 import time
 from pathlib import Path
 
+import gpuscale
+from gpuscale.files import atomic_write_json
+
 SIZES = tuple(2**k for k in range(13, 26, 2))  # 8 KiB .. 32 MiB
 BLOCKS, STEPS_PER_BLOCK = 7, 5
 
@@ -105,8 +108,6 @@ def sync_cost(num_bytes: int, rt: object) -> float:
 
 def main(argv: list[str]) -> int:
 
-    import gpuscale
-    from gpuscale.files import atomic_write_json
 
     if len(argv) != 1:
         print("usage: gpuscale run --nproc-per-node N -m gpuscale.study.linkbench OUT.json", file=sys.stderr)

@@ -29,6 +29,8 @@ from typing import Any
 from gpuscale.files import atomic_write_json, make_dir
 from gpuscale.probe import RECORDS as PROBE_RECORDS, collect, probe_enabled, probe_environ, read_records
 from gpuscale.study.matrix import SCALINGS, Cell, cpu_cores_for, local_argv
+from gpuscale.slurm import jobs
+from gpuscale.slurm.render import render_sbatch
 
 STUDY_FILE = "study.json"
 SUMMARY_FILE = "summary.json"
@@ -288,9 +290,6 @@ class SlurmRunner:
         self.timeout_s = timeout_s
 
     def run(self, cell: Cell, cell_dir: Path) -> str | None:
-        from gpuscale.slurm import jobs
-        from gpuscale.slurm.render import render_sbatch
-
         log_path = cell_dir / LOG_FILE
         make_dir(cell_dir / PROBE_RECORDS)
         profile, job = self.job_for(cell, str(log_path))

@@ -27,6 +27,9 @@ from gpuscale.slurm.cluster import ClusterOptions, cluster_job, load_cluster_pro
 from gpuscale.study import analysis, matrix, predict, runner
 from gpuscale.study.command import StudyCommand, check_no_cell_options, baseline_world_size
 from gpuscale.study.linkbench import MeasureError
+from gpuscale.topology import allowed_cores
+from gpuscale.study import linkbench
+from gpuscale.study.report import format_table, write_report
 
 __all__ = ["StudySpec", "StudyResult", "run_study", "LAUNCHERS"]
 
@@ -118,7 +121,6 @@ class StudyResult:
 def _node_devices() -> tuple[int, list[int]]:
     import torch
 
-    from gpuscale.topology import allowed_cores
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return gpus, allowed_cores()
@@ -126,8 +128,6 @@ def _node_devices() -> tuple[int, list[int]]:
 
 def _link(spec: StudySpec, num_gpus: int, cores: list[int], max_nproc: int) -> predict.Link:
     """The interconnect figures: the profile's on SLURM, else measured here once (cached in the study)."""
-    from gpuscale.study import linkbench
-
     if spec.cluster is not None and spec.launcher == "slurm":
         return predict.Link.from_profile(load_cluster_profile(spec.cluster))
     path = spec.out / "link.json"
@@ -152,8 +152,6 @@ def plan_cells(spec: StudySpec, device_count: int) -> list[matrix.Cell]:
 
 def run_study(spec: StudySpec, progress: Callable[[str], None] = print) -> StudyResult:
     """Run the study `spec` describes; write results.json and the report; return them (see `StudyResult`)."""
-    from gpuscale.study.report import format_table, write_report
-
     num_gpus, cores = _node_devices()
     if spec.launcher == "slurm":
         assert spec.cluster is not None
