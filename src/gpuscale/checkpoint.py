@@ -51,7 +51,7 @@ from gpuscale.rng import capture_rng, restore_rng
 from gpuscale.speed import keeping_implementation
 from gpuscale.strategy import strategy_of
 from gpuscale.strategy.deepspeed import TAG as DEEPSPEED_TAG
-from gpuscale.runtime import current
+from gpuscale.runtime import Runtime, current
 from gpuscale.strategy.deepspeed import consolidate_deepspeed
 from gpuscale.sharded import load_all
 
@@ -127,7 +127,7 @@ def verify_checksums(source: Path) -> bool:
 class Checkpointer:
     """Atomic, rotating checkpoints in one directory. `save` is collective; `resume` is not."""
 
-    def __init__(self, directory: str | Path, keep: int = 3, rt: Any = None) -> None:
+    def __init__(self, directory: str | Path, keep: int = 3, rt: Runtime | None = None) -> None:
         if keep < 1:
             raise ValueError(f"keep={keep} must be at least 1: the newest checkpoint is always kept")
         self.directory = Path(directory)

@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from gpuscale.sample_seeds import SeededSamples
-from gpuscale.runtime import current
+from gpuscale.runtime import Runtime, current
 
 __all__ = ["BatchPlan", "plan_batch", "make_loader", "ShardedLoader", "ResumableDistributedSampler", "EvalShardSampler"]
 
@@ -276,7 +276,7 @@ def make_loader(
     collate_fn: Callable[[list[Any]], Any] | None = None,
     even: bool = False,
     seed_samples: bool | None = None,
-    rt: Any = None,
+    rt: Runtime | None = None,
 ) -> ShardedLoader:
     """A loader of this rank's shard with the plan's per-device batch.
 

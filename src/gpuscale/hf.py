@@ -66,7 +66,7 @@ from gpuscale import syncprobe
 from gpuscale.metrics import Meter
 from gpuscale.precision import resolve_precision
 from gpuscale.strategy.deepspeed_config import build_config, config_precision, load_config
-from gpuscale.runtime import current
+from gpuscale.runtime import Runtime, current
 from gpuscale.strategy.deepspeed import SAFE_GLOBALS
 
 try:
@@ -91,7 +91,7 @@ def trainer_arguments(
     channels_last: bool | None = None,
     fused: bool | None = None,
     compile: bool | str = False,
-    rt: Any = None,
+    rt: Runtime | None = None,
 ) -> dict[str, Any]:
     """The `TrainingArguments` keywords that must agree with gpuscale; see the module docstring.
 
@@ -140,7 +140,7 @@ def trainer_arguments(
     return arguments
 
 
-def check_trainer(trainer: Any, plan: BatchPlan, rt: Any = None) -> None:
+def check_trainer(trainer: Any, plan: BatchPlan, rt: Runtime | None = None) -> None:
     """Raise ValueError unless the Trainer is distributed over gpuscale's ranks with the planned batch."""
     rt = rt or current()
     args = trainer.args

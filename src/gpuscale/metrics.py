@@ -40,7 +40,7 @@ from gpuscale.probe.recorder import meter_created
 from gpuscale.monitor import Monitor, device_stats, make_timeline, monitor_enabled
 from gpuscale.stepsplit import PHASES, split_step, time_split
 from gpuscale.syncprobe import FIRST_PROBE_STEP, PROBE_STEPS, RECORD as PROBES, probe_enabled
-from gpuscale.runtime import current
+from gpuscale.runtime import Runtime, current
 
 __all__ = ["Average", "Meter", "all_reduce_sum", "all_reduce_max", "SUMMARY_KEYS", "PHASES"]
 
@@ -51,11 +51,11 @@ SUMMARY_KEYS = (
 )
 
 
-def _runtime(rt: Any) -> Any:
+def _runtime(rt: Runtime | None) -> Runtime:
     return rt or current()
 
 
-def _reduce(values: list[float], op: dist.ReduceOp.RedOpType, rt: Any = None) -> list[float]:
+def _reduce(values: list[float], op: dist.ReduceOp.RedOpType, rt: Runtime | None = None) -> list[float]:
     rt = _runtime(rt)
     if not rt.is_distributed:
         return list(values)
@@ -64,12 +64,12 @@ def _reduce(values: list[float], op: dist.ReduceOp.RedOpType, rt: Any = None) ->
     return tensor.tolist()
 
 
-def all_reduce_sum(values: list[float], rt: Any = None) -> list[float]:
+def all_reduce_sum(values: list[float], rt: Runtime | None = None) -> list[float]:
     """Element-wise sum over all ranks (collective)."""
     return _reduce(values, dist.ReduceOp.SUM, rt)
 
 
-def all_reduce_max(values: list[float], rt: Any = None) -> list[float]:
+def all_reduce_max(values: list[float], rt: Runtime | None = None) -> list[float]:
     """Element-wise maximum over all ranks (collective)."""
     return _reduce(values, dist.ReduceOp.MAX, rt)
 
@@ -90,7 +90,7 @@ class Average:
         self.total += _number(value_sum)
         self.count += _number(count)
 
-    def compute(self, rt: Any = None) -> float:
+    def compute(self, rt: Runtime | None = None) -> float:
         """The mean over every rank's samples; collective. NaN if no rank saw a sample."""
         total, count = all_reduce_sum([self.total, self.count], rt)
         return total / count if count else float("nan")
@@ -130,7 +130,7 @@ class Meter:
     took no more steps than that. ``step_time_s`` keeps every step.
     """
 
-    def __init__(self, plan: BatchPlan, rt: Any = None, monitor: bool = True, warmup_steps: int = 10) -> None:
+    def __init__(self, plan: BatchPlan, rt: Runtime | None = None, monitor: bool = True, warmup_steps: int = 10) -> None:
         self.rt = _runtime(rt)
         meter_created()  # under gpuscale's probe: this script measures itself
         self.plan = plan

@@ -62,7 +62,8 @@ import os
 import subprocess
 import threading
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import torch
 
@@ -318,7 +319,17 @@ def amd_sampler(bus: tuple[int, int, int] | None) -> Any:
     return _fallback(lambda: AmdSmiSampler(bus), lambda: CommandSampler("rocm-smi", ROCM_SMI, parse_rocm_smi, bus))
 
 
-def open_sampler(rt: Any) -> Any:
+class Placed(Protocol):
+    """What the monitor needs to know of a rank: its device, cores, rank and host (a `gpuscale.Runtime` is
+    one; the probe, which has no Runtime in a script that does not use gpuscale, passes a stand-in)."""
+
+    device: torch.device
+    cores: Sequence[int]
+    rank: int
+    host: str
+
+
+def open_sampler(rt: Placed) -> Any:
     """The sampler of `rt.device`: NVML or nvidia-smi, amdsmi or rocm-smi, or /proc for a CPU."""
     if rt.device.type != "cuda":
         return ProcSampler(tuple(rt.cores) or tuple(os.sched_getaffinity(0)))
@@ -332,7 +343,7 @@ def open_sampler(rt: Any) -> Any:
 class Monitor:
     """Samples `rt.device` every `interval_s` in a daemon thread between `start()` and `stop()`."""
 
-    def __init__(self, rt: Any, interval_s: float = 0.5) -> None:
+    def __init__(self, rt: Placed, interval_s: float = 0.5) -> None:
         if not interval_s > 0:
             raise ValueError(f"interval_s={interval_s} must be a positive number of seconds")
         self.rt, self.interval_s = rt, float(interval_s)

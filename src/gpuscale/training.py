@@ -42,7 +42,7 @@ from gpuscale.log import get_logger
 from gpuscale.precision import PRECISIONS, Precision, resolve_precision
 from gpuscale.strategy import STRATEGIES, get_strategy, gradient_bytes, no_sync, unwrap, wrap
 from gpuscale.strategy.deepspeed_config import ZERO_STAGES, build_config, config_precision, load_config
-from gpuscale.runtime import current
+from gpuscale.runtime import Runtime, current
 from gpuscale.strategy.deepspeed import import_deepspeed
 
 __all__ = ["Training", "setup", "add_arguments", "training_options", "loader_options"]
@@ -199,7 +199,7 @@ def setup(
     channels_last: bool | None = None,
     fused: bool | None = None,
     compile: bool | str = False,
-    rt: Any = None,
+    rt: Runtime | None = None,
 ) -> Training:
     """Spread `model` over the ranks with `strategy` and build its optimizer; see the module docstring.
 
@@ -242,7 +242,7 @@ def setup(
 
 def _setup_deepspeed(model: nn.Module, optimizer: OptimizerFactory | None, *, plan: BatchPlan, precision: str,
                      zero_stage: int | None, offload: bool, ds_config: str | dict[str, Any] | None,
-                     clip_grad_norm: float | None, rt: Any) -> Training:
+                     clip_grad_norm: float | None, rt: Runtime) -> Training:
     user_config = load_config(ds_config) if isinstance(ds_config, str) else ds_config
     if precision == "auto" and user_config is not None:
         precision = config_precision(user_config) or "auto"

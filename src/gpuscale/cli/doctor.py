@@ -30,7 +30,7 @@ from gpuscale.topology import parse_gpu_core_map
 from gpuscale.doctor import check_port_free
 from gpuscale.doctor.bandwidth import message_sizes, parse_size
 from gpuscale.env import detect_env
-from gpuscale.runtime import init
+from gpuscale.runtime import Runtime, init
 from gpuscale.doctor import Finding, judge
 from gpuscale.doctor.bandwidth import sweep, verdict
 from gpuscale.doctor.facts import rank_facts
@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
 
 
-def _examine(args: argparse.Namespace, rt: Any, environ: dict[str, str], sizes: list[int], expected: float | None,
+def _examine(args: argparse.Namespace, rt: Runtime, environ: dict[str, str], sizes: list[int], expected: float | None,
              gpu_cores: list[list[int] | None] | None, rendezvous: Any) -> int:
     """Gather every rank's facts, judge them on rank 0, measure the all-reduce if the placement allows; the exit code."""
     import torch.distributed as dist

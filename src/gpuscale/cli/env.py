@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from gpuscale.env import relevant_environment
-from gpuscale.runtime import format_placements, init
+from gpuscale.runtime import Runtime, format_placements, init
 
 EPILOG = """examples:
   gpuscale env
@@ -46,7 +46,7 @@ def add_parser(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def describe(rt: Any) -> dict[str, Any]:
+def describe(rt: Runtime) -> dict[str, Any]:
     env = rt.env
     return {
         "launcher": env.launcher,

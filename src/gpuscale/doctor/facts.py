@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from gpuscale.env import relevant_environment, visible_devices
 from gpuscale.topology import allowed_cores, numa_node_of_pci, parse_cpulist
+from gpuscale.runtime import Runtime
 
 __all__ = ["rank_facts", "core_numa_nodes", "SYSFS_NODES"]
 
@@ -76,7 +77,7 @@ def _versions() -> dict[str, Any]:
     }
 
 
-def rank_facts(rt: Any, environ_at_start: Mapping[str, str]) -> dict[str, Any]:
+def rank_facts(rt: Runtime, environ_at_start: Mapping[str, str]) -> dict[str, Any]:
     """This rank's facts: placement, devices, versions and starting environment."""
     env = rt.env
     cores = allowed_cores()

@@ -24,7 +24,7 @@ from torch import nn
 from gpuscale.strategy.ddp import DDPStrategy
 from gpuscale.strategy.deepspeed import DeepSpeedStrategy
 from gpuscale.strategy.fsdp import FSDPStrategy
-from gpuscale.runtime import current
+from gpuscale.runtime import Runtime, current
 
 __all__ = ["Strategy", "STRATEGIES", "get_strategy", "wrap", "unwrap", "full_state_dict", "no_sync"]
 
@@ -32,7 +32,7 @@ __all__ = ["Strategy", "STRATEGIES", "get_strategy", "wrap", "unwrap", "full_sta
 class Strategy(Protocol):
     name: str
 
-    def wrap(self, module: nn.Module, rt: Any, precision: Any = None) -> nn.Module:
+    def wrap(self, module: nn.Module, rt: Runtime, precision: Any = None) -> nn.Module:
         """Return the model to train with, built around `module` (already unwrapped).
 
         `precision` (a `gpuscale.precision.Precision` or None) is for strategies that cast
@@ -53,7 +53,7 @@ class Strategy(Protocol):
     def load_optimizer_state_dict(self, model: nn.Module, optimizer: Any, state: dict[str, Any]) -> None:
         """Load a state written by `optimizer_state_dict` (each rank keeps its part)."""
 
-    def writes_checkpoint(self, rt: Any) -> bool:
+    def writes_checkpoint(self, rt: Runtime) -> bool:
         """Whether this rank writes the checkpoint (rank 0 for full state dicts)."""
 
 
@@ -72,7 +72,7 @@ def _strategy_of(model: nn.Module) -> Strategy | None:
     return getattr(model, "_gpuscale_strategy", None)
 
 
-def wrap(model: nn.Module, strategy: str | None = None, rt: Any = None, precision: Any = None) -> nn.Module:
+def wrap(model: nn.Module, strategy: str | None = None, rt: Runtime | None = None, precision: Any = None) -> nn.Module:
     """Wrap `model` for data-parallel training (re-wrap it if it was wrapped before).
 
     Call it after choosing which parameters train; the returned model is what you call, build

@@ -18,6 +18,8 @@ from typing import Any
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from gpuscale.runtime import Runtime
+
 __all__ = ["DDPStrategy", "install_trainable_guard"]
 
 _GUARD = "_gpuscale_trainable_guard"
@@ -63,7 +65,7 @@ class DDPStrategy:
 
     name = "ddp"
 
-    def wrap(self, module: nn.Module, rt: Any, precision: Any = None) -> nn.Module:
+    def wrap(self, module: nn.Module, rt: Runtime, precision: Any = None) -> nn.Module:
         """Replicate `module`; `precision` is applied by autocast in the forward pass, not here."""
         module = module.to(rt.device)
         if not any(p.requires_grad for p in module.parameters()):
@@ -101,5 +103,5 @@ class DDPStrategy:
     def load_optimizer_state_dict(self, model: nn.Module, optimizer: Any, state: dict[str, Any]) -> None:
         optimizer.load_state_dict(state)
 
-    def writes_checkpoint(self, rt: Any) -> bool:
+    def writes_checkpoint(self, rt: Runtime) -> bool:
         return rt.rank == 0

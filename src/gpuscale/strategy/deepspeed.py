@@ -29,6 +29,7 @@ from torch import nn
 
 from gpuscale.strategy.ddp import install_trainable_guard
 from gpuscale.strategy.deepspeed_config import config_precision
+from gpuscale.runtime import Runtime
 
 __all__ = ["DeepSpeedStrategy", "import_deepspeed", "check_checkpoint_files", "consolidate_deepspeed", "TAG"]
 
@@ -59,7 +60,7 @@ class DeepSpeedStrategy:
     sharded = True
     reshards = False  # ZeRO checkpoints load on the number of ranks that wrote them
 
-    def wrap(self, module: nn.Module, rt: Any) -> nn.Module:
+    def wrap(self, module: nn.Module, rt: Runtime) -> nn.Module:
         raise ValueError("deepspeed builds its engine from the model and the optimizer together: use "
                          "gpuscale.setup(model, optimizer=..., strategy='deepspeed', plan=plan) instead of gpuscale.wrap")
 
@@ -96,7 +97,7 @@ class DeepSpeedStrategy:
 
     load_optimizer_state_dict = optimizer_state_dict
 
-    def writes_checkpoint(self, rt: Any) -> bool:
+    def writes_checkpoint(self, rt: Runtime) -> bool:
         return rt.rank == 0
 
     def save_sharded(self, model: nn.Module, optimizer: Any, directory: str) -> None:

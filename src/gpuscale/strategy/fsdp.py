@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from gpuscale import sharded
+from gpuscale.runtime import Runtime
 
 __all__ = ["FSDPStrategy"]
 
@@ -62,7 +63,7 @@ class FSDPStrategy:
     name = "fsdp"
     sharded = True
 
-    def wrap(self, module: nn.Module, rt: Any, precision: Any = None) -> nn.Module:
+    def wrap(self, module: nn.Module, rt: Runtime, precision: Any = None) -> nn.Module:
         """Shard `module` over all ranks; `precision` (a `gpuscale.precision.Precision`) sets the
         dtype units compute in (gradients are still reduced in fp32)."""
         from torch.distributed.fsdp import FSDPModule, fully_shard
@@ -117,7 +118,7 @@ class FSDPStrategy:
             return
         set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
 
-    def writes_checkpoint(self, rt: Any) -> bool:
+    def writes_checkpoint(self, rt: Runtime) -> bool:
         return rt.rank == 0
 
     def save_sharded(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, directory: str) -> None:
