@@ -19,7 +19,6 @@ from typing import Any
 
 from gpuscale.cli import study as study_cmd
 from gpuscale.study.spec import run_study
-import gpuscale
 
 DEMO_ARGS = ["--epochs", "2", "--finetune-epochs", "1"]
 LR_VARIANTS = ["--variant", "none=--lr-scaling none", "--variant", "linear=--lr-scaling linear"]
@@ -35,7 +34,7 @@ def add_parser(subparsers: Any) -> None:
 
 def example_script() -> Path:
     """examples/dogs_vs_cats.py of the source tree gpuscale is installed from (pip install -e .)."""
-    candidates = [Path(gpuscale.__file__).resolve().parents[2] / "examples" / "dogs_vs_cats.py", Path("examples/dogs_vs_cats.py")]
+    candidates = [Path(__file__).resolve().parents[3] / "examples" / "dogs_vs_cats.py", Path("examples/dogs_vs_cats.py")]
     for candidate in candidates:
         if candidate.is_file():
             return candidate

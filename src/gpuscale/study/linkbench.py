@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-import gpuscale
+from gpuscale.runtime import init
 from gpuscale.files import atomic_write_json
 
 SIZES = tuple(2**k for k in range(13, 26, 2))  # 8 KiB .. 32 MiB
@@ -112,7 +112,7 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: gpuscale run --nproc-per-node N -m gpuscale.study.linkbench OUT.json", file=sys.stderr)
         return 2
-    with gpuscale.init() as rt:
+    with init() as rt:
         if not rt.is_distributed:
             print("linkbench: needs at least 2 processes (gpuscale run --nproc-per-node 2 ...)", file=sys.stderr)
             return 2
