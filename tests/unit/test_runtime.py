@@ -232,3 +232,26 @@ def test_bad_input_inside_init_is_left_to_the_caller_in_one_process(capsys):
             raise ValueError("--data /nowhere has no train/ folder")
     err = capsys.readouterr().err
     assert "failed" not in err and "Traceback" not in err
+
+
+def test_every_strategy_answers_the_whole_protocol():
+    """Each strategy takes the arguments the protocol names: a wrong arity is a TypeError deep in a user's run
+    (gpuscale.wrap(model, strategy="deepspeed") was one, and DeepSpeed's load_optimizer_state_dict another)."""
+    import inspect
+
+    from gpuscale.strategy import STRATEGIES, Strategy
+
+    for name, cls in STRATEGIES.items():
+        for method in ("wrap", "unwrap", "state_dict", "load_state_dict", "optimizer_state_dict", "load_optimizer_state_dict",
+                       "writes_checkpoint"):
+            wanted = list(inspect.signature(getattr(Strategy, method)).parameters)
+            assert list(inspect.signature(getattr(cls, method)).parameters) == wanted, (name, method)
+
+
+def test_wrap_with_deepspeed_says_to_use_setup():
+    with gpuscale.init():
+        with pytest.raises(ValueError, match="use gpuscale.setup"):
+            gpuscale.wrap(torch.nn.Linear(2, 1), strategy="deepspeed")
+        strategy = gpuscale.strategy.get_strategy("deepspeed")
+        with pytest.raises(ValueError, match="loaded with the checkpoint"):
+            strategy.load_optimizer_state_dict(None, None, {})

@@ -60,7 +60,7 @@ class DeepSpeedStrategy:
     sharded = True
     reshards = False  # ZeRO checkpoints load on the number of ranks that wrote them
 
-    def wrap(self, module: nn.Module, rt: Runtime) -> nn.Module:
+    def wrap(self, module: nn.Module, rt: Runtime, precision: Any = None) -> nn.Module:
         raise ValueError("deepspeed builds its engine from the model and the optimizer together: use "
                          "gpuscale.setup(model, optimizer=..., strategy='deepspeed', plan=plan) instead of gpuscale.wrap")
 
@@ -95,7 +95,8 @@ class DeepSpeedStrategy:
     def optimizer_state_dict(self, model: nn.Module, optimizer: Any) -> dict[str, Any]:
         raise ValueError("a deepspeed optimizer's state is sharded; it is saved with the checkpoint (gpuscale.Checkpointer)")
 
-    load_optimizer_state_dict = optimizer_state_dict
+    def load_optimizer_state_dict(self, model: nn.Module, optimizer: Any, state: dict[str, Any]) -> None:
+        raise ValueError("a deepspeed optimizer's state is sharded; it is loaded with the checkpoint (gpuscale.Checkpointer.resume)")
 
     def writes_checkpoint(self, rt: Runtime) -> bool:
         return rt.rank == 0
