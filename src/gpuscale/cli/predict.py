@@ -31,7 +31,7 @@ from typing import Any
 
 from gpuscale.cli.slurm import profile_from_args
 from gpuscale.study import matrix, predict
-from gpuscale.study.linkbench import measure_local
+from gpuscale.study import linkbench
 
 EPILOG = """examples:
   gpuscale predict runs/dvc-1gpu --profile lumi-g --nproc 1,2,4,8 --nodes 1,2
@@ -164,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
         vendor = this_machine_vendor()
         predict.check_target(base, vendor, "this machine (--measure)", "here")
         with tempfile.TemporaryDirectory() as tmp:
-            link = predict.Link.from_measurement(measure_local(Path(tmp) / "link.json"))
+            link = predict.Link.from_measurement(linkbench.measure_local(Path(tmp) / "link.json"))
     else:
         profile = profile_from_args(args)
         vendor = profile.gpu_vendor

@@ -49,19 +49,15 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
+from gpuscale.slurm.values import ENV_NAME, MEMORY, SBATCH_SAFE
 from gpuscale.topology import parse_cpulist
 
 __all__ = ["Profile", "Partition", "Container", "load_profile", "list_profiles", "parse_override", "parse_time", "format_time",
-           "PROFILE_DIRS"]
+           "profile_dirs"]
 
 BUILTIN_DIR = Path(__file__).with_name("profiles")
 VENDORS = ("amd", "nvidia", "none")
 LINK_KEYS = ("intra_node_gbps", "intra_node_latency_us", "inter_node_gbps", "inter_node_latency_us")
-# \Z, not $: `$` also matches before a final newline, which would let "NAME\n" through.
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
-# What may appear on an #SBATCH line (partition names go there): sbatch splits it itself.
-_SBATCH_SAFE = re.compile(r"^[A-Za-z0-9_.,:%@/+=-]+\Z")
-_MEMORY = re.compile(r"^[0-9]+[KMGT]?\Z")
 # A core list as the kernel writes it: "49-55", "0-3,8,10-11", "0-15:2" (a stride).
 _CPULIST = re.compile(r"^[0-9]+(-[0-9]+(:[0-9]+)?)?(,[0-9]+(-[0-9]+(:[0-9]+)?)?)*\Z")
 MAX_TIME_S = 60 * 10**9
@@ -70,7 +66,7 @@ MAX_CORE = 65535
 """Highest core number a profile may name (a cpumask of 64 Ki cores; no node has more)."""
 
 
-def PROFILE_DIRS() -> list[Path]:  # noqa: N802 - reads like the constant it stands for
+def profile_dirs() -> list[Path]:
     """Where profiles are looked up by name, first match wins: user dirs, then the built-in ones."""
     dirs = []
     if os.environ.get("GPUSCALE_PROFILES"):
@@ -181,7 +177,7 @@ class Profile:
                 raise ValueError(f"{where}: {key}={value!r} must be a positive whole number")
         if not isinstance(self.forbid_cpus_per_gpu, bool):
             raise ValueError(f"{where}: forbid_cpus_per_gpu={self.forbid_cpus_per_gpu!r} must be true or false")
-        if self.mem_per_gpu is not None and not (isinstance(self.mem_per_gpu, str) and _MEMORY.match(self.mem_per_gpu)):
+        if self.mem_per_gpu is not None and not (isinstance(self.mem_per_gpu, str) and MEMORY.match(self.mem_per_gpu)):
             raise ValueError(f"{where}: mem_per_gpu={self.mem_per_gpu!r} is not a SLURM size; write e.g. \"60G\" or \"4000M\"")
         if not self.partitions:
             raise ValueError(f"{where}: needs at least one [partitions.NAME] table")
@@ -189,7 +185,7 @@ class Profile:
             if getattr(self, key) not in self.partitions:
                 raise ValueError(f"{where}: {key}={getattr(self, key)!r} is not one of its partitions: {', '.join(map(_show, self.partitions))}")
         for name, part in self.partitions.items():
-            if not _SBATCH_SAFE.match(name):
+            if not SBATCH_SAFE.match(name):
                 raise ValueError(f"{where}: partition name {name!r} cannot go on an #SBATCH line; "
                                  "use letters, digits and _ . , : % @ / + = - only")
             try:
@@ -216,7 +212,7 @@ class Profile:
             _check_container(self.container, where)
         for table in ("env", "env_shell"):
             for key, value in getattr(self, table).items():
-                if not isinstance(key, str) or not _ENV_NAME.match(key):
+                if not isinstance(key, str) or not ENV_NAME.match(key):
                     raise ValueError(f"{where}: [{table}] key {key!r} is not a valid environment variable name")
                 if not isinstance(value, str):
                     raise ValueError(f"{where}: [{table}] {_show(key)} = {value!r} must be a string, e.g. NAME = \"...\"")
@@ -339,7 +335,7 @@ def profile_from_dict(name: str, data: dict[str, Any], source: str = "<dict>") -
 
 
 def load_profile(name_or_path: str, overrides: dict[str, Any] | None = None) -> Profile:
-    """Load a profile by name (see `PROFILE_DIRS`) or by path to a .toml file; apply `overrides`.
+    """Load a profile by name (see `profile_dirs`) or by path to a .toml file; apply `overrides`.
 
     overrides: top-level keys to replace (``--set gpus_per_node=4``), validated like the file.
     """
@@ -350,7 +346,7 @@ def load_profile(name_or_path: str, overrides: dict[str, Any] | None = None) -> 
         name = path.stem
     else:
         name = name_or_path
-        candidates = [d / f"{name}.toml" for d in PROFILE_DIRS()]
+        candidates = [d / f"{name}.toml" for d in profile_dirs()]
         found = next((c for c in candidates if c.is_file()), None)
         if found is None:
             raise ValueError(f"unknown profile {name!r}; available: {', '.join(map(_show, sorted(list_profiles())))} (or give a path to a .toml file)")
@@ -403,7 +399,7 @@ _FIELD_TYPES = {f.name: f.type for f in fields(Profile)}  # strings ("int", "flo
 def list_profiles() -> dict[str, Path]:
     """Every profile visible by name: name -> file (user profiles shadow built-in ones)."""
     found: dict[str, Path] = {}
-    for directory in PROFILE_DIRS():
+    for directory in profile_dirs():
         if directory.is_dir():
             for path in sorted(directory.glob("*.toml")):
                 found.setdefault(path.stem, path)

@@ -20,12 +20,12 @@ One GPU on one node is the srun mode with a single task.
 
 from __future__ import annotations
 
-import re
 import shlex
 from dataclasses import dataclass
 
 from gpuscale._version import __version__
-from gpuscale.slurm.profiles import _ENV_NAME, Profile, format_time, parse_time
+from gpuscale.slurm.profiles import Profile, format_time, parse_time
+from gpuscale.slurm.values import ENV_NAME, MEMORY, SBATCH_SAFE
 
 __all__ = ["JobSpec", "render_sbatch", "validate_job", "MODES", "CPU_BINDS"]
 
@@ -33,9 +33,6 @@ MODES = ("torchrun", "srun")
 CPU_BINDS = ("auto", "masks", "none")
 TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 """Signals torchrun catches and passes on to its workers: its defaults plus USR1, SLURM's warning."""
-# What may appear on an #SBATCH line: sbatch splits it itself, so no spaces, quotes or newlines.
-_SBATCH_SAFE = re.compile(r"^[A-Za-z0-9_.,:%@/+=-]+\Z")
-_MEMORY = re.compile(r"^[0-9]+[KMGT]?\Z")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,7 +104,7 @@ class _Plan:
 
 
 def _safe(value: str, what: str) -> str:
-    if not _SBATCH_SAFE.match(value):
+    if not SBATCH_SAFE.match(value):
         raise ValueError(
             f"{what} {value!r} has characters SLURM's #SBATCH lines cannot carry safely; "
             "use letters, digits and _ . , : % @ / + = - only"
@@ -176,13 +173,13 @@ def validate_job(profile: Profile, job: JobSpec) -> _Plan:
         cpus_per_task = profile.cpus_per_node  # the whole node's usable cores for its one task
 
     mem = job.mem_per_gpu or profile.mem_per_gpu
-    if mem is not None and not _MEMORY.match(mem):
+    if mem is not None and not MEMORY.match(mem):
         raise ValueError(f"--mem-per-gpu {mem!r} is not a SLURM size; write e.g. 60G or 4000M")
     image = job.container or (profile.container.image if profile.container else None)
     if job.container and profile.container is None:
         raise ValueError(f"--container needs a profile with a [container] table; {profile.name} has none")
     for name, _value in job.env:
-        if not _ENV_NAME.match(name):
+        if not ENV_NAME.match(name):
             raise ValueError(f"--env {name!r}: not a valid environment variable name (letters, digits, _)")
     if not isinstance(job.max_requeues, int) or isinstance(job.max_requeues, bool) or not 0 <= job.max_requeues <= 1000:
         raise ValueError(f"--max-requeues {job.max_requeues!r} must be a whole number in 0..1000")

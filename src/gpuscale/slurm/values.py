@@ -1,0 +1,20 @@
+"""What may be written into a batch script: the patterns every value is checked against before it
+goes onto an ``#SBATCH`` line or into an ``export``. One home for them, used by the profiles (their
+partitions, memory, environment) and by the renderer (the user's job options).
+
+Each pattern ends with ``\\Z``, not ``$``: ``$`` also matches before a final newline, which would
+let ``"NAME\\n"`` through and onto the next line of the script.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["ENV_NAME", "SBATCH_SAFE", "MEMORY"]
+
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+"""An environment variable's name."""
+SBATCH_SAFE = re.compile(r"^[A-Za-z0-9_.,:%@/+=-]+\Z")
+"""A value for an #SBATCH line (partition, account, ...): sbatch splits the line itself, so no spaces, quotes or newlines."""
+MEMORY = re.compile(r"^[0-9]+[KMGT]?\Z")
+"""A SLURM memory size: a number with an optional K, M, G or T."""
