@@ -10,6 +10,8 @@ group exists, because the rank is read from the launcher's environment.
     log.warning("loss is NaN")           # every rank, as "WARNING [rank 3/8 nid005001] loss is NaN"
     gpuscale.print0("done")              # print on rank 0 only
     for batch in gpuscale.progress(loader, desc="epoch 1"): ...
+
+Also the fixed-width tables the CLI prints (`format_table`; `format_placements`, where every rank runs).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from gpuscale.env import detect_env
@@ -163,3 +165,19 @@ class progress(Iterator[T]):  # noqa: N801 - used like a function, as tqdm is
             self._stream.write(self._line(now) + "\n")
             self._stream.flush()
             self._last_draw = now
+
+
+def format_placements(placements: list[dict[str, Any]]) -> str:
+    """A fixed-width table: host, rank, local rank, device, cores, one line per rank."""
+    header = ("host", "rank", "local", "device", "name", "cores", "binding", "threads")
+    rows = [
+        (p["host"], str(p["rank"]), str(p["local_rank"]), p["device"], p["device_name"], p["cores"], p["binding"], str(p["threads"]))
+        for p in placements
+    ]
+    return format_table(header, rows)
+
+
+def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Columns padded to their widest cell, two spaces apart, no trailing blanks. Pure."""
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [header, *rows])

@@ -42,11 +42,8 @@ import gc
 import os
 import socket
 import signal
-import sys
 import time
-from pathlib import Path
-import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,7 +54,8 @@ import torch.distributed as dist
 from gpuscale.env import DistEnv, detect_env, device_index, visible_devices
 from gpuscale.files import tighten_umask
 from gpuscale.lifeline import end_with_parent, parent_death_signal
-from gpuscale.log import configure_logging, get_logger
+from gpuscale.failures import report_failure
+from gpuscale.log import configure_logging, format_placements, get_logger
 from gpuscale.exits import Stopped
 from gpuscale.topology import (
     BindingPlan,
@@ -68,7 +66,6 @@ from gpuscale.topology import (
     plan_binding,
     set_affinity,
 )
-from gpuscale.files import atomic_write_json
 
 __all__ = ["Runtime", "init", "current", "DEFAULT_TIMEOUT_S"]
 
@@ -76,11 +73,6 @@ DEFAULT_TIMEOUT_S = 600.0
 # Set by `gpuscale run` when it, not the user, put OMP_NUM_THREADS=1 there to quiet torchrun.
 OMP_FROM_LAUNCHER = "GPUSCALE_OMP_FROM_LAUNCHER"
 LAUNCH_TIME = "GPUSCALE_LAUNCH_TIME"
-FAILURE_DIR = "GPUSCALE_FAILURE_DIR"
-"""Set by `gpuscale run`: where each failing rank writes rank-N.json (time, symptom, message)."""
-PEER_SYMPTOMS = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing", "Broken pipe",
-                 "NCCL communicator was aborted", "ProcessGroupNCCL is aborted")
-"""Error texts of a collective whose peer went away: a rank failing so is a victim, not the cause."""
 GIL_DRAIN_S = 0.1  # see _teardown
 GPU_CORES = "GPUSCALE_GPU_CORES"  # the cluster profile's GPU-to-cores map, exported by gpuscale's batch scripts
 
@@ -411,7 +403,7 @@ def init(
     except BaseException as exc:
         failed = True
         if not (isinstance(exc, SystemExit) and exc.code in (0, None)):
-            _report_failure(env, exc)
+            report_failure(env, exc)
         raise
     finally:
         _current = None
@@ -426,66 +418,6 @@ def _gather_placements(rt: Runtime) -> list[dict[str, Any]]:
     everyone: list[Any] = [None] * rt.world_size
     dist.all_gather_object(everyone, mine)
     return sorted(everyone, key=lambda p: p["rank"])
-
-
-def format_placements(placements: list[dict[str, Any]]) -> str:
-    """A fixed-width table: host, rank, local rank, device, cores, one line per rank."""
-    header = ("host", "rank", "local", "device", "name", "cores", "binding", "threads")
-    rows = [
-        (p["host"], str(p["rank"]), str(p["local_rank"]), p["device"], p["device_name"], p["cores"], p["binding"], str(p["threads"]))
-        for p in placements
-    ]
-    return format_table(header, rows)
-
-
-def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """Columns padded to their widest cell, two spaces apart, no trailing blanks. Pure."""
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [header, *rows])
-
-
-def _report_failure(env: DistEnv, exc: BaseException) -> None:
-    """Name the failing rank, its host and traceback first, and tell torchrun's summary about it.
-
-    A ValueError is gpuscale's (and the examples') way to say the input was wrong: one line, no
-    traceback (if nobody catches it, Python still prints the traceback on its way out).
-    """
-    who = f"[gpuscale] rank {env.rank}/{env.world_size} on {socket.gethostname()}"
-    where = f"{who} failed"
-    if is_peer_symptom(exc):  # one line: the traceback that matters is the peer's, which comes first
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        sys.stderr.write(f"{who} stopped: a peer rank failed first ({first[:160]}); its report above says why\n")
-    elif isinstance(exc, ValueError):
-        if env.world_size > 1:  # one process: the caller (the CLI, or Python's traceback) says it once
-            sys.stderr.write(f"{where}: {exc}\n")
-    else:
-        sys.stderr.write(f"{where}:\n" + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
-    sys.stderr.flush()
-    _note_failure(env, exc)
-    if os.environ.get("TORCHELASTIC_ERROR_FILE"):
-        try:
-            from torch.distributed.elastic.multiprocessing.errors import get_error_handler
-
-            get_error_handler().record_exception(exc)
-        except Exception:  # the report above already went out; the error file is a courtesy
-            pass
-
-
-def is_peer_symptom(exc: BaseException) -> bool:
-    """True if `exc` says a collective lost its peer (the peer failed first), not what went wrong."""
-    text = str(exc)
-    return isinstance(exc, (RuntimeError, OSError)) and any(s in text for s in PEER_SYMPTOMS)
-
-
-def _note_failure(env: DistEnv, exc: BaseException) -> None:
-    directory = os.environ.get(FAILURE_DIR)
-    if not directory:
-        return
-    try:
-        atomic_write_json(Path(directory) / f"rank-{env.rank}.json",
-                          {"rank": env.rank, "time": time.time(), "symptom": is_peer_symptom(exc), "message": str(exc)[:500]})
-    except Exception:  # a courtesy for the launcher's summary; the report above went out
-        pass
 
 
 def _teardown(rt: Runtime | None, failed: bool) -> None:

@@ -59,3 +59,15 @@ def test_nothing_inside_the_package_imports_its_public_api():
                             env={**os.environ, "PYTHONPATH": str(SRC)})
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "[]"
+
+
+def test_every_module_has_its_layer():
+    """A new module must be placed in the layers (an unplaced one would escape the contract)."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    layers = next(c for c in config["contracts"] if c["type"] == "layers")["layers"]
+    placed = {name.strip() for layer in layers for name in layer.split("|")}
+    children = {p.stem if p.is_file() else p.name for p in (SRC / "gpuscale").iterdir()
+                if (p.suffix == ".py" and p.stem != "__init__") or (p.is_dir() and (p / "__init__.py").exists())}
+    assert children == placed, f"not placed: {sorted(children - placed)}; placed but gone: {sorted(placed - children)}"

@@ -243,7 +243,7 @@ def test_the_first_failure_is_the_cause_not_the_peer_that_lost_it():
     from types import SimpleNamespace
 
     from gpuscale.cli.run import first_failure
-    from gpuscale.runtime import is_peer_symptom
+    from gpuscale.failures import is_peer_symptom
 
     failures = {0: SimpleNamespace(timestamp=100, exitcode=1), 1: SimpleNamespace(timestamp=100, exitcode=1)}
     # torchrun's whole seconds tie; rank 0 only lost its peer, rank 1 raised

@@ -24,7 +24,8 @@ from typing import Any
 import torch
 
 from gpuscale.env import relevant_environment
-from gpuscale.runtime import Runtime, format_placements, init
+from gpuscale.log import format_placements
+from gpuscale.runtime import Runtime, init
 
 EPILOG = """examples:
   gpuscale env

@@ -37,7 +37,8 @@ from gpuscale.probe import RECORDS, collect, describe, probe_enabled, probe_envi
 from gpuscale.env import check_master_addr, check_one_launcher_per_node, port_from_job_id
 from gpuscale.exits import EXIT_STOPPED
 from gpuscale.slurm.render import TORCHRUN_SIGNALS
-from gpuscale.runtime import FAILURE_DIR, LAUNCH_TIME, OMP_FROM_LAUNCHER
+from gpuscale.failures import FAILURE_DIR
+from gpuscale.runtime import LAUNCH_TIME, OMP_FROM_LAUNCHER
 from gpuscale.topology import allowed_cores
 
 EPILOG = """examples:

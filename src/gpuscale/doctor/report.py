@@ -9,7 +9,7 @@ from typing import Any
 from gpuscale._version import __version__
 from gpuscale.doctor.bandwidth import format_size
 from gpuscale.doctor.checks import Finding, worst
-from gpuscale.runtime import format_table
+from gpuscale.log import format_table
 from gpuscale.topology import format_cpulist
 
 __all__ = ["placement_table", "format_text", "as_json", "exit_code"]
