@@ -67,7 +67,7 @@ from gpuscale.metrics import Meter
 from gpuscale.precision import resolve_precision
 from gpuscale.strategy.deepspeed_config import build_config, config_precision, load_config
 from gpuscale.runtime import Runtime, current
-from gpuscale.strategy.deepspeed import SAFE_GLOBALS
+from gpuscale.strategy.deepspeed import refuse_unsafe_pickles
 
 try:
     from transformers import TrainerCallback
@@ -163,18 +163,7 @@ def check_trainer(trainer: Any, plan: BatchPlan, rt: Runtime | None = None) -> N
 
 def check_checkpoint(path: str | Path) -> None:
     """Refuse a checkpoint-N folder whose DeepSpeed files (global_step*/*.pt) name objects other than data."""
-    from torch.serialization import get_unsafe_globals_in_checkpoint
-
-
-    for file in sorted(Path(path).glob("global_step*/*.pt")):
-        try:
-            unsafe = set(get_unsafe_globals_in_checkpoint(str(file)))
-        except Exception as exc:
-            raise ValueError(f"{file} cannot be read as a checkpoint ({type(exc).__name__}); it may be truncated") from None
-        forbidden = sorted(unsafe - SAFE_GLOBALS)
-        if forbidden:
-            raise ValueError(f"{file} names {', '.join(forbidden[:3])}: objects other than tensors and DeepSpeed's "
-                             "bookkeeping; refusing to resume from it (a checkpoint must not run code)")
+    refuse_unsafe_pickles(sorted(Path(path).glob("global_step*/*.pt")), "resume from it")
 
 
 class MeterCallback(TrainerCallback):

@@ -21,11 +21,13 @@ into a plain fp32 state dict (DeepSpeed's zero_to_fp32) for inference or another
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+from torch.serialization import get_unsafe_globals_in_checkpoint
 
 from gpuscale.strategy.ddp import install_trainable_guard
 from gpuscale.strategy.deepspeed_config import config_precision
@@ -134,11 +136,16 @@ def _input_caster(dtype: torch.dtype) -> Any:
 
 def check_checkpoint_files(directory: Path) -> None:
     """Refuse a DeepSpeed checkpoint whose pickles name anything but data (they are loaded unsafely)."""
-    from torch.serialization import get_unsafe_globals_in_checkpoint
-
     files = sorted((directory / TAG).glob("*.pt"))
     if not files:
         raise ValueError(f"{directory} holds no DeepSpeed checkpoint files ({TAG}/*.pt)")
+    refuse_unsafe_pickles(files, "load it")
+
+
+def refuse_unsafe_pickles(files: Iterable[Path], refusing: str) -> None:
+    """ValueError naming the first of `files` that cannot be read, or whose pickle names objects other than
+    tensors and DeepSpeed's bookkeeping (DeepSpeed loads them with ``weights_only=False``: such a file could run
+    code). `refusing` says what is refused ("load it", "resume from it")."""
     for file in files:
         try:
             unsafe = set(get_unsafe_globals_in_checkpoint(str(file)))
@@ -147,7 +154,7 @@ def check_checkpoint_files(directory: Path) -> None:
         forbidden = sorted(unsafe - SAFE_GLOBALS)
         if forbidden:
             raise ValueError(f"{file} names {', '.join(forbidden[:3])}: objects other than tensors and DeepSpeed's "
-                             "bookkeeping; refusing to load it (a checkpoint must not run code)")
+                             f"bookkeeping; refusing to {refusing} (a checkpoint must not run code)")
 
 
 def consolidate_deepspeed(directory: Path) -> dict[str, Any]:
