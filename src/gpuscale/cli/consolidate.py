@@ -14,6 +14,7 @@ import warnings
 from typing import Any
 
 from gpuscale.checkpoint import NOT_A_PICKLE, consolidate
+from gpuscale.cli.verbs import verb_parser
 
 EPILOG = """examples:
   gpuscale consolidate runs/vit/checkpoints/step-000001000 model.pt
@@ -22,10 +23,7 @@ EPILOG = """examples:
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "consolidate", help="turn a (sharded) checkpoint into one plain state dict", description=__doc__,
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = verb_parser(subparsers, "consolidate", "turn a (sharded) checkpoint into one plain state dict", __doc__, EPILOG)
     parser.add_argument("checkpoint", help="a step-* file or directory written by gpuscale.Checkpointer")
     parser.add_argument("out", help="where to write the state dict (.pt)")
     parser.set_defaults(func=run)

@@ -19,15 +19,14 @@ from typing import Any
 
 from gpuscale.cli import study as study_cmd
 from gpuscale.study.spec import run_study
+from gpuscale.cli.verbs import verb_parser
 
 DEMO_ARGS = ["--epochs", "2", "--finetune-epochs", "1"]
 LR_VARIANTS = ["--variant", "none=--lr-scaling none", "--variant", "linear=--lr-scaling linear"]
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = subparsers.add_parser("demo", help="a weak and strong scaling study of the dogs-vs-cats example, here",
-                                   description=__doc__, epilog="examples:\n  gpuscale demo\n  gpuscale demo --out runs/my-demo\n",
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = verb_parser(subparsers, "demo", "a weak and strong scaling study of the dogs-vs-cats example, here", __doc__, "examples:\n  gpuscale demo\n  gpuscale demo --out runs/my-demo\n")
     parser.add_argument("--out", default="runs/demo", help="study directory (default runs/demo; a rerun reuses finished runs)")
     parser.set_defaults(func=run)
 

@@ -35,6 +35,7 @@ from gpuscale.doctor import Finding, judge
 from gpuscale.doctor.bandwidth import sweep, verdict
 from gpuscale.doctor.facts import rank_facts
 from gpuscale.doctor.report import as_json, exit_code, format_text
+from gpuscale.cli.verbs import verb_parser
 
 EPILOG = """examples:
   gpuscale doctor
@@ -46,13 +47,7 @@ EPILOG = """examples:
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "doctor",
-        help="preflight checks: placement, software, environment, all-reduce bandwidth",
-        description=__doc__,
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = verb_parser(subparsers, "doctor", "preflight checks: placement, software, environment, all-reduce bandwidth", __doc__, EPILOG)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the text report")
     parser.add_argument("--profile", default=None,
                         help="cluster profile (name or TOML path): its GPU-to-cores map and expected link bandwidth")

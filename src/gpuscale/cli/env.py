@@ -26,6 +26,7 @@ import torch
 from gpuscale.env import relevant_environment
 from gpuscale.log import format_placements
 from gpuscale.runtime import Runtime, init
+from gpuscale.cli.verbs import verb_parser
 
 EPILOG = """examples:
   gpuscale env
@@ -35,13 +36,7 @@ EPILOG = """examples:
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "env",
-        help="show the detected environment and where every rank runs",
-        description=__doc__,
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = verb_parser(subparsers, "env", "show the detected environment and where every rank runs", __doc__, EPILOG)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     parser.add_argument("--bind", choices=("auto", "none"), default=None, help="CPU binding to apply (default: auto, or GPUSCALE_BIND)")
     parser.set_defaults(func=run)

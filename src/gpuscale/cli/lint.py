@@ -35,6 +35,7 @@ import sys
 from typing import Any
 
 from gpuscale.lint import RULE_IDS, lint_paths, select_rules
+from gpuscale.cli.verbs import verb_parser
 
 EPILOG = """examples:
   gpuscale lint train.py
@@ -49,13 +50,7 @@ def _ids(text: str) -> list[str]:
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "lint",
-        help="find multi-GPU mistakes in training scripts (statically)",
-        description=__doc__,
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = verb_parser(subparsers, "lint", "find multi-GPU mistakes in training scripts (statically)", __doc__, EPILOG)
     parser.add_argument("paths", nargs="+", metavar="SCRIPT", help="training scripts or folders of them")
     parser.add_argument("--format", choices=("text", "json"), default="text", help="text (default) or a JSON list of findings")
     parser.add_argument("--select", type=_ids, default=None, metavar="IDS",

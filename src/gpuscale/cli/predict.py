@@ -32,6 +32,7 @@ from typing import Any
 from gpuscale.cli.slurm import profile_from_args
 from gpuscale.study import matrix, predict
 from gpuscale.study import linkbench
+from gpuscale.cli.verbs import verb_parser
 
 EPILOG = """examples:
   gpuscale predict runs/dvc-1gpu --profile lumi-g --nproc 1,2,4,8 --nodes 1,2
@@ -42,8 +43,7 @@ EPILOG = """examples:
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = subparsers.add_parser("predict", help="predict throughput and efficiency on N devices from a 1-device run",
-                                   description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = verb_parser(subparsers, "predict", "predict throughput and efficiency on N devices from a 1-device run", __doc__, EPILOG)
     parser.add_argument("run", metavar="RUN", help="summary.json of a single-device run, or its directory")
     parser.add_argument("--nproc", default="1,2,4,8", metavar="1,2,4,8", help="devices per node (default 1,2,4,8)")
     parser.add_argument("--nodes", default="1", metavar="1,2", help="node counts (default 1)")

@@ -12,6 +12,7 @@ import argparse
 from typing import Any
 
 from gpuscale.slurm.profiles import list_profiles, load_profile
+from gpuscale.cli.verbs import verb_parser
 
 EPILOG = """examples:
   gpuscale profiles
@@ -21,10 +22,7 @@ EPILOG = """examples:
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "profiles", help="list cluster profiles or show one", description=__doc__, epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = verb_parser(subparsers, "profiles", "list cluster profiles or show one", __doc__, EPILOG)
     parser.add_argument("name", nargs="?", help="profile to show (a name or a .toml path)")
     parser.add_argument("--raw", action="store_true", help="print the profile's TOML file as it is")
     parser.set_defaults(func=run)

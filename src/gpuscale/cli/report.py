@@ -14,6 +14,7 @@ from typing import Any
 from gpuscale.study import analysis
 from gpuscale.files import atomic_write_json
 from gpuscale.study.report import format_table, write_report
+from gpuscale.cli.verbs import verb_parser
 
 EPILOG = """examples:
   gpuscale report runs/study
@@ -22,8 +23,7 @@ EPILOG = """examples:
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = subparsers.add_parser("report", help="table, report.md, report.html and plots of a study", description=__doc__,
-                                   epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = verb_parser(subparsers, "report", "table, report.md, report.html and plots of a study", __doc__, EPILOG)
     parser.add_argument("study_dir", metavar="DIR", help="the --out directory of `gpuscale study`")
     parser.add_argument("--no-files", action="store_true", help="print the table; write nothing")
     parser.set_defaults(func=run)

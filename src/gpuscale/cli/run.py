@@ -40,6 +40,7 @@ from gpuscale.slurm.render import TORCHRUN_SIGNALS
 from gpuscale.failures import FAILURE_DIR
 from gpuscale.runtime import LAUNCH_TIME, OMP_FROM_LAUNCHER
 from gpuscale.topology import allowed_cores
+from gpuscale.cli.verbs import verb_parser
 
 EPILOG = """examples:
   gpuscale run examples/dogs_vs_cats.py                       # one process per GPU, or per core
@@ -52,13 +53,7 @@ EPILOG = """examples:
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "run",
-        help="launch a script on all GPUs/cores of this node (or of many nodes)",
-        description=__doc__,
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = verb_parser(subparsers, "run", "launch a script on all GPUs/cores of this node (or of many nodes)", __doc__, EPILOG)
     parser.add_argument("--nproc-per-node", default="auto", metavar="N|gpu|cpu|auto",
                         help="processes on this node (default auto: one per GPU, else one per usable core)")
     parser.add_argument("--nnodes", type=int, default=1, help="number of nodes (default 1)")

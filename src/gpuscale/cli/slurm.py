@@ -22,6 +22,7 @@ from gpuscale.slurm.render import CPU_BINDS, MODES, JobSpec, render_sbatch
 from gpuscale.slurm import jobs
 from gpuscale.files import atomic_write
 from gpuscale.secrets import is_secret_name
+from gpuscale.cli.verbs import verb_parser
 
 EPILOG = """examples:
   gpuscale slurm script --profile lumi-g --nodes 1 --gpus-per-node 8 --mode srun -- train.py
@@ -106,10 +107,7 @@ def profile_from_args(args: argparse.Namespace) -> Any:
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "slurm", help="SLURM batch scripts for a cluster profile", description=__doc__, epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = verb_parser(subparsers, "slurm", "SLURM batch scripts for a cluster profile", __doc__, EPILOG)
     actions = parser.add_subparsers(dest="slurm_verb", metavar="ACTION", required=True)
     script = actions.add_parser(
         "script", help="print the batch script (or write it with -o)", description=__doc__, epilog=EPILOG,

@@ -44,6 +44,7 @@ from typing import Any
 from gpuscale.cli.slurm import add_cluster_options, cluster_options
 from gpuscale.study import matrix
 from gpuscale.study.spec import StudyResult, StudySpec, run_study
+from gpuscale.cli.verbs import verb_parser
 
 EPILOG = """examples:
   gpuscale study --nproc 1,2 --scaling weak,strong --out runs/study -- examples/dogs_vs_cats.py --epochs 2
@@ -56,10 +57,7 @@ EPILOG = """examples:
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "study", help="run a script on 1..N devices, weak and strong; table, report and prediction",
-        description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = verb_parser(subparsers, "study", "run a script on 1..N devices, weak and strong; table, report and prediction", __doc__, EPILOG)
     add_study_options(parser)
     parser.add_argument("--out", required=True, help="study directory (created; a rerun skips finished cells)")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- SCRIPT [ARGS]", help="the training script and its arguments")
