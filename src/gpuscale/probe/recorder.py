@@ -122,6 +122,7 @@ class Recorder:
         self.ddp: weakref.ref[Any] | None = None  # the largest DistributedDataParallel module made
         self.ddp_parameters = 0
         self.ddp_samples: list[dict[str, Any]] = []
+        self.process_group: Any = None  # the DDP's group, held until exit (see ddp_created)
 
     # --- hooks (the training thread) ---
 
@@ -186,6 +187,12 @@ class Recorder:
         if self.ddp is None or self.ddp() is None or size > self.ddp_parameters:
             self.ddp, self.ddp_parameters = weakref.ref(module), size
             self.ddp_samples = []
+        # Keep the DDP's process group alive until this process's exit handlers (`at_exit`). A script that ends
+        # with destroy_process_group() and returns frees its DDP model right away; if that frees the group too,
+        # gloo's destructor joins its worker threads while the main thread holds the GIL, and a worker still
+        # releasing its last collective needs the GIL: a deadlock seen in 1 of 8 runs under the probe
+        # (docs/traps.md). Held to the exit handlers, the group is freed after the workers are idle.
+        self.process_group = getattr(module, "process_group", None) or self.process_group
 
     def _sample_ddp(self) -> None:
         module = self.ddp() if self.ddp is not None else None
@@ -283,6 +290,8 @@ class Recorder:
     def at_exit(self) -> None:
         if os.getpid() == self.pid:
             self.write("exception" if self.error else "exit")
+        time.sleep(0.05)  # without the GIL: gloo's workers finish with their last collective first
+        self.process_group = None
 
     def on_signal(self, signum: int, frame: Any) -> None:
         name = signal.Signals(signum).name
