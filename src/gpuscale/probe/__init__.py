@@ -32,9 +32,11 @@ __all__ = ["SITE_DIR", "RECORDS", "SUMMARY", "INCOMPLETE_SUMMARY", "probe_enable
 SITE_DIR = str(Path(__file__).resolve().parent / "site")
 """The folder holding the probe's sitecustomize.py: first on a worker's PYTHONPATH, it loads the probe."""
 RECORDS = "probe"
+"""The folder of rank records inside a run's or a study cell's folder (``probe/rank-<RANK>.json``)."""
 SUMMARY = "summary.json"
+"""A run's summary: a Meter's, or the probe's merge of a complete run."""
 INCOMPLETE_SUMMARY = "summary-incomplete.json"
-"""A study cell's folder of rank records (``<cell>/probe/rank-<RANK>.json``)."""
+"""The probe's merge of a run that failed or lost a rank (never taken for a result)."""
 
 
 def probe_enabled(environ: Mapping[str, str] = os.environ) -> bool:
@@ -87,7 +89,8 @@ def collect(records_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str]
     summary, timeline = merge_records(records, world_size=world_size, scaling=scaling, failure=failure)
     if out_dir is not None:
         name = summary_name(summary)
-        (Path(out_dir) / ({SUMMARY, INCOMPLETE_SUMMARY} - {name}).pop()).unlink(missing_ok=True)
+        stale = INCOMPLETE_SUMMARY if name == SUMMARY else SUMMARY  # an earlier run's, in the same folder
+        (Path(out_dir) / stale).unlink(missing_ok=True)
         write_run_files(out_dir, summary, timeline, name)
     return summary
 

@@ -290,8 +290,9 @@ class Recorder:
     def at_exit(self) -> None:
         if os.getpid() == self.pid:
             self.write("exception" if self.error else "exit")
-        time.sleep(0.05)  # without the GIL: gloo's workers finish with their last collective first
-        self.process_group = None
+        if self.process_group is not None:
+            time.sleep(0.05)  # without the GIL: gloo's workers finish with their last collective first
+            self.process_group = None
 
     def on_signal(self, signum: int, frame: Any) -> None:
         name = signal.Signals(signum).name

@@ -27,13 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from gpuscale.files import atomic_write_json, make_dir
-from gpuscale.probe import RECORDS as PROBE_RECORDS, collect, probe_enabled, probe_environ, read_records
+from gpuscale.probe import RECORDS as PROBE_RECORDS, SUMMARY as SUMMARY_FILE, collect, probe_enabled, probe_environ, read_records
 from gpuscale.study.matrix import SCALINGS, Cell, cpu_cores_for, local_argv
 from gpuscale.slurm import jobs
 from gpuscale.slurm.render import render_sbatch
 
 STUDY_FILE = "study.json"
-SUMMARY_FILE = "summary.json"
 LOG_FILE = "output.log"
 
 
