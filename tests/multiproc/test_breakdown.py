@@ -6,7 +6,8 @@ One study, four variants of tests/multiproc/scripts/injected_losses.py, each wit
     clean    nothing injected: the control
     data     every rank's loader sleeps 8 ms per batch       -> the "data" part
     onerank  only rank 1's loader sleeps 8 ms per batch      -> "imbalance" (rank 0 waits for rank 1), not "data"
-    comm     a DDP communication hook sleeps 8 ms per bucket -> "exposed communication", on top of the clean run's
+    comm     a DDP communication hook sleeps 8 ms per bucket -> "exposed communication": the sleep plus the
+             run's own all-reduce, both timed inside the hook
 
 Each injected share of ideal throughput is known from the sleeps that really happened and the run's
 own step time; the breakdown must recover it within 10% of ideal throughput (the issue's bar).
@@ -81,11 +82,13 @@ def test_a_loader_sleeping_on_one_rank_is_recovered_as_imbalance(study):
 
 def test_a_sleeping_communication_hook_is_recovered_as_exposed_communication(study):
     _, _, rows, injected = study
-    row, clean = rows["comm-weak-1x2"], rows["clean-weak-1x2"]
+    row = rows["comm-weak-1x2"]
     assert injected["comm"]["hook_calls_per_step"] >= 1
-    # the clean run's own all-reduce, in seconds per step, plus the injected sleeps, over this run's step
-    clean_comm_s = clean["step_breakdown_s"]["exposed_comm"]
-    expected = (clean_comm_s + injected["comm"]["comm_sleep_per_step_s"]) / _step(row)
+    assert injected["comm"]["comm_hook_s_per_step"] >= injected["comm"]["comm_sleep_per_step_s"]
+    # The hook held the backward pass for the injected sleep plus this run's own all-reduce (one bucket, so none of it
+    # overlaps the backward pass): timed by the hook itself, in this run, not taken from the clean run (a different
+    # run, whose all-reduce on a busy 2-core machine can take a third of a step more or less).
+    expected = injected["comm"]["comm_hook_s_per_step"] / _step(row)
     measured = row["step_breakdown_s"]["exposed_comm"] / _step(row)
     assert abs(measured - expected) <= TOLERANCE, f"expected exposed comm {expected:.3f}, measured {measured:.3f}\n{_report(rows)}"
     assert abs(row["loss_breakdown"]["exposed_comm"] - expected) <= TOLERANCE, _report(rows)

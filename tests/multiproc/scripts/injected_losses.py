@@ -7,10 +7,12 @@ optimizer steps; summary.json in --out. Injected only when the job has more than
     --data-sleep S --sleep-ranks all|1   the loader sleeps S seconds per batch, on every rank or on rank 1 only
     --comm-sleep S                       a DDP communication hook holds the backward pass S seconds per
                                          gradient bucket (busy, so that the core stays awake), then
-                                         all-reduces as DDP would
+                                         all-reduces as DDP would, waiting for it inside the hook
 
 Rank 0 writes OUT/injected.json: what was injected per optimizer step (seconds), from the sleeps
-that really happened (the hook counts its calls).
+that really happened (the hook counts its calls), and the hook's own clock: the seconds per step it
+held the backward pass (the sleep plus this run's all-reduce), averaged over the ranks. With one
+gradient bucket, that all-reduce starts after the whole backward pass: all of it is exposed.
 """
 
 import argparse
@@ -62,12 +64,18 @@ def busy_wait(seconds: float) -> None:
         pass
 
 
-def sleeping_allreduce(sleep: float, calls: list[int]):
+def sleeping_allreduce(sleep: float, calls: list[int], held_s: list[float]):
+    """A DDP communication hook: busy-wait `sleep`, all-reduce the bucket and wait for it; count calls and time."""
     def hook(state, bucket):
+        start = time.perf_counter()
         calls[0] += 1
         busy_wait(sleep)
         tensor = bucket.buffer().div_(dist.get_world_size())
-        return dist.all_reduce(tensor, async_op=True).get_future().then(lambda fut: fut.value()[0])
+        dist.all_reduce(tensor)
+        held_s[0] += time.perf_counter() - start
+        done = torch.futures.Future()
+        done.set_result(tensor)
+        return done
     return hook
 
 
@@ -82,9 +90,9 @@ with gpuscale.init() as rt:
     middle.requires_grad_(False)
     model = nn.Sequential(nn.Linear(128, args.hidden), nn.ReLU(), middle, nn.Linear(args.hidden, 10))
     training = gpuscale.setup(model, lambda p: torch.optim.SGD(p, lr=0.01), plan=plan)
-    calls = [0]
+    calls, held_s = [0], [0.0]
     if many and args.comm_sleep:
-        training.model.register_comm_hook(None, sleeping_allreduce(args.comm_sleep, calls))
+        training.model.register_comm_hook(None, sleeping_allreduce(args.comm_sleep, calls, held_s))
     sleeps_here = many and (args.sleep_ranks == "all" or rt.rank == 1)
     data_sleep = args.data_sleep if many else 0.0  # what the injection is, reported by rank 0
     dataset_sleep = args.data_sleep if sleeps_here else 0.0
@@ -99,9 +107,13 @@ with gpuscale.init() as rt:
         training.backward(loss)
         steps += training.step()
     meter.write_summary(args.out, final_loss=float(loss.detach()))
+    held = [held_s[0]]
+    if many:
+        held = [None] * rt.world_size
+        dist.all_gather_object(held, held_s[0])
     if rt.is_main:
         injected = {"data_sleep_per_step_s": data_sleep, "sleep_ranks": args.sleep_ranks if data_sleep else None,
                     "comm_sleep_per_step_s": args.comm_sleep * calls[0] / steps, "hook_calls_per_step": calls[0] / steps,
-                    "world_size": rt.world_size}
+                    "comm_hook_s_per_step": sum(held) / len(held) / steps, "world_size": rt.world_size}
         with open(os.path.join(args.out, "injected.json"), "w") as f:
             json.dump(injected, f)

@@ -35,6 +35,7 @@ with gpuscale.init() as rt:
         training.backward(loss)
         training.step()
     meter.write_summary(args.out, final_loss=float(loss.detach()))
+    Path(args.out).mkdir(parents=True, exist_ok=True)  # rank 0's summary made it, but maybe not yet
     momentum = [training.optimizer.state[p]["momentum_buffer"] for p in training.optimizer.param_groups[0]["params"]]
     torch.save({"state": training.module.state_dict(), "momentum": momentum, "next_random": torch.rand(4)},
                Path(args.out) / f"final-rank{rt.rank}.pt")
