@@ -49,7 +49,7 @@ from gpuscale.files import atomic_write, fsync_dir
 from gpuscale.log import get_logger
 from gpuscale.rng import capture_rng, restore_rng
 from gpuscale.speed import keeping_implementation
-from gpuscale.strategy import strategy_of
+from gpuscale.strategy import Strategy, strategy_of
 from gpuscale.strategy.deepspeed import TAG as DEEPSPEED_TAG
 from gpuscale.runtime import Runtime, current
 from gpuscale.strategy.deepspeed import consolidate_deepspeed
@@ -221,7 +221,7 @@ class Checkpointer:
             rngs = [None] * rt.world_size
             dist.all_gather_object(rngs, rng)
         strategy = strategy_of(model)
-        sharded = getattr(strategy, "sharded", False) and rt.is_distributed
+        sharded = strategy.sharded and rt.is_distributed
         path = self.directory / (f"step-{step:09d}" if sharded else f"step-{step:09d}.pt")
         meta = {
             "format": FORMAT,
@@ -255,7 +255,7 @@ class Checkpointer:
         rt.barrier()  # nobody reads or moves on before the checkpoint is complete
         return path
 
-    def _save_sharded(self, strategy: Any, model: nn.Module, optimizer: Any, path: Path, meta: dict[str, Any]) -> None:
+    def _save_sharded(self, strategy: Strategy, model: nn.Module, optimizer: Any, path: Path, meta: dict[str, Any]) -> None:
         """Every rank writes its shards into a temporary directory; rank 0 adds the metadata and
         renames it into place only when all shards are written (the rename is the commit)."""
         rt = self.rt
@@ -298,7 +298,7 @@ class Checkpointer:
                 raise ValueError(f"{source} is a sharded {payload['strategy']} checkpoint but the model uses {strategy.name}; "
                                  f"run with strategy {payload['strategy']!r}, or consolidate it first (gpuscale consolidate) "
                                  "and load the weights before wrapping")
-            if not getattr(strategy, "reshards", True) and payload["world_size"] != rt.world_size:
+            if not strategy.reshards and payload["world_size"] != rt.world_size:
                 raise ValueError(f"{source} was written by {payload['world_size']} ranks and a {strategy.name} checkpoint "
                                  f"resumes on the same number; run with {payload['world_size']} ranks, or consolidate it "
                                  "(gpuscale consolidate) and start from its weights")

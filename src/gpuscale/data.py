@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
+from gpuscale import wrapped
 from gpuscale.sample_seeds import SeededSamples
 from gpuscale.runtime import Runtime, current
 
@@ -241,12 +242,9 @@ def _check_even_batches(loader: ShardedLoader) -> None:
     most, fewest = math.ceil(sampler.size / sampler.num_replicas), sampler.size // sampler.num_replicas
     if math.ceil(most / batch) == math.ceil(fewest / batch):
         return  # shards differ by a sample at most, but every rank runs the same number of batches
-    try:
-        rt = current()
-    except RuntimeError:
-        return
-    if rt.collective_forward:
-        raise ValueError(f"evaluation shards differ by one batch and under {rt.strategy} every forward pass is "
+    facts = wrapped.latest()
+    if facts is not None and facts.collective_forward:
+        raise ValueError(f"evaluation shards differ by one batch and under {facts.strategy} every forward pass is "
                          "collective, so the ranks would wait on each other forever; make the loader with "
                          "make_loader(..., train=False, even=True) and iterate `loader.masked()`")
 

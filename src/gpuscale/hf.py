@@ -61,10 +61,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpuscale import wrapped
 from gpuscale.data import BatchPlan
 from gpuscale import syncprobe
 from gpuscale.metrics import Meter
 from gpuscale.precision import resolve_precision
+from gpuscale.strategy import gradient_bytes
 from gpuscale.strategy.deepspeed_config import build_config, config_precision, load_config
 from gpuscale.runtime import Runtime, current
 from gpuscale.strategy.deepspeed import refuse_unsafe_pickles
@@ -190,8 +192,11 @@ class MeterCallback(TrainerCallback):
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.meter.train_started is None:
             self.meter.train_started = time.time()
-        if getattr(self.meter.rt, "strategy", None) is None:
-            self.meter.rt.strategy = "deepspeed" if args.deepspeed else "ddp"
+        if wrapped.latest() is None:  # the Trainer wrapped the model itself
+            # under ZeRO-3 the parameters are partitioned away and count 0 bytes here: unknown, not zero
+            model = kwargs.get("model")
+            wrapped.announce(wrapped.Wrapped(strategy="deepspeed" if args.deepspeed else "ddp",
+                                             gradient_bytes=(gradient_bytes(model) or None) if model is not None else None))
         self._training = True
         self._first_epoch = float(state.epoch or 0.0)
         self._began = self._now()

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from gpuscale import wrapped
 from gpuscale._version import __version__
 from gpuscale.data import BatchPlan, batch_len as _batch_len
 from gpuscale.files import write_run_files
@@ -231,6 +232,7 @@ class Meter:
         step_time = train_only / self.steps if self.steps else None
         split = split_step(step_time, self.steps, self._rank_reports(), self._unmeasured())
         env = self.rt.env
+        facts = wrapped.latest()
         summary: dict[str, Any] = {
             "world_size": world,
             "num_nodes": env.num_nodes,
@@ -239,7 +241,7 @@ class Meter:
             "backend": self.rt.backend,
             "device": self.rt.device.type,
             "device_name": self.rt.placements[0]["device_name"] if self.rt.placements else None,
-            "strategy": getattr(self.rt, "strategy", None),
+            "strategy": facts.strategy if facts else None,
             "scaling": self.plan.scaling,
             "global_batch": self.plan.global_batch,
             "per_device_batch": self.plan.per_device_batch,
@@ -253,7 +255,7 @@ class Meter:
             "step_time_s": step_time,
             "steady_step_time_s": steady if steady >= 0 else None,
             "warmup_steps": self.warmup_steps,
-            "gradient_bytes": getattr(self.rt, "gradient_bytes", None),
+            "gradient_bytes": facts.gradient_bytes if facts else None,
             "final_loss": None,
             "peak_memory_bytes": int(peak),
             "time_split_s": time_split(startup, train_only, self.steps, split, eval_s, ckpt_s, probe_s),

@@ -57,6 +57,7 @@ from gpuscale.lifeline import end_with_parent, parent_death_signal
 from gpuscale.failures import report_failure
 from gpuscale.log import configure_logging, format_placements, get_logger
 from gpuscale.exits import Stopped
+from gpuscale import wrapped
 from gpuscale.topology import (
     BindingPlan,
     allowed_cores,
@@ -102,12 +103,6 @@ class Runtime:
     """Wall-clock time init() finished."""
     placements: list[dict[str, Any]] = field(default_factory=list)
     """One entry per rank (host, rank, local_rank, device, cores), the same on every rank."""
-    strategy: str | None = None
-    """Name of the strategy the model was wrapped with (set by `gpuscale.wrap`)."""
-    gradient_bytes: int | None = None
-    """Bytes of gradients one data-parallel step synchronises (trainable parameters; set by `wrap`/`setup`)."""
-    collective_forward: bool = False
-    """True when every forward pass is a collective (FSDP, ZeRO-3): all ranks must run the same number."""
     timeout_s: float = DEFAULT_TIMEOUT_S
     """Seconds a collective may wait before failing."""
     owns_single_group: bool = False
@@ -407,6 +402,7 @@ def init(
         raise
     finally:
         _current = None
+        wrapped.forget()
         _teardown(rt, failed)
         restorer.restore()
 

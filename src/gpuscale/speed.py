@@ -29,14 +29,14 @@ from __future__ import annotations
 import inspect
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from gpuscale.log import get_logger
 
-__all__ = ["FUSABLE_OPTIMIZERS", "has_convolutions", "use_channels_last", "to_channels_last", "fuse_optimizer",
+__all__ = ["FUSABLE_OPTIMIZERS", "StrategyTraits", "has_convolutions", "use_channels_last", "to_channels_last", "fuse_optimizer",
            "keeping_implementation", "compile_model"]
 
 FUSABLE_OPTIMIZERS = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)  # fused on CUDA and CPU since torch 2.4
@@ -48,18 +48,27 @@ def has_convolutions(model: nn.Module) -> bool:
     return any(isinstance(m, nn.Conv2d) for m in model.modules())
 
 
-def use_channels_last(choice: bool | None, model: nn.Module, device: torch.device, strategy: str = "ddp") -> bool:
-    """Resolve ``channels_last``: None (auto) means on a GPU, under ddp, for a model with 2-D convolutions.
+class StrategyTraits(Protocol):
+    """What the speed switches ask of a strategy (`gpuscale.strategy.base.Strategy` answers it)."""
+
+    name: str
+    channels_last_ok: bool
+    fused_by_default: bool
+
+
+def use_channels_last(choice: bool | None, model: nn.Module, device: torch.device, strategy: StrategyTraits) -> bool:
+    """Resolve ``channels_last``: None (auto) means on a GPU, under a strategy that allows it (ddp), for a
+    model with 2-D convolutions.
 
     FSDP and DeepSpeed keep parameters in flat, contiguous shards (FSDP2 refuses other strides), so
     there channels-last is off by default and an explicit True is a ValueError.
     """
-    if choice and strategy != "ddp":
-        raise ValueError(f"channels-last works under ddp only: {strategy} keeps parameters in contiguous shards; "
-                         "leave --channels-last at auto or off")
+    if choice and not strategy.channels_last_ok:
+        raise ValueError(f"channels-last does not work under {strategy.name}: it keeps parameters in contiguous "
+                         "shards; leave --channels-last at auto or off")
     if choice is not None:
         return bool(choice)
-    return device.type == "cuda" and strategy == "ddp" and has_convolutions(model)
+    return device.type == "cuda" and strategy.channels_last_ok and has_convolutions(model)
 
 
 def to_channels_last(model: nn.Module) -> nn.Module:
@@ -74,10 +83,10 @@ def to_channels_last(model: nn.Module) -> nn.Module:
     return model
 
 
-def _fused_by_default(choice: bool | None, device: torch.device, strategy: str) -> bool:
+def _fused(choice: bool | None, device: torch.device, strategy: StrategyTraits) -> bool:
     if choice is not None:
         return bool(choice)
-    return device.type == "cuda" and strategy == "ddp"
+    return device.type == "cuda" and strategy.fused_by_default
 
 
 def _fusable_parameters(optimizer: Any, device: torch.device) -> str | None:
@@ -94,14 +103,14 @@ def _fusable_parameters(optimizer: Any, device: torch.device) -> str | None:
     return None
 
 
-def fuse_optimizer(optimizer: Any, choice: bool | None, device: torch.device, strategy: str) -> Any:
+def fuse_optimizer(optimizer: Any, choice: bool | None, device: torch.device, strategy: StrategyTraits) -> Any:
     """The optimizer with ``fused=True`` where asked (or by default, see the module docstring).
 
     Built again from the same parameter groups and options before any step; an optimizer that
     set ``fused`` or ``foreach`` itself (True or False), or whose parameters torch cannot fuse, is
     returned unchanged. An explicit ``fused=True`` that cannot be honoured is a ValueError naming the reason.
     """
-    if not _fused_by_default(choice, device, strategy):
+    if not _fused(choice, device, strategy):
         return optimizer
     if type(optimizer) not in FUSABLE_OPTIMIZERS:
         if choice:

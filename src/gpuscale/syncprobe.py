@@ -137,13 +137,10 @@ RECORD = ProbeRecord()
 """The process-wide record: a script may build several `Training` objects (fine-tuning builds a second)."""
 
 
-def unsupported_reason(model: nn.Module, strategy: str) -> str | None:
-    """Why the probe cannot measure this model, or None when it can."""
-    if strategy == "deepspeed":
-        return "deepspeed: the engine owns the backward pass and its buckets; synchronisation cannot be switched off for a replay"
-    if hasattr(model, "set_requires_gradient_sync"):
-        return ("fsdp: a replay without reduce-scatter leaves unsharded gradients that the next step would reduce, "
-                "so it cannot be taken without changing training")
+def unsupported_reason(model: nn.Module) -> str | None:
+    """Why the probe cannot measure this model whatever its strategy, or None when it can.
+
+    What a strategy rules out it says itself (`Strategy.sync_probe_blocker`)."""
     if getattr(model, "_compiled_call_impl", None) is not None:
         return "compiled model: capturing the inputs of a compiled forward pass would change what is compiled"
     return None

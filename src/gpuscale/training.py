@@ -37,13 +37,15 @@ import torch
 from torch import nn
 
 from gpuscale import speed, syncprobe
+from gpuscale import wrapped as wrapped_facts
 from gpuscale.data import BatchPlan
 from gpuscale.log import get_logger
 from gpuscale.precision import PRECISIONS, Precision, resolve_precision
-from gpuscale.strategy import STRATEGIES, get_strategy, gradient_bytes, no_sync, unwrap, wrap
+from gpuscale.strategy import STRATEGIES, Strategy, get_strategy, gradient_bytes, no_sync, unwrap, wrap
 from gpuscale.strategy.deepspeed_config import ZERO_STAGES, build_config, config_precision, load_config
 from gpuscale.runtime import Runtime, current
 from gpuscale.strategy.deepspeed import import_deepspeed
+from gpuscale.wrapped import Wrapped
 
 __all__ = ["Training", "setup", "add_arguments", "training_options", "loader_options"]
 
@@ -61,34 +63,34 @@ class Training:
     """The model, optimizer and step of one run; built by `setup`."""
 
     def __init__(self, *, model: nn.Module, optimizer: Any, plan: BatchPlan, precision: Precision,
-                 strategy: str, clip_grad_norm: float | None, ds_config: dict[str, Any] | None = None,
-                 device: torch.device | None = None) -> None:
+                 strategy: Strategy, clip_grad_norm: float | None, facts: Wrapped,
+                 ds_config: dict[str, Any] | None = None, device: torch.device | None = None) -> None:
         self.model = model
         """What to call for the forward pass (a DDP wrapper, an FSDP module, a DeepSpeed engine)."""
         self.optimizer = optimizer
         """The torch optimizer (attach schedulers to it; pass it to `Checkpointer`)."""
         self.plan = plan
         self.precision = precision
-        self.strategy = strategy
+        self.strategy = strategy.name
+        """The strategy's name (``ddp``, ``fsdp``, ``deepspeed``)."""
+        self.facts = facts
+        """What the model's wrapping means for measuring: gradient bytes per step, collective forward passes."""
         self.clip_grad_norm = clip_grad_norm
         self.ds_config = ds_config
         """The DeepSpeed config the engine was built with (None for other strategies)."""
         self.grad_norm: float | None = None
         """Gradient norm before clipping at the last step (None when not clipping)."""
-        self._scaler = precision.grad_scaler() if strategy != "deepspeed" else None
+        self._strategy = strategy
+        self._scaler = strategy.grad_scaler(precision)
         self._micro = 0
         self.device = device if device is not None else next(iter(model.parameters()), torch.empty(0)).device
         self._capture: syncprobe.Capture | None = None
-        self._probe_blocker = syncprobe.unsupported_reason(model, strategy)
+        self._probe_blocker = strategy.sync_probe_blocker or syncprobe.unsupported_reason(model)
 
     @property
     def module(self) -> nn.Module:
         """The user's own module inside `model`."""
         return unwrap(self.model)
-
-    @property
-    def is_deepspeed(self) -> bool:
-        return self.strategy == "deepspeed"
 
     def autocast(self) -> AbstractContextManager[Any]:
         """Run the forward pass and the loss in this context: mixed precision, and under DDP no
@@ -97,8 +99,7 @@ class Training:
         stack = ExitStack()
         stack.enter_context(self.precision.autocast())
         last = self._micro + 1 >= self.plan.grad_accum_steps
-        if not self.is_deepspeed and not hasattr(self.model, "set_requires_gradient_sync"):  # DDP; FSDP2 decides in backward
-            stack.enter_context(no_sync(self.model, skip=not last))
+        stack.enter_context(self._strategy.forward_context(self.model, last))
         self._arm_probe(last)
         return stack
 
@@ -118,26 +119,19 @@ class Training:
     def backward(self, loss: torch.Tensor) -> None:
         """Back-propagate one micro-batch's mean loss; gradients are synchronised on the last one."""
         self._micro += 1
-        if self.is_deepspeed:
-            self.model.backward(loss)  # the engine divides by the accumulation steps and scales
-            return
         last = self._micro >= self.plan.grad_accum_steps
-        if self.plan.grad_accum_steps > 1:
-            loss = loss / self.plan.grad_accum_steps
-        if self._scaler is not None:
-            loss = self._scaler.scale(loss)
+        loss = self._strategy.scale_loss(loss, self.plan.grad_accum_steps, self._scaler)
         capture, self._capture = self._capture, None
         if capture is not None:
             capture.stop_recording()
         if capture is None or capture.calls != 1 or not last:
-            with no_sync(self.model, skip=not last):
-                loss.backward()
+            self._strategy.backward(self.model, loss, last)
             if capture is not None:
                 capture.remove()
             return
         syncprobe.synchronize(self.device)
         start = time.perf_counter()
-        loss.backward()
+        self._strategy.backward(self.model, loss, last)
         syncprobe.synchronize(self.device)
         capture.remove()
         self._probe(capture, synced_backward_s=time.perf_counter() - start)
@@ -158,31 +152,13 @@ class Training:
 
     def step(self) -> bool:
         """Step the optimizer if this was the last micro-batch of a step; True if it stepped."""
-        if self.is_deepspeed:
-            boundary = self.model.is_gradient_accumulation_boundary()
-            self.model.step()
-            if boundary:
-                self._micro = 0
-                syncprobe.RECORD.steps += 1
-                norm = self.model.get_global_grad_norm()
-                self.grad_norm = float(norm) if norm is not None else None
-            return boundary
-        if self._micro < self.plan.grad_accum_steps:
-            return False
-        self._micro = 0
-        syncprobe.RECORD.steps += 1
-        if self._scaler is not None:
-            self._scaler.unscale_(self.optimizer)
-        if self.clip_grad_norm is not None:
-            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad_norm)
-            self.grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-        if self._scaler is not None:
-            self._scaler.step(self.optimizer)
-            self._scaler.update()
-        else:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return True
+        stepped, norm = self._strategy.step(self.model, self.optimizer, due=self._micro >= self.plan.grad_accum_steps,
+                                            scaler=self._scaler, clip_grad_norm=self.clip_grad_norm)
+        if stepped:
+            self._micro = 0
+            syncprobe.RECORD.steps += 1
+            self.grad_norm = norm
+        return stepped
 
 
 def setup(
@@ -217,27 +193,27 @@ def setup(
     DeepSpeed runs its own step and keeps flat shards: there, an explicit True of any is refused.
     """
     rt = rt or current()
-    get_strategy(strategy)  # unknown names fail here, listing the valid ones
-    if strategy != "deepspeed":
-        given = [name for name, value in (("zero_stage", zero_stage), ("offload", offload or None), ("ds_config", ds_config)) if value is not None]
-        if given:
-            raise ValueError(f"{', '.join(given)}: for strategy 'deepspeed' only, not {strategy!r}")
-        if optimizer is None:
-            raise ValueError("pass optimizer=, a function from parameters to a torch optimizer")
-        resolved = resolve_precision(precision, rt.device)
-        if speed.use_channels_last(channels_last, unwrap(model), rt.device, strategy):
-            speed.to_channels_last(unwrap(model))
-        wrapped = wrap(model, strategy=strategy, rt=rt, precision=resolved)
-        trainable = [p for p in wrapped.parameters() if p.requires_grad]
-        built = speed.fuse_optimizer(optimizer(trainable), fused, rt.device, strategy)
-        return Training(model=speed.compile_model(wrapped, compile), optimizer=built, plan=plan, precision=resolved,
-                        strategy=strategy, clip_grad_norm=clip_grad_norm, device=rt.device)
-    if fused or compile:
-        raise ValueError("fused and compile are not available with strategy 'deepspeed' (DeepSpeed runs its own "
-                         "optimizer step); leave them at their defaults")
-    speed.use_channels_last(channels_last, unwrap(model), rt.device, strategy)  # refuses an explicit True
-    return _setup_deepspeed(model, optimizer, plan=plan, precision=precision, zero_stage=zero_stage,
-                            offload=offload, ds_config=ds_config, clip_grad_norm=clip_grad_norm, rt=rt)
+    chosen = get_strategy(strategy)  # unknown names fail here, listing the valid ones
+    if chosen.builds_engine:
+        if fused or compile:
+            raise ValueError(f"fused and compile are not available with strategy {chosen.name!r} (its engine runs its "
+                             "own optimizer step); leave them at their defaults")
+        speed.use_channels_last(channels_last, unwrap(model), rt.device, chosen)  # refuses an explicit True
+        return _setup_deepspeed(model, optimizer, plan=plan, precision=precision, zero_stage=zero_stage,
+                                offload=offload, ds_config=ds_config, clip_grad_norm=clip_grad_norm, rt=rt)
+    given = [name for name, value in (("zero_stage", zero_stage), ("offload", offload or None), ("ds_config", ds_config)) if value is not None]
+    if given:
+        raise ValueError(f"{', '.join(given)}: for strategy 'deepspeed' only, not {strategy!r}")
+    if optimizer is None:
+        raise ValueError("pass optimizer=, a function from parameters to a torch optimizer")
+    resolved = resolve_precision(precision, rt.device)
+    if speed.use_channels_last(channels_last, unwrap(model), rt.device, chosen):
+        speed.to_channels_last(unwrap(model))
+    wrapped = wrap(model, strategy=strategy, rt=rt, precision=resolved)
+    trainable = [p for p in wrapped.parameters() if p.requires_grad]
+    built = speed.fuse_optimizer(optimizer(trainable), fused, rt.device, chosen)
+    return Training(model=speed.compile_model(wrapped, compile), optimizer=built, plan=plan, precision=resolved,
+                    strategy=chosen, clip_grad_norm=clip_grad_norm, facts=wrapped_facts.latest(), device=rt.device)
 
 
 def _setup_deepspeed(model: nn.Module, optimizer: OptimizerFactory | None, *, plan: BatchPlan, precision: str,
@@ -268,9 +244,9 @@ def _setup_deepspeed(model: nn.Module, optimizer: OptimizerFactory | None, *, pl
         config.setdefault("zero_allow_untested_optimizer", True)
     engine, engine_optimizer = chosen.initialize(module, torch_optimizer, config)
     engine._gpuscale_strategy = chosen
-    rt.strategy = chosen.name
-    rt.gradient_bytes = gradient_bytes(module)
-    rt.collective_forward = config["zero_optimization"]["stage"] == 3 and rt.world_size > 1  # ZeRO-3 gathers parameters
+    facts = wrapped_facts.Wrapped(strategy=chosen.name, gradient_bytes=gradient_bytes(module),
+                                  collective_forward=chosen.collective_forward(engine, rt))
+    wrapped_facts.announce(facts)
     if torch_optimizer is None:  # built by DeepSpeed from the config
         torch_optimizer = getattr(engine_optimizer, "optimizer", engine_optimizer)
     if rt.is_main:
@@ -278,8 +254,8 @@ def _setup_deepspeed(model: nn.Module, optimizer: OptimizerFactory | None, *, pl
         log.info("deepspeed: ZeRO stage %d%s, %s, global batch %d = %d ranks x %d x %d accumulation",
                  zero["stage"], " with CPU offload" if "offload_optimizer" in zero else "", resolved.name,
                  config["train_batch_size"], plan.world_size, plan.per_device_batch, plan.grad_accum_steps)
-    return Training(model=engine, optimizer=torch_optimizer, plan=plan, precision=resolved, strategy="deepspeed",
-                    clip_grad_norm=config["gradient_clipping"] or None, ds_config=config, device=rt.device)
+    return Training(model=engine, optimizer=torch_optimizer, plan=plan, precision=resolved, strategy=chosen,
+                    clip_grad_norm=config["gradient_clipping"] or None, facts=facts, ds_config=config, device=rt.device)
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, default_strategy: str = "ddp", default_zero_stage: int | None = None) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import pickle
 
@@ -237,15 +238,48 @@ def test_bad_input_inside_init_is_left_to_the_caller_in_one_process(capsys):
 def test_every_strategy_answers_the_whole_protocol():
     """Each strategy takes the arguments the protocol names: a wrong arity is a TypeError deep in a user's run
     (gpuscale.wrap(model, strategy="deepspeed") was one, and DeepSpeed's load_optimizer_state_dict another)."""
-    import inspect
-
     from gpuscale.strategy import STRATEGIES, Strategy
 
+    methods = [name for name, value in vars(Strategy).items() if inspect.isfunction(value) and not name.startswith("_")]
+    traits = [name for name in Strategy.__annotations__]
+    assert {"backward", "step", "save_sharded", "load_sharded", "forward_context"} <= set(methods)
+    assert {"sharded", "reshards", "channels_last_ok", "fused_by_default", "sync_probe_blocker"} <= set(traits)
     for name, cls in STRATEGIES.items():
-        for method in ("wrap", "unwrap", "state_dict", "load_state_dict", "optimizer_state_dict", "load_optimizer_state_dict",
-                       "writes_checkpoint"):
+        for method in methods:
             wanted = list(inspect.signature(getattr(Strategy, method)).parameters)
             assert list(inspect.signature(getattr(cls, method)).parameters) == wanted, (name, method)
+        for trait in traits:
+            assert hasattr(cls, trait), (name, trait)
+        assert cls.name == name
+
+
+def test_the_training_loop_asks_the_strategy_never_its_name():
+    """Strategies own their differences: the step, the speed defaults and checkpoints ask the strategy's answers."""
+    import gpuscale.checkpoint
+    import gpuscale.speed
+    import gpuscale.training
+
+    for module in (gpuscale.training.Training, gpuscale.speed, gpuscale.checkpoint):
+        source = inspect.getsource(module)
+        assert "is_deepspeed" not in source, module
+        for name in ("ddp", "fsdp", "deepspeed"):
+            for test in (f'== "{name}"', f'!= "{name}"', f"== '{name}'", f"!= '{name}'"):
+                assert test not in source, (module, test)
+    assert "getattr(strategy" not in inspect.getsource(gpuscale.checkpoint)
+    assert not {"strategy", "gradient_bytes", "collective_forward"} & set(gpuscale.Runtime.__dataclass_fields__)
+
+
+def test_a_wrapped_model_is_announced_and_forgotten_with_its_runtime():
+    from gpuscale import wrapped
+
+    with gpuscale.init():
+        model = gpuscale.wrap(torch.nn.Linear(3, 2))
+        facts = wrapped.latest()
+        assert facts == wrapped.Wrapped(strategy="ddp", gradient_bytes=(3 * 2 + 2) * 4, collective_forward=False)
+        model.weight.requires_grad_(False)
+        gpuscale.wrap(model)  # re-wrapped after freezing: only the bias synchronises now
+        assert wrapped.latest().gradient_bytes == 2 * 4
+    assert wrapped.latest() is None
 
 
 def test_wrap_with_deepspeed_says_to_use_setup():

@@ -12,9 +12,11 @@ from torch import nn
 import gpuscale
 from gpuscale import speed
 from gpuscale.hf import trainer_arguments
+from gpuscale.strategy import get_strategy
 from gpuscale.training import add_arguments, loader_options, training_options
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
+DDP, FSDP, DEEPSPEED = (get_strategy(name) for name in ("ddp", "fsdp", "deepspeed"))
 
 
 def _net() -> nn.Module:
@@ -46,7 +48,7 @@ def _train(net: nn.Module, optimizer: torch.optim.Optimizer, steps: int = 3) -> 
 def test_fused_optimizer_keeps_every_group_and_option_and_takes_the_same_steps():
     plain_net, fused_net = _net(), _net()
     plain = _two_groups(plain_net, weight_decay=0.05)
-    fused = speed.fuse_optimizer(_two_groups(fused_net, weight_decay=0.05), True, CPU, "ddp")
+    fused = speed.fuse_optimizer(_two_groups(fused_net, weight_decay=0.05), True, CPU, DDP)
     assert fused.defaults["fused"] is True and all(g["fused"] for g in fused.param_groups)
     assert [g["lr"] for g in fused.param_groups] == [1e-2, 1e-3], "per-group learning rates survive the rebuild"
     assert all(g["weight_decay"] == 0.05 for g in fused.param_groups)
@@ -58,29 +60,29 @@ def test_fused_optimizer_keeps_every_group_and_option_and_takes_the_same_steps()
 
 def test_auto_fuses_only_on_gpus_under_ddp_and_respects_the_scripts_choice():
     optimizer = _two_groups(_net())
-    assert speed.fuse_optimizer(optimizer, None, CPU, "ddp") is optimizer, "auto on a CPU: unchanged"
-    assert speed.fuse_optimizer(optimizer, False, CUDA, "ddp") is optimizer
-    assert speed.fuse_optimizer(optimizer, None, CUDA, "fsdp") is optimizer, "auto fuses under ddp only"
+    assert speed.fuse_optimizer(optimizer, None, CPU, DDP) is optimizer, "auto on a CPU: unchanged"
+    assert speed.fuse_optimizer(optimizer, False, CUDA, DDP) is optimizer
+    assert speed.fuse_optimizer(optimizer, None, CUDA, FSDP) is optimizer, "auto fuses under ddp only"
     chosen = _two_groups(_net(), foreach=False)
-    assert speed.fuse_optimizer(chosen, None, CUDA, "ddp") is chosen, "a script that picked foreach keeps it"
+    assert speed.fuse_optimizer(chosen, None, CUDA, DDP) is chosen, "a script that picked foreach keeps it"
     unfused = _two_groups(_net(), fused=False)
-    assert speed.fuse_optimizer(unfused, None, CUDA, "ddp") is unfused, "a script that said fused=False keeps it"
+    assert speed.fuse_optimizer(unfused, None, CUDA, DDP) is unfused, "a script that said fused=False keeps it"
     # auto on a GPU whose parameters are elsewhere (on the CPU here): torch would fail at the first step, so kept
-    assert speed.fuse_optimizer(optimizer, None, CUDA, "ddp") is optimizer
+    assert speed.fuse_optimizer(optimizer, None, CUDA, DDP) is optimizer
 
 
 def test_explicit_fused_that_cannot_be_honoured_is_a_one_line_error():
     with pytest.raises(ValueError, match=r"torch cannot fuse this AdamW \(a parameter on cpu, not on cuda\)"):
-        speed.fuse_optimizer(_two_groups(_net()), True, CUDA, "ddp")
+        speed.fuse_optimizer(_two_groups(_net()), True, CUDA, DDP)
     rmsprop = torch.optim.RMSprop(_net().parameters(), lr=1e-3)
     with pytest.raises(ValueError, match="RMSprop has no fused implementation"):
-        speed.fuse_optimizer(rmsprop, True, CPU, "ddp")
-    assert speed.fuse_optimizer(rmsprop, None, CUDA, "ddp") is rmsprop
+        speed.fuse_optimizer(rmsprop, True, CPU, DDP)
+    assert speed.fuse_optimizer(rmsprop, None, CUDA, DDP) is rmsprop
     net = _net()
     stepped = _two_groups(net)
     _train(net, stepped, steps=1)
     with pytest.raises(ValueError, match="already stepped"):
-        speed.fuse_optimizer(stepped, True, CPU, "ddp")
+        speed.fuse_optimizer(stepped, True, CPU, DDP)
 
 
 def test_a_resumed_run_keeps_its_own_fused_choice():
@@ -91,7 +93,7 @@ def test_a_resumed_run_keeps_its_own_fused_choice():
     state = copy.deepcopy(writer.state_dict())  # as a checkpoint file would: state_dict() shares the live tensors
     net = _net()
     net.load_state_dict(writer_net.state_dict())
-    fused = speed.fuse_optimizer(_two_groups(net), True, CPU, "ddp")
+    fused = speed.fuse_optimizer(_two_groups(net), True, CPU, DDP)
     with speed.keeping_implementation(fused):
         fused.load_state_dict(state)
     assert all(g["fused"] for g in fused.param_groups) and fused.param_groups[0]["lr"] == 1e-2
@@ -107,13 +109,13 @@ def test_a_resumed_run_keeps_its_own_fused_choice():
 
 
 def test_channels_last_is_auto_on_gpus_for_convolutional_models_only():
-    assert speed.use_channels_last(None, _net(), CUDA)
-    assert not speed.use_channels_last(None, _net(), CPU)
-    assert not speed.use_channels_last(None, nn.Linear(3, 3), CUDA)
-    assert speed.use_channels_last(True, nn.Linear(3, 3), CPU) and not speed.use_channels_last(False, _net(), CUDA)
-    assert not speed.use_channels_last(None, _net(), CUDA, "fsdp"), "FSDP keeps contiguous shards"
-    with pytest.raises(ValueError, match="channels-last works under ddp only: deepspeed"):
-        speed.use_channels_last(True, _net(), CUDA, "deepspeed")
+    assert speed.use_channels_last(None, _net(), CUDA, DDP)
+    assert not speed.use_channels_last(None, _net(), CPU, DDP)
+    assert not speed.use_channels_last(None, nn.Linear(3, 3), CUDA, DDP)
+    assert speed.use_channels_last(True, nn.Linear(3, 3), CPU, DDP) and not speed.use_channels_last(False, _net(), CUDA, DDP)
+    assert not speed.use_channels_last(None, _net(), CUDA, FSDP), "FSDP keeps contiguous shards"
+    with pytest.raises(ValueError, match="channels-last does not work under deepspeed"):
+        speed.use_channels_last(True, _net(), CUDA, DEEPSPEED)
 
 
 def test_channels_last_changes_strides_not_values_keys_or_outputs():

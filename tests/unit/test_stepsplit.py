@@ -5,6 +5,7 @@ from torch import nn
 
 from gpuscale import syncprobe
 from gpuscale.stepsplit import split_step, time_split
+from gpuscale.strategy import get_strategy
 
 
 def test_probes_come_early_then_rarely():
@@ -63,13 +64,10 @@ def test_measured_time_split_charges_communication_and_imbalance_per_step():
 
 
 def test_strategies_the_probe_cannot_measure_are_named():
-    class Sharded(nn.Linear):
-        def set_requires_gradient_sync(self, flag):
-            pass
-
-    assert syncprobe.unsupported_reason(nn.Linear(2, 2), "ddp") is None
-    assert syncprobe.unsupported_reason(nn.Linear(2, 2), "deepspeed").startswith("deepspeed:")
-    assert syncprobe.unsupported_reason(Sharded(2, 2), "fsdp").startswith("fsdp:")
+    assert get_strategy("ddp").sync_probe_blocker is None
+    assert get_strategy("deepspeed").sync_probe_blocker.startswith("deepspeed:")
+    assert get_strategy("fsdp").sync_probe_blocker.startswith("fsdp:")
+    assert syncprobe.unsupported_reason(nn.Linear(2, 2)) is None
     compiled = nn.Linear(2, 2)
     compiled.compile(backend="eager")
-    assert syncprobe.unsupported_reason(compiled, "ddp").startswith("compiled model")
+    assert syncprobe.unsupported_reason(compiled).startswith("compiled model")

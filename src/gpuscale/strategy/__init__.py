@@ -1,7 +1,7 @@
 """Strategies: how a model is spread over ranks, behind one switch.
 
-A strategy is a small object with seven methods (the `Strategy` protocol) and a name in
-`STRATEGIES`. Training scripts never touch it directly:
+A strategy is a small object that answers the `Strategy` protocol (`gpuscale.strategy.base`) and
+has a name in `STRATEGIES`. Training scripts never touch it directly:
 
     model = gpuscale.wrap(model, strategy="ddp")   # or "fsdp"; after deciding what is trainable
     ...
@@ -15,49 +15,23 @@ because DDP would silently never synchronise the newly unfrozen gradients (docs/
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import Any, Protocol
+from typing import Any
 
 from torch import nn
 
+from gpuscale import wrapped as wrapped_facts
+from gpuscale.precision import Precision
+from gpuscale.strategy.base import Strategy, no_sync
 from gpuscale.strategy.ddp import DDPStrategy
 from gpuscale.strategy.deepspeed import DeepSpeedStrategy
 from gpuscale.strategy.fsdp import FSDPStrategy
 from gpuscale.runtime import Runtime, current
 
-__all__ = ["Strategy", "STRATEGIES", "get_strategy", "wrap", "unwrap", "full_state_dict", "no_sync"]
+__all__ = ["Strategy", "STRATEGIES", "get_strategy", "wrap", "unwrap", "strategy_of", "full_state_dict", "no_sync",
+           "gradient_bytes"]
 
 
-class Strategy(Protocol):
-    name: str
-
-    def wrap(self, module: nn.Module, rt: Runtime, precision: Any = None) -> nn.Module:
-        """Return the model to train with, built around `module` (already unwrapped).
-
-        `precision` (a `gpuscale.precision.Precision` or None) is for strategies that cast
-        parameters themselves (FSDP); the others leave it to autocast."""
-
-    def unwrap(self, model: nn.Module) -> nn.Module:
-        """The user's module inside whatever `wrap` returned."""
-
-    def state_dict(self, model: nn.Module) -> dict[str, Any]:
-        """A full state dict with the user's own keys (no ``module.`` prefix)."""
-
-    def load_state_dict(self, model: nn.Module, state: dict[str, Any]) -> None:
-        """Load a state dict written by `state_dict` (or a plain one) into the model."""
-
-    def optimizer_state_dict(self, model: nn.Module, optimizer: Any) -> dict[str, Any]:
-        """The optimizer's complete state (gathered if sharded); collective for sharding strategies."""
-
-    def load_optimizer_state_dict(self, model: nn.Module, optimizer: Any, state: dict[str, Any]) -> None:
-        """Load a state written by `optimizer_state_dict` (each rank keeps its part)."""
-
-    def writes_checkpoint(self, rt: Runtime) -> bool:
-        """Whether this rank writes the checkpoint (rank 0 for full state dicts)."""
-
-
-STRATEGIES: dict[str, type] = {"ddp": DDPStrategy, "fsdp": FSDPStrategy, "deepspeed": DeepSpeedStrategy}
+STRATEGIES: dict[str, type[Strategy]] = {"ddp": DDPStrategy, "fsdp": FSDPStrategy, "deepspeed": DeepSpeedStrategy}
 
 
 def get_strategy(name: str) -> Strategy:
@@ -72,7 +46,8 @@ def _strategy_of(model: nn.Module) -> Strategy | None:
     return getattr(model, "_gpuscale_strategy", None)
 
 
-def wrap(model: nn.Module, strategy: str | None = None, rt: Runtime | None = None, precision: Any = None) -> nn.Module:
+def wrap(model: nn.Module, strategy: str | None = None, rt: Runtime | None = None,
+         precision: Precision | None = None) -> nn.Module:
     """Wrap `model` for data-parallel training (re-wrap it if it was wrapped before).
 
     Call it after choosing which parameters train; the returned model is what you call, build
@@ -87,9 +62,8 @@ def wrap(model: nn.Module, strategy: str | None = None, rt: Runtime | None = Non
     module = previous.unwrap(model) if previous else model
     wrapped = chosen.wrap(module, rt, precision)
     wrapped._gpuscale_strategy = chosen  # type: ignore[assignment]
-    rt.strategy = chosen.name
-    rt.gradient_bytes = gradient_bytes(module)
-    rt.collective_forward = getattr(chosen, "sharded", False) and rt.is_distributed
+    wrapped_facts.announce(wrapped_facts.Wrapped(strategy=chosen.name, gradient_bytes=gradient_bytes(module),
+                                                 collective_forward=chosen.collective_forward(wrapped, rt)))
     return wrapped
 
 
@@ -119,30 +93,3 @@ def full_state_dict(model: nn.Module) -> dict[str, Any]:
     and single processes it is the module's own state dict without the ``module.`` prefix.
     """
     return strategy_of(model).state_dict(model)
-
-
-def no_sync(model: nn.Module, skip: bool = True) -> AbstractContextManager[Any]:
-    """Within this block, backward passes accumulate gradients without synchronising them.
-
-    Use it for every micro-batch of a gradient-accumulation step except the last, around the
-    forward pass and the backward pass (DDP decides in the forward, FSDP2 in the backward):
-    ``with gpuscale.no_sync(model, skip=not last_micro_batch): loss_fn(model(x), y).backward()``.
-    Under DDP the all-reduce waits; under FSDP2 the reduce-scatter waits (gradients stay unsharded
-    meanwhile). `gpuscale.setup`'s `Training` does this for you.
-    """
-    if not skip:
-        return nullcontext()
-    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
-        return _fsdp_no_sync(model)
-    if hasattr(model, "no_sync"):
-        return model.no_sync()
-    return nullcontext()
-
-
-@contextmanager
-def _fsdp_no_sync(model: nn.Module) -> Iterator[None]:
-    model.set_requires_gradient_sync(False)
-    try:
-        yield
-    finally:
-        model.set_requires_gradient_sync(True)

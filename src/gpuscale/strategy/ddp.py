@@ -13,12 +13,15 @@ file, and `load_state_dict` strips it from files written by other tools.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from typing import Any
 
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from gpuscale.precision import Precision
 from gpuscale.runtime import Runtime
+from gpuscale.strategy.base import ScriptStep, no_sync
 
 __all__ = ["DDPStrategy", "install_trainable_guard"]
 
@@ -60,12 +63,17 @@ def install_trainable_guard(wrapper: nn.Module, module: nn.Module) -> None:
         setattr(module, _GUARD, handle)
 
 
-class DDPStrategy:
+class DDPStrategy(ScriptStep):
     """Replicate the model on every rank; all-reduce gradients (torch DistributedDataParallel)."""
 
     name = "ddp"
+    sharded = False
+    reshards = True  # a full state dict loads on any number of ranks
+    channels_last_ok = True
+    fused_by_default = True
+    sync_probe_blocker = None
 
-    def wrap(self, module: nn.Module, rt: Runtime, precision: Any = None) -> nn.Module:
+    def wrap(self, module: nn.Module, rt: Runtime, precision: Precision | None = None) -> nn.Module:
         """Replicate `module`; `precision` is applied by autocast in the forward pass, not here."""
         module = module.to(rt.device)
         if not any(p.requires_grad for p in module.parameters()):
@@ -105,3 +113,13 @@ class DDPStrategy:
 
     def writes_checkpoint(self, rt: Runtime) -> bool:
         return rt.rank == 0
+
+    def save_sharded(self, model: nn.Module, optimizer: Any, directory: str) -> None:
+        raise TypeError("ddp replicates the model: its checkpoint is one full state file, not shards")
+
+    def load_sharded(self, model: nn.Module, optimizer: Any, directory: str) -> None:
+        raise TypeError("ddp replicates the model: its checkpoint is one full state file, not shards")
+
+    def forward_context(self, model: nn.Module, last_micro_batch: bool) -> AbstractContextManager[Any]:
+        """DDP decides in the forward pass whether the backward all-reduces: not before the last micro-batch."""
+        return no_sync(model, skip=not last_micro_batch)

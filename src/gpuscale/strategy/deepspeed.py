@@ -22,6 +22,7 @@ into a plain fp32 state dict (DeepSpeed's zero_to_fp32) for inference or another
 from __future__ import annotations
 
 from collections.abc import Iterable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ import torch
 from torch import nn
 from torch.serialization import get_unsafe_globals_in_checkpoint
 
+from gpuscale.precision import Precision
 from gpuscale.strategy.ddp import install_trainable_guard
 from gpuscale.strategy.deepspeed_config import config_precision
 from gpuscale.runtime import Runtime
@@ -61,8 +63,13 @@ class DeepSpeedStrategy:
     name = "deepspeed"
     sharded = True
     reshards = False  # ZeRO checkpoints load on the number of ranks that wrote them
+    channels_last_ok = False  # ZeRO keeps flat, contiguous partitions
+    fused_by_default = False  # the engine runs its own optimizer step
+    builds_engine = True
+    sync_probe_blocker = ("deepspeed: the engine owns the backward pass and its buckets; synchronisation cannot be "
+                          "switched off for a replay")
 
-    def wrap(self, module: nn.Module, rt: Runtime, precision: Any = None) -> nn.Module:
+    def wrap(self, module: nn.Module, rt: Runtime, precision: Precision | None = None) -> nn.Module:
         raise ValueError("deepspeed builds its engine from the model and the optimizer together: use "
                          "gpuscale.setup(model, optimizer=..., strategy='deepspeed', plan=plan) instead of gpuscale.wrap")
 
@@ -83,6 +90,32 @@ class DeepSpeedStrategy:
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         return getattr(model, "module", model)
+
+    def collective_forward(self, model: nn.Module, rt: Runtime) -> bool:
+        """ZeRO-3 gathers the partitioned parameters in every forward pass."""
+        return model.zero_optimization_stage() == 3 and rt.world_size > 1
+
+    def grad_scaler(self, precision: Precision) -> torch.amp.GradScaler | None:
+        return None  # the engine scales fp16 losses itself
+
+    def forward_context(self, model: nn.Module, last_micro_batch: bool) -> AbstractContextManager[Any]:
+        return nullcontext()  # the engine decides at its accumulation boundary
+
+    def scale_loss(self, loss: torch.Tensor, micro_batches: int, scaler: torch.amp.GradScaler | None) -> torch.Tensor:
+        return loss  # the engine divides by its accumulation steps and scales
+
+    def backward(self, model: nn.Module, loss: torch.Tensor, last_micro_batch: bool) -> None:
+        model.backward(loss)  # reduces at the engine's own accumulation boundary
+
+    def step(self, model: nn.Module, optimizer: Any, *, due: bool, scaler: torch.amp.GradScaler | None,
+             clip_grad_norm: float | None) -> tuple[bool, float | None]:
+        """Step the engine on every micro-batch (it steps the optimizer at its boundary, clipping by its config)."""
+        boundary = model.is_gradient_accumulation_boundary()
+        model.step()
+        if not boundary:
+            return False, None
+        norm = model.get_global_grad_norm()
+        return True, float(norm) if norm is not None else None
 
     def state_dict(self, model: nn.Module) -> dict[str, Any]:
         if model.zero_optimization_stage() == 3:

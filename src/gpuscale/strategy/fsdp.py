@@ -18,13 +18,16 @@ single process the model is left unsharded.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
 from torch import nn
 
 from gpuscale import sharded
+from gpuscale.precision import Precision
 from gpuscale.runtime import Runtime
+from gpuscale.strategy.base import ScriptStep
 
 __all__ = ["FSDPStrategy"]
 
@@ -57,13 +60,22 @@ def _full_options() -> Any:
     return StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
-class FSDPStrategy:
+class FSDPStrategy(ScriptStep):
     """Shard parameters, gradients and optimizer states over all ranks (torch FSDP2)."""
 
     name = "fsdp"
     sharded = True
+    reshards = True  # torch.distributed.checkpoint reshards on load
+    channels_last_ok = False  # FSDP2 keeps flat, contiguous shards and refuses other strides
+    fused_by_default = False
+    sync_probe_blocker = ("fsdp: a replay without reduce-scatter leaves unsharded gradients that the next step would "
+                          "reduce, so it cannot be taken without changing training")
 
-    def wrap(self, module: nn.Module, rt: Runtime, precision: Any = None) -> nn.Module:
+    def forward_context(self, model: nn.Module, last_micro_batch: bool) -> AbstractContextManager[Any]:
+        """Nothing: FSDP2 decides in the backward pass whether to reduce-scatter (`ScriptStep.backward`)."""
+        return nullcontext()
+
+    def wrap(self, module: nn.Module, rt: Runtime, precision: Precision | None = None) -> nn.Module:
         """Shard `module` over all ranks; `precision` (a `gpuscale.precision.Precision`) sets the
         dtype units compute in (gradients are still reduced in fp32)."""
         from torch.distributed.fsdp import FSDPModule, fully_shard
