@@ -77,7 +77,6 @@ from torch.utils.data import Dataset
 
 import gpuscale
 import gpuscale.lr
-from gpuscale.training import add_arguments, loader_options, training_options
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 PHASES = ("head", "fine-tune")  # the frozen extractor with its new head; then the last block unfrozen
@@ -274,7 +273,7 @@ def setup_phase(model: nn.Module, phase: str, plan: gpuscale.BatchPlan, args: ar
     else:
         def optimizer(params):
             return torch.optim.RMSprop(params, lr=scaled.lr)
-    training = gpuscale.setup(model, optimizer, plan=plan, **training_options(args))
+    training = gpuscale.setup(model, optimizer, plan=plan, **gpuscale.training_options(args))
     return training, scaled.scheduler(training.optimizer)
 
 
@@ -302,7 +301,7 @@ def train(args: argparse.Namespace) -> dict:
 
         plan = gpuscale.plan_batch(args.batch_size, rt.world_size, scaling=args.scaling, max_per_device=args.max_device_batch)
         lrs = phase_lrs(args, plan)
-        loading = loader_options(args)
+        loading = gpuscale.loader_options(args)
         train_loader = gpuscale.make_loader(train_set, plan, seed=args.seed, **loading)
         eval_plan = gpuscale.plan_batch(args.eval_batch_size, rt.world_size, scaling="weak")
         val_loader = gpuscale.make_loader(val_set, eval_plan, train=False, even=True, **loading)
@@ -435,7 +434,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="runs/dogs_vs_cats", help="output folder for summary.json and checkpoints")
     parser.add_argument("--no-resume", action="store_true", help="ignore checkpoints in OUT/checkpoints and start afresh")
-    add_arguments(parser)
+    gpuscale.add_arguments(parser)
     gpuscale.lr.add_arguments(parser, default_warmup_steps=0)
     args = parser.parse_args(argv)
     for name in ("image_size", "batch_size", "eval_batch_size", "max_device_batch"):

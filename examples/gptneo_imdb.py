@@ -88,7 +88,6 @@ from torch.utils.data import Dataset
 import gpuscale
 import gpuscale.lr
 from gpuscale.files import atomic_write
-from gpuscale.training import add_arguments, loader_options, training_options
 
 OFFLINE = "offline"
 COURSE_MODEL = "EleutherAI/gpt-neo-1.3B"
@@ -440,8 +439,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         keep_freed_memory(rt.device)
         plan = gpuscale.plan_batch(args.global_batch, rt.world_size, scaling="strong", max_per_device=args.max_per_device)
         scaled = scaled_lr(args, plan)
-        strategy_arguments = trainer_arguments(plan, max_grad_norm=args.max_grad_norm, **training_options(args))
-        loading = loader_options(args)
+        strategy_arguments = trainer_arguments(plan, max_grad_norm=args.max_grad_norm, **gpuscale.training_options(args))
+        loading = gpuscale.loader_options(args)
         tokenizer, train_set, val_set, test_set = prepare_data(args, rt)
         log.info("%d train / %d validation / %d test chunks of at most %d tokens; global batch %d = %d ranks x %d x %d accumulation",
                  len(train_set), len(val_set), len(test_set), args.block_size, plan.global_batch, rt.world_size,
@@ -572,7 +571,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", default="runs/gptneo_imdb", help="output folder: checkpoints and summary.json")
     parser.add_argument("--no-resume", action="store_true", help="delete OUT's checkpoints and start afresh")
     parser.add_argument("--trace", default=None, help=argparse.SUPPRESS)  # tests: per-rank batch and weight digests
-    add_arguments(parser)
+    gpuscale.add_arguments(parser)
     gpuscale.lr.add_arguments(parser, default_warmup_steps=None)  # None: --warmup-steps or the model's default
     args = parser.parse_args(argv)
     if None not in (args.lr_warmup_steps, args.warmup_steps) and args.lr_warmup_steps != args.warmup_steps:

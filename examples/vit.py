@@ -54,7 +54,6 @@ from torch.utils.data import Dataset
 
 import gpuscale
 import gpuscale.lr
-from gpuscale.training import add_arguments, loader_options, training_options
 
 OFFLINE_VERSION = 2  # bump when the generator changes, so a stale cached file is not reused
 log = gpuscale.get_logger("vit")
@@ -194,15 +193,15 @@ def train(args: argparse.Namespace) -> dict:
         train_set, val_set, num_classes, image_size = open_splits(data_path, args.image_size)
         plan = gpuscale.plan_batch(args.batch_size, rt.world_size, scaling=args.scaling)
         eval_plan = gpuscale.plan_batch(args.eval_batch_size, rt.world_size, scaling="weak")
-        train_loader = gpuscale.make_loader(train_set, plan, seed=args.seed, **loader_options(args))
-        val_loader = gpuscale.make_loader(val_set, eval_plan, train=False, even=True, **loader_options(args))
+        train_loader = gpuscale.make_loader(train_set, plan, seed=args.seed, **gpuscale.loader_options(args))
+        val_loader = gpuscale.make_loader(val_set, eval_plan, train=False, even=True, **gpuscale.loader_options(args))
 
         torch.manual_seed(args.seed)
         model = build_model(args.model, num_classes, image_size)
         num_params = sum(p.numel() for p in model.parameters())  # before setup: ZeRO-3 partitions them
         scaled = gpuscale.scale_lr(args.lr, plan, **gpuscale.lr.lr_options(args))
         training = gpuscale.setup(model, lambda params: torch.optim.Adam(params, lr=scaled.lr), plan=plan,
-                                  clip_grad_norm=args.clip_grad_norm or None, **training_options(args))
+                                  clip_grad_norm=args.clip_grad_norm or None, **gpuscale.training_options(args))
         scheduler = scaled.scheduler(training.optimizer)  # the warm-up; step it once per optimizer step
         log.info("ViT with %.2fM parameters, %d classes, images %dx%d; %d training and %d validation images; "
                  "strategy %s, %s, global batch %d; %s", num_params / 1e6, num_classes, image_size, image_size, len(train_set),
@@ -286,7 +285,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="runs/vit", help="output folder for summary.json and checkpoints")
     parser.add_argument("--no-resume", action="store_true", help="ignore checkpoints in OUT/checkpoints and start afresh")
-    add_arguments(parser, default_zero_stage=1)
+    gpuscale.add_arguments(parser, default_zero_stage=1)
     gpuscale.lr.add_arguments(parser)
     args = parser.parse_args(argv)
     for name in ("batch_size", "eval_batch_size", "epochs"):

@@ -27,7 +27,7 @@ from gpuscale.precision import Precision, resolve_precision
 from gpuscale.exits import EXIT_STOPPED
 from gpuscale.preempt import StopSignal
 from gpuscale.strategy import full_state_dict, no_sync, unwrap, wrap
-from gpuscale.training import Training, setup
+from gpuscale.training import Training, add_arguments, loader_options, setup, training_options
 
 from gpuscale._version import __version__
 
@@ -42,6 +42,7 @@ __all__ = [
     "Runtime",
     "ScaledLR",
     "Training",
+    "add_arguments",
     "ShardedLoader",
     "StopSignal",
     "EXIT_STOPPED",
@@ -52,6 +53,7 @@ __all__ = [
     "full_state_dict",
     "get_logger",
     "init",
+    "loader_options",
     "make_loader",
     "no_sync",
     "plan_batch",
@@ -60,6 +62,7 @@ __all__ = [
     "resolve_precision",
     "scale_lr",
     "setup",
+    "training_options",
     "unwrap",
     "wrap",
     "__version__",

@@ -261,6 +261,21 @@ def default_num_workers(num_cores: int, device: torch.device) -> int:
     return max(0, min(num_cores - 1, 8))
 
 
+def _check_loader_arguments(dataset: Dataset, plan: BatchPlan, world: int, *, train: bool, even: bool,
+                            seed_samples: bool | None) -> None:
+    """Refuse, with the fix, what `make_loader` cannot load from."""
+    if not isinstance(dataset, Sized):
+        raise ValueError("make_loader needs a dataset with a length (a map-style Dataset)")
+    if len(dataset) == 0:
+        raise ValueError("the dataset is empty; check the data path")
+    if plan.world_size != world:
+        raise ValueError(f"the batch plan is for {plan.world_size} ranks but this job has {world}; plan with world_size={world}")
+    if train and even:
+        raise ValueError("even=True is for evaluation loaders (train=False); training shards are always equal")
+    if seed_samples and not train:
+        raise ValueError("seed_samples=True is for training loaders; an evaluation loader should not transform at random")
+
+
 def make_loader(
     dataset: Dataset,
     plan: BatchPlan,
@@ -292,18 +307,9 @@ def make_loader(
     checkpoint holds; in the main process the checkpoint's random state already suffices.
     """
     rt = rt or current()
-    if not isinstance(dataset, Sized):
-        raise ValueError("make_loader needs a dataset with a length (a map-style Dataset)")
-    if len(dataset) == 0:
-        raise ValueError("the dataset is empty; check the data path")
+    _check_loader_arguments(dataset, plan, rt.world_size, train=train, even=even, seed_samples=seed_samples)
     world, rank = rt.world_size, rt.rank
-    if plan.world_size != world:
-        raise ValueError(f"the batch plan is for {plan.world_size} ranks but this job has {world}; plan with world_size={world}")
     sampler: Sampler[int]
-    if train and even:
-        raise ValueError("even=True is for evaluation loaders (train=False); training shards are always equal")
-    if seed_samples and not train:
-        raise ValueError("seed_samples=True is for training loaders; an evaluation loader should not transform at random")
     workers = default_num_workers(len(rt.cores), rt.device) if num_workers is None else num_workers
     if train:
         drop_last = True if drop_last is None else drop_last

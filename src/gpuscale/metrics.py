@@ -220,27 +220,14 @@ class Meter:
         )
         world = self.rt.world_size
         eval_s, ckpt_s, probe_s = eval_s / world, ckpt_s / world, probe_s / world
-        steady = -1.0
-        if self._steady is not None and self.steps > self._steady[1]:
-            at, steps_then, seconds_then = self._steady
-            excluded = sum(now_s - seconds_then[k] for k, now_s in
-                           (("eval", self.seconds["eval"]), ("checkpoint", self.seconds["checkpoint"]), ("probe", self._probe_seconds())))
-            steady = max((now - at) - excluded, 0.0) / (self.steps - steps_then)
         wall, startup, peak, steady = all_reduce_max(
-            [wall, startup, float(_peak_memory_bytes(self.rt.device)), steady], self.rt)
+            [wall, startup, float(_peak_memory_bytes(self.rt.device)), self._steady_step_time(now)], self.rt)
         train_only = max(wall - eval_s - ckpt_s - probe_s, 1e-9)
         step_time = train_only / self.steps if self.steps else None
         split = split_step(step_time, self.steps, self._rank_reports(), self._unmeasured())
-        env = self.rt.env
         facts = wrapped.latest()
         summary: dict[str, Any] = {
-            "world_size": world,
-            "num_nodes": env.num_nodes,
-            "hosts": sorted({p["host"] for p in self.rt.placements}),
-            "launcher": env.launcher,
-            "backend": self.rt.backend,
-            "device": self.rt.device.type,
-            "device_name": self.rt.placements[0]["device_name"] if self.rt.placements else None,
+            **self._where(),
             "strategy": facts.strategy if facts else None,
             "scaling": self.plan.scaling,
             "global_batch": self.plan.global_batch,
@@ -271,6 +258,28 @@ class Meter:
         }
         summary.update(metrics)
         return summary
+
+    def _steady_step_time(self, now: float) -> float:
+        """Seconds per step since the warm-up ended, without evaluation, checkpoints and probes; -1 if unknown."""
+        if self._steady is None or self.steps <= self._steady[1]:
+            return -1.0
+        at, steps_then, seconds_then = self._steady
+        excluded = sum(now_s - seconds_then[k] for k, now_s in
+                       (("eval", self.seconds["eval"]), ("checkpoint", self.seconds["checkpoint"]), ("probe", self._probe_seconds())))
+        return max((now - at) - excluded, 0.0) / (self.steps - steps_then)
+
+    def _where(self) -> dict[str, Any]:
+        """Where the run ran: ranks, nodes, hosts, launcher, backend, device."""
+        env = self.rt.env
+        return {
+            "world_size": self.rt.world_size,
+            "num_nodes": env.num_nodes,
+            "hosts": sorted({p["host"] for p in self.rt.placements}),
+            "launcher": env.launcher,
+            "backend": self.rt.backend,
+            "device": self.rt.device.type,
+            "device_name": self.rt.placements[0]["device_name"] if self.rt.placements else None,
+        }
 
     def _unmeasured(self) -> str | None:
         """Why the sync probe may have measured nothing (used only when no rank has a probe)."""

@@ -13,6 +13,7 @@ many and under SLURM. What is sampled, and from where:
   draw. Without NVML: ``nvidia-smi --query-gpu=...`` once a second or slower.
 - AMD GPU (a ROCm build of torch): the ``amdsmi`` module (GFX activity, VRAM used, socket power),
   else ``rocm-smi --json`` once a second or slower; the device is matched by PCI bus id.
+  Both GPU kinds are read by `gpuscale.gpu_samplers`; this module keeps the CPU reading and the thread.
 - CPU: this process and its child processes (DataLoader workers; not their children): CPU time
   (user + system, all threads, from /proc) over wall time, in % of the cores the rank is bound to
   (``rt.cores``), so 100 means every one of its cores was busy. Memory is this process's resident
@@ -56,10 +57,8 @@ from __future__ import annotations
 
 import contextlib
 import glob
-import json
 import math
 import os
-import subprocess
 import threading
 import time
 from collections.abc import Sequence
@@ -67,6 +66,9 @@ from typing import Any, Protocol
 
 import torch
 
+# re-exported: the GPU samplers were defined here, and callers and tests reach them through this module
+from gpuscale.gpu_samplers import (NVIDIA_SMI, ROCM_SMI, SMI_INTERVAL_S, AmdSmiSampler, CommandSampler, NvmlSampler, Sample,
+                                   amd_sampler, as_number, gpu_sampler, nvidia_sampler, parse_nvidia_smi, parse_rocm_smi)
 from gpuscale.log import get_logger
 from gpuscale.topology import format_cpulist
 
@@ -76,10 +78,6 @@ __all__ = ["Monitor", "open_sampler", "nvidia_sampler", "amd_sampler", "monitor_
 
 TIMELINE_VERSION = 1
 MAX_SAMPLES = 10_000
-SMI_INTERVAL_S = 1.0  # the *-smi commands start a process per sample: not more often than this
-NVIDIA_SMI = ["nvidia-smi", "--query-gpu=uuid,utilization.gpu,memory.used,power.draw", "--format=csv,noheader,nounits"]
-ROCM_SMI = ["rocm-smi", "--showuse", "--showmeminfo", "vram", "--showpower", "--showbus", "--json"]
-Sample = tuple  # (util %, memory bytes, power W), each None where unknown
 
 log = get_logger("monitor")
 
@@ -92,35 +90,6 @@ def monitor_enabled() -> bool:
     return value != "0"
 
 
-def _num(value: Any) -> float | None:
-    """A number from a tool's field; None for "N/A", "[N/A]", "[Not Supported]" and the like."""
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
-
-
-def _uuid(text: Any) -> str:
-    text = text.decode() if isinstance(text, bytes) else str(text)
-    text = text.strip().lower()
-    return text[4:] if text.startswith("gpu-") else text
-
-
-def _bus(text: Any) -> tuple[int, int, int]:
-    """(domain, bus, device) from "0000:65:00.0" or NVML's "00000000:65:00.0"."""
-    text = text.decode() if isinstance(text, bytes) else str(text)
-    domain, bus, rest = text.strip().split(":")
-    return int(domain, 16), int(bus, 16), int(rest.split(".")[0], 16)
-
-
-def _run(cmd: list[str]) -> str:
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=False)
-    if done.returncode != 0:
-        lines = (done.stderr or done.stdout).strip().splitlines()
-        raise RuntimeError(f"{cmd[0]} exited with {done.returncode}: {lines[-1] if lines else 'no output'}")
-    return done.stdout
-
-
 def _proc_ticks(pid: str) -> int:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -129,7 +98,7 @@ def _proc_ticks(pid: str) -> int:
 
 def share_pct(value: Any) -> float | None:
     """A utilisation reading in percent, clamped to [0, 100]; None where unknown (None, NaN, not a number)."""
-    number = _num(value)
+    number = as_number(value)
     if number is None or math.isnan(number):
         return None
     return min(max(number, 0.0), 100.0)
@@ -178,147 +147,6 @@ class ProcSampler:
         pass
 
 
-class NvmlSampler:
-    """An NVIDIA GPU through NVML, found by UUID or PCI bus id."""
-
-    source, min_interval_s = "nvml", 0.0
-
-    def __init__(self, uuid: str | None, bus: tuple[int, int, int] | None) -> None:
-        import pynvml
-
-        self.nvml = pynvml
-        pynvml.nvmlInit()
-        try:
-            self.handle = self._find(uuid, bus)
-        except BaseException:
-            pynvml.nvmlShutdown()
-            raise
-
-    def _find(self, uuid: str | None, bus: tuple[int, int, int] | None) -> Any:
-        nvml = self.nvml
-        for i in range(nvml.nvmlDeviceGetCount()):
-            try:
-                handle = nvml.nvmlDeviceGetHandleByIndex(i)
-                if uuid and _uuid(nvml.nvmlDeviceGetUUID(handle)) == uuid:
-                    return handle
-                if bus and _bus(nvml.nvmlDeviceGetPciInfo(handle).busId) == bus:
-                    return handle
-            except nvml.NVMLError:  # a GPU this job's cgroup hides from it
-                continue
-        raise RuntimeError(f"NVML lists no GPU with UUID {uuid} or PCI bus id {bus}")
-
-    def _optional(self, read: Any) -> Any:
-        try:
-            return read(self.handle)
-        except self.nvml.NVMLError_NotSupported:  # MIG slices have no utilisation; some boards no power
-            return None
-
-    def sample(self) -> Sample:
-        util = self._optional(lambda h: self.nvml.nvmlDeviceGetUtilizationRates(h).gpu)
-        power = self._optional(self.nvml.nvmlDeviceGetPowerUsage)  # milliwatts
-        mem = int(self.nvml.nvmlDeviceGetMemoryInfo(self.handle).used)
-        return _num(util), mem, (power / 1000.0 if power is not None else None)
-
-    def close(self) -> None:
-        self.nvml.nvmlShutdown()
-
-
-def parse_nvidia_smi(text: str, uuid: str) -> Sample:
-    """The sample of GPU `uuid` from ``nvidia-smi --query-gpu=uuid,utilization.gpu,memory.used,power.draw`` CSV."""
-    for line in text.splitlines():
-        fields = [f.strip() for f in line.split(",")]
-        if len(fields) >= 4 and _uuid(fields[0]) == _uuid(uuid):
-            mem = _num(fields[2])  # MiB (nounits)
-            return _num(fields[1]), (int(mem * 2**20) if mem is not None else None), _num(fields[3])
-    raise RuntimeError(f"nvidia-smi lists no GPU with UUID {uuid}")
-
-
-class AmdSmiSampler:
-    """An AMD GPU through the amdsmi module, found by PCI bus id."""
-
-    source, min_interval_s = "amdsmi", 0.0
-
-    def __init__(self, bus: tuple[int, int, int]) -> None:
-        import amdsmi
-
-        self.amdsmi = amdsmi
-        amdsmi.amdsmi_init()
-        self.handle = next((h for h in amdsmi.amdsmi_get_processor_handles()
-                            if _bus(amdsmi.amdsmi_get_gpu_device_bdf(h)) == bus), None)
-        if self.handle is None:
-            amdsmi.amdsmi_shut_down()
-            raise RuntimeError(f"amdsmi lists no GPU with PCI bus id {bus}")
-
-    def sample(self) -> Sample:
-        smi, h = self.amdsmi, self.handle
-        vram = _num(smi.amdsmi_get_gpu_vram_usage(h).get("vram_used"))  # MiB
-        power = smi.amdsmi_get_power_info(h)  # W; MI300 fills current_socket_power, older boards the average
-        watts = next((w for w in map(_num, (power.get("current_socket_power"), power.get("average_socket_power")))
-                      if w is not None), None)
-        return _num(smi.amdsmi_get_gpu_activity(h).get("gfx_activity")), (int(vram * 2**20) if vram is not None else None), watts
-
-    def close(self) -> None:
-        self.amdsmi.amdsmi_shut_down()
-
-
-def parse_rocm_smi(text: str, bus: tuple[int, int, int]) -> Sample:
-    """The sample of the GPU at PCI `bus` from ``rocm-smi --showuse --showmeminfo vram --showpower --showbus --json``.
-
-    Key names vary between ROCm releases ("Average Graphics Package Power (W)", "Current Socket
-    Graphics Package Power (W)"), so fields are found by their stable parts.
-    """
-    data = json.loads(text[text.index("{"): text.rindex("}") + 1])  # some releases print warnings around it
-    for card, fields in data.items():
-        if not (card.startswith("card") and isinstance(fields, dict)):
-            continue
-        try:
-            if _bus(fields.get("PCI Bus", "")) != bus:
-                continue
-        except ValueError:
-            continue
-        util = next((_num(v) for k, v in fields.items() if k.startswith("GPU use")), None)
-        mem = next((_num(v) for k, v in fields.items() if "Used Memory (B)" in k), None)
-        power = next((p for p in (_num(v) for k, v in fields.items() if k.endswith("Power (W)")) if p is not None), None)
-        return util, (int(mem) if mem is not None else None), power
-    raise RuntimeError(f"rocm-smi lists no GPU with PCI bus id {bus}")
-
-
-class CommandSampler:
-    """A GPU through a command line tool, run once per sample (so at most once a second)."""
-
-    min_interval_s = SMI_INTERVAL_S
-
-    def __init__(self, source: str, cmd: list[str], parse: Any, key: Any) -> None:
-        self.source, self.cmd, self.parse, self.key = source, cmd, parse, key
-        self.sample()  # fail now, not at the first interval, when the command or the GPU is missing
-
-    def sample(self) -> Sample:
-        return self.parse(_run(self.cmd), self.key)
-
-    def close(self) -> None:
-        pass
-
-
-def _fallback(first: Any, second: Any) -> Any:
-    try:
-        return first()
-    except Exception as exc:
-        try:
-            return second()
-        except Exception as exc2:
-            raise RuntimeError(f"{exc}; and then {exc2}") from None
-
-
-def nvidia_sampler(uuid: str | None, bus: tuple[int, int, int] | None) -> Any:
-    """NVML, else nvidia-smi (which needs the UUID)."""
-    return _fallback(lambda: NvmlSampler(uuid, bus), lambda: CommandSampler("nvidia-smi", NVIDIA_SMI, parse_nvidia_smi, uuid))
-
-
-def amd_sampler(bus: tuple[int, int, int] | None) -> Any:
-    """amdsmi, else rocm-smi."""
-    return _fallback(lambda: AmdSmiSampler(bus), lambda: CommandSampler("rocm-smi", ROCM_SMI, parse_rocm_smi, bus))
-
-
 class Placed(Protocol):
     """What the monitor needs to know of a rank: its device, cores, rank and host (a `gpuscale.Runtime` is
     one; the probe, which has no Runtime in a script that does not use gpuscale, passes a stand-in)."""
@@ -330,14 +158,10 @@ class Placed(Protocol):
 
 
 def open_sampler(rt: Placed) -> Any:
-    """The sampler of `rt.device`: NVML or nvidia-smi, amdsmi or rocm-smi, or /proc for a CPU."""
+    """The sampler of `rt.device`: NVML or nvidia-smi, amdsmi or rocm-smi (`gpuscale.gpu_samplers`), or /proc for a CPU."""
     if rt.device.type != "cuda":
         return ProcSampler(tuple(rt.cores) or tuple(os.sched_getaffinity(0)))
-    props = torch.cuda.get_device_properties(rt.device)
-    bus = (props.pci_domain_id, props.pci_bus_id, props.pci_device_id) if hasattr(props, "pci_bus_id") else None
-    if torch.version.hip:
-        return amd_sampler(bus)
-    return nvidia_sampler(_uuid(getattr(props, "uuid", "") or "") or None, bus)
+    return gpu_sampler(torch.cuda.get_device_properties(rt.device))
 
 
 class Monitor:

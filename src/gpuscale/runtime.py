@@ -9,10 +9,10 @@ On entry, in this order:
 1. find out where this process is (`gpuscale.env.detect_env`): torchrun, an srun step, ranks set
    by hand, or a single process. Under torchrun, have the kernel send SIGTERM should torchrun die
    (`gpuscale.lifeline`): a SIGKILLed launcher leaves no workers training on;
-2. pick the device: the GPU of this local rank (honouring CUDA_VISIBLE_DEVICES or
+2. pick the device (`gpuscale.placement`): the GPU of this local rank (honouring CUDA_VISIBLE_DEVICES or
    ROCR_VISIBLE_DEVICES set per task), or the CPU when torch sees no GPU. On SLURM's fake GPUs or
    a CPU build of torch it says so once and goes on with gloo, keeping SLURM's ranks and cores;
-3. bind the process to CPU cores (`gpuscale.topology`): the cores next to its GPU (from the
+3. bind the process to CPU cores as `gpuscale.placement` plans (`gpuscale.topology`): the cores next to its GPU (from the
    cluster profile's map in GPUSCALE_GPU_CORES, else sysfs), disjoint shares on a CPU-only node,
    or the cores srun already chose. ``bind="none"`` (or GPUSCALE_BIND=none)
    leaves the affinity alone;
@@ -51,22 +51,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gpuscale.env import DistEnv, detect_env, device_index, visible_devices
+from gpuscale.env import DistEnv, detect_env, visible_devices
 from gpuscale.files import tighten_umask
 from gpuscale.lifeline import end_with_parent, parent_death_signal
 from gpuscale.failures import report_failure
 from gpuscale.log import configure_logging, format_placements, get_logger
 from gpuscale.exits import Stopped
 from gpuscale import wrapped
-from gpuscale.topology import (
-    BindingPlan,
-    allowed_cores,
-    format_cpulist,
-    gpu_local_cores,
-    parse_gpu_core_map,
-    plan_binding,
-    set_affinity,
-)
+from gpuscale.placement import choose_device, plan_cores
+from gpuscale.topology import BindingPlan, allowed_cores, format_cpulist, set_affinity
 
 __all__ = ["Runtime", "init", "current", "DEFAULT_TIMEOUT_S"]
 
@@ -75,7 +68,6 @@ DEFAULT_TIMEOUT_S = 600.0
 OMP_FROM_LAUNCHER = "GPUSCALE_OMP_FROM_LAUNCHER"
 LAUNCH_TIME = "GPUSCALE_LAUNCH_TIME"
 GIL_DRAIN_S = 0.1  # see _teardown
-GPU_CORES = "GPUSCALE_GPU_CORES"  # the cluster profile's GPU-to-cores map, exported by gpuscale's batch scripts
 
 log = get_logger("runtime")
 _current: Runtime | None = None
@@ -204,87 +196,6 @@ def _process_start_time() -> float:
         return time.time()
 
 
-def _choose_device(env: DistEnv, device: str) -> torch.device:
-    if device not in ("auto", "cpu", "cuda"):
-        raise ValueError(f"device={device!r} is not one of 'auto', 'cpu', 'cuda'")
-    has_gpu = torch.cuda.is_available() and torch.cuda.device_count() > 0
-    if device == "cuda" and not has_gpu:
-        raise ValueError("device='cuda' was asked for but torch sees no GPU; use device='auto' or 'cpu'")
-    if device == "cpu" or not has_gpu:
-        granted = next((f"{name}={os.environ[name]}" for name in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "SLURM_GPUS_ON_NODE")
-                        if os.environ.get(name)), None)
-        if device == "auto" and granted and env.rank == 0:
-            build = "a CPU-only build of torch" if torch.version.cuda is None and torch.version.hip is None else "no usable GPU"
-            log.warning(
-                "SLURM gave this job GPUs (%s) but torch sees none (%s); running on CPU with gloo, "
-                "keeping SLURM's ranks and cores", granted, build,
-            )
-        return torch.device("cpu")
-    index = device_index(env, torch.cuda.device_count())
-    torch.cuda.set_device(index)
-    return torch.device("cuda", index)
-
-
-def _gpu_cores_from_profile(env: DistEnv) -> list[list[int] | None] | None:
-    """The cores next to each local rank's GPU from GPUSCALE_GPU_CORES ("49-55;57-63;..."), if set.
-
-    gpuscale's batch scripts export the cluster profile's map there (the node's GPU order), so
-    torchrun's workers bind by the profile even where sysfs does not tell the whole story.
-    """
-    text = os.environ.get(GPU_CORES)
-    if not text:
-        return None
-    try:
-        per_gpu = parse_gpu_core_map(text)
-    except ValueError:
-        raise ValueError(f"{GPU_CORES}={text!r} is not a ';'-separated list of core lists like 49-55;57-63") from None
-    # The map is in the node's GPU order; SLURM may have given this job other GPUs than the first
-    # ones (ROCR_VISIBLE_DEVICES=4,5): local rank i uses the i-th visible GPU.
-    visible = visible_devices(os.environ)
-    physical = [int(v) for v in visible] if visible and all(v.isdigit() for v in visible) else list(range(len(per_gpu)))
-    if len(physical) < env.local_world_size or max(physical[: env.local_world_size]) >= len(per_gpu):
-        raise ValueError(
-            f"{GPU_CORES} lists {len(per_gpu)} GPUs, but this node's {env.local_world_size} local ranks use GPUs "
-            f"{physical[: env.local_world_size]}; it needs one entry per GPU of the node"
-        )
-    return [per_gpu[gpu] for gpu in physical[: env.local_world_size]]
-
-
-def _gpu_cores_for_local_ranks(env: DistEnv) -> list[list[int] | None] | None:
-    """The cores next to each local rank's GPU, from sysfs; None if not knowable from here."""
-    count = torch.cuda.device_count()
-    if count < env.local_world_size:  # each task sees only its own GPU: cannot plan for the others
-        return None
-    cores = []
-    for local_rank in range(env.local_world_size):
-        props = torch.cuda.get_device_properties(local_rank)
-        domain, bus, dev = (getattr(props, n, None) for n in ("pci_domain_id", "pci_bus_id", "pci_device_id"))
-        cores.append(gpu_local_cores(f"{domain:04x}:{bus:02x}:{dev:02x}.0") if bus is not None else None)
-    return cores
-
-
-def _plan(env: DistEnv, device: torch.device, bind: str) -> BindingPlan:
-    here = tuple(allowed_cores())
-    if bind == "none":
-        return BindingPlan((here,) * env.local_world_size, "none")
-    if env.launcher == "slurm":
-        unbound = os.environ.get("SLURM_CPU_BIND_TYPE", "").startswith("none")
-        if not (unbound and env.local_world_size > 1):
-            # srun placed every task already (--cpu-bind, masks, cgroups): keep what it chose.
-            return BindingPlan((here,) * env.local_world_size, "launcher")
-        # srun bound nothing (--cpu-bind=none: SLURM_CPU_BIND_TYPE=none), so every task sees the
-        # whole allocation. Split it among this node's tasks, as for any other launcher. (Counting
-        # cores against SLURM_CPUS_PER_TASK instead would misfire where a task gets both hardware
-        # threads of its cores.)
-    if len(here) < env.local_world_size and env.local_world_size > 1:
-        # Fewer cores than siblings: whoever started us bound us already (taskset per process).
-        return BindingPlan((here,) * env.local_world_size, "launcher", "fewer allowed cores than local ranks")
-    gpu_cores = _gpu_cores_from_profile(env)
-    if gpu_cores is None and device.type == "cuda":
-        gpu_cores = _gpu_cores_for_local_ranks(env)
-    return plan_binding(here, env.local_world_size, gpu_cores)
-
-
 class _Restorer:
     """Remembers what init() changed so that teardown puts it back."""
 
@@ -337,16 +248,7 @@ def init(
     global _current
     if _current is not None:
         raise RuntimeError("gpuscale.init() is already active in this process; call it once, around your training")
-    bind = bind or os.environ.get("GPUSCALE_BIND", "auto")
-    if bind not in ("auto", "none"):
-        raise ValueError(f"bind={bind!r} is not one of 'auto', 'none' (from the argument or GPUSCALE_BIND)")
-    try:
-        timeout_s = float(timeout if timeout is not None else os.environ.get("GPUSCALE_TIMEOUT", DEFAULT_TIMEOUT_S))
-    except ValueError:
-        raise ValueError(f"GPUSCALE_TIMEOUT={os.environ.get('GPUSCALE_TIMEOUT')!r} is not a number of seconds") from None
-    if timeout_s <= 0:
-        raise ValueError(f"timeout={timeout_s} must be a positive number of seconds")
-
+    bind, timeout_s = _resolve_options(bind, timeout)
     env = detect_env(os.environ)
     configure_logging(env.rank, env.world_size)
     restorer = _Restorer()
@@ -357,33 +259,10 @@ def init(
     rt: Runtime | None = None
     failed = False
     try:
-        dev = _choose_device(env, device)
-        plan = _plan(env, dev, bind)
-        cores = plan.for_rank(env.local_rank)
-        if plan.source in ("gpu-local", "even-split"):
-            set_affinity(cores)
-        if plan.note and env.local_rank == 0:
-            log.warning("CPU binding: %s", plan.note)
-        if "OMP_NUM_THREADS" not in os.environ or os.environ.get(OMP_FROM_LAUNCHER):
-            restorer.setenv("OMP_NUM_THREADS", str(len(cores)))
-            torch.set_num_threads(len(cores))
-        if "TOKENIZERS_PARALLELISM" not in os.environ:
-            restorer.setenv("TOKENIZERS_PARALLELISM", "false")
-
-        chosen_backend = None
-        if env.world_size > 1:
-            chosen_backend = backend or ("nccl" if dev.type == "cuda" else "gloo")
-            for name, value in (
-                ("RANK", env.rank), ("LOCAL_RANK", env.local_rank), ("WORLD_SIZE", env.world_size),
-                ("LOCAL_WORLD_SIZE", env.local_world_size), ("MASTER_ADDR", env.master_addr),
-                ("MASTER_PORT", env.master_port),
-            ):
-                restorer.setenv(name, str(value))
-            dist.init_process_group(
-                backend=chosen_backend, init_method="env://", rank=env.rank, world_size=env.world_size,
-                timeout=datetime.timedelta(seconds=timeout_s),
-                device_id=dev if dev.type == "cuda" and chosen_backend == "nccl" else None,  # binds NCCL's communicator to it
-            )
+        dev = choose_device(env, device)
+        plan = plan_cores(env, dev, bind)
+        cores = _bind(env, plan, restorer)
+        chosen_backend = _start_process_group(env, dev, backend, timeout_s, restorer) if env.world_size > 1 else None
         rt = Runtime(
             env=env, device=dev, backend=chosen_backend, binding=plan, cores=tuple(cores),
             host=socket.gethostname(), started_at=started_at, ready_at=time.time(), timeout_s=timeout_s, _restorer=restorer,
@@ -405,6 +284,53 @@ def init(
         wrapped.forget()
         _teardown(rt, failed)
         restorer.restore()
+
+
+def _resolve_options(bind: str | None, timeout: float | None) -> tuple[str, float]:
+    """`init`'s bind and timeout, from the arguments or GPUSCALE_BIND / GPUSCALE_TIMEOUT, checked."""
+    bind = bind or os.environ.get("GPUSCALE_BIND", "auto")
+    if bind not in ("auto", "none"):
+        raise ValueError(f"bind={bind!r} is not one of 'auto', 'none' (from the argument or GPUSCALE_BIND)")
+    try:
+        timeout_s = float(timeout if timeout is not None else os.environ.get("GPUSCALE_TIMEOUT", DEFAULT_TIMEOUT_S))
+    except ValueError:
+        raise ValueError(f"GPUSCALE_TIMEOUT={os.environ.get('GPUSCALE_TIMEOUT')!r} is not a number of seconds") from None
+    if timeout_s <= 0:
+        raise ValueError(f"timeout={timeout_s} must be a positive number of seconds")
+    return bind, timeout_s
+
+
+def _bind(env: DistEnv, plan: BindingPlan, restorer: _Restorer) -> list[int]:
+    """Apply this rank's share of `plan` and size the thread pools to it (unless the user set them); its cores."""
+    cores = plan.for_rank(env.local_rank)
+    if plan.source in ("gpu-local", "even-split"):
+        set_affinity(cores)
+    if plan.note and env.local_rank == 0:
+        log.warning("CPU binding: %s", plan.note)
+    if "OMP_NUM_THREADS" not in os.environ or os.environ.get(OMP_FROM_LAUNCHER):
+        restorer.setenv("OMP_NUM_THREADS", str(len(cores)))
+        torch.set_num_threads(len(cores))
+    if "TOKENIZERS_PARALLELISM" not in os.environ:
+        restorer.setenv("TOKENIZERS_PARALLELISM", "false")
+    return list(cores)
+
+
+def _start_process_group(env: DistEnv, device: torch.device, backend: str | None, timeout_s: float,
+                         restorer: _Restorer) -> str:
+    """Export the launcher variables libraries read, start the process group; the backend it uses."""
+    chosen = backend or ("nccl" if device.type == "cuda" else "gloo")
+    for name, value in (
+        ("RANK", env.rank), ("LOCAL_RANK", env.local_rank), ("WORLD_SIZE", env.world_size),
+        ("LOCAL_WORLD_SIZE", env.local_world_size), ("MASTER_ADDR", env.master_addr),
+        ("MASTER_PORT", env.master_port),
+    ):
+        restorer.setenv(name, str(value))
+    dist.init_process_group(
+        backend=chosen, init_method="env://", rank=env.rank, world_size=env.world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+        device_id=device if device.type == "cuda" and chosen == "nccl" else None,  # binds NCCL's communicator to it
+    )
+    return chosen
 
 
 def _gather_placements(rt: Runtime) -> list[dict[str, Any]]:

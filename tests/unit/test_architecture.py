@@ -3,6 +3,7 @@ the package, and they do catch what they forbid (an upward import, a cycle) in a
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import shutil
@@ -71,3 +72,32 @@ def test_every_module_has_its_layer():
     children = {p.stem if p.is_file() else p.name for p in (SRC / "gpuscale").iterdir()
                 if (p.suffix == ".py" and p.stem != "__init__") or (p.is_dir() and (p / "__init__.py").exists())}
     assert children == placed, f"not placed: {sorted(children - placed)}; placed but gone: {sorted(placed - children)}"
+
+
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
+LONG_BECAUSE = "Long because"  # how a longer function says, at the top of its docstring's last paragraph, why it is one piece
+
+
+def _docstring_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    first = node.body[0]
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        return first.end_lineno - first.lineno + 1
+    return 0
+
+
+def test_modules_and_functions_stay_readable():
+    """No module over 400 lines; no function over 60 lines of code (its docstring is the manual and does not count)
+    unless its docstring says why it is one piece ("Long because ...")."""
+    too_long = []
+    for path in sorted((SRC / "gpuscale").rglob("*.py")):
+        text = path.read_text()
+        name = path.relative_to(SRC)
+        if text.count("\n") > MAX_MODULE_LINES:
+            too_long.append(f"{name}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1 - _docstring_lines(node)
+                if length > MAX_FUNCTION_LINES and LONG_BECAUSE not in (ast.get_docstring(node) or ""):
+                    too_long.append(f"{name}:{node.lineno} {node.name}: {length} lines")
+    assert not too_long, "split these, or say in the function's docstring why it is one piece (\"Long because ...\"):\n" + "\n".join(too_long)

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from collections import Counter
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpuscale._version import __version__
 from gpuscale.monitor import device_stats, make_timeline
@@ -135,52 +135,77 @@ def _utilisation(records: list[dict[str, Any]], zero: float) -> tuple[dict[str, 
     return utilisation, make_timeline(series, interval, min(starts) if starts else None)
 
 
-def merge_records(records: list[dict[str, Any]], *, world_size: int | None = None, scaling: str | None = None,
-                  failure: str | None = None) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """The summary (Meter's format, ``"measured_by": "probe"``) and the timeline of one run from its ranks' records.
+class _Totals(NamedTuple):
+    """The ranks' training added up as `gpuscale.Meter` does: the first rank's steps, all ranks' samples, the slowest rank's time."""
 
-    world_size: how many ranks the launcher started (else what the records say); scaling: the study
-    cell's ('weak'/'strong'), None outside a study; failure: the launcher's word on a failed run.
-    """
-    by_rank = {r["rank"]: r for r in records}
-    seen = max([(r.get("world") or {}).get("world_size") or int((r.get("env") or {}).get("WORLD_SIZE") or 1) for r in records] or [1])
-    world = world_size or seen
-    problems = _problems(by_rank, world, failure)
-    accounts = [rank_account(by_rank[rank]) for rank in sorted(by_rank)]
+    lead: dict[str, Any] | None  # the first rank's account
+    steps: int
+    samples: int | None  # None when some rank's samples could not be counted
+    train_s: float | None  # the slowest rank's training time, evaluation left out
+    window_s: float | None  # the longest span from a rank's first training batch to its last step
+    starts: list[float]  # the ranks' training starts
+
+    @property
+    def step_time(self) -> float | None:
+        return self.train_s / self.steps if self.train_s and self.steps else None
+
+    @property
+    def throughput(self) -> float | None:
+        return self.samples / self.train_s if self.samples and self.train_s else None
+
+
+def _totals(accounts: list[dict[str, Any]]) -> _Totals:
     lead = accounts[0] if accounts else None
-    steps = lead["steps"] if lead else 0
-    samples_known = accounts and all(a["samples"] is not None for a in accounts)
-    samples = sum(a["samples"] for a in accounts) if samples_known else None
+    samples_known = bool(accounts) and all(a["samples"] is not None for a in accounts)
     trained = [a for a in accounts if a["train_s"] is not None]
-    train_only = max((a["train_s"] for a in trained), default=None)
-    window = max((a["end"] - a["start"] for a in trained), default=None)
-    if steps == 0:
-        problems.append("no optimizer step was taken (the probe counts torch.optim steps)")
-    elif not samples_known:
+    return _Totals(lead=lead, steps=lead["steps"] if lead else 0,
+                   samples=sum(a["samples"] for a in accounts) if samples_known else None,
+                   train_s=max((a["train_s"] for a in trained), default=None),
+                   window_s=max((a["end"] - a["start"] for a in trained), default=None),
+                   starts=[a["start"] for a in trained])
+
+
+def _world_size_seen(records: list[dict[str, Any]]) -> int:
+    """The largest world size the records name (their process group's, else their WORLD_SIZE), else 1."""
+    return max([(r.get("world") or {}).get("world_size") or int((r.get("env") or {}).get("WORLD_SIZE") or 1) for r in records] or [1])
+
+
+def _counting_problems(accounts: list[dict[str, Any]], totals: _Totals) -> list[str]:
+    """Why the steps or samples of the run cannot be counted (none when they can)."""
+    if totals.steps == 0:
+        return ["no optimizer step was taken (the probe counts torch.optim steps)"]
+    if totals.samples is None:
         kind = next((a["unknown_batch"] for a in accounts if a["unknown_batch"]), None)
-        problems.append(f"the probe cannot count the samples of a batch of type {kind}" if kind
-                        else "no training batch came from a torch DataLoader, so the probe cannot count samples")
-    throughput = samples / train_only if samples and train_only else None
-    step_time = train_only / steps if train_only and steps else None
-    starts = [a["start"] for a in trained]
+        return [f"the probe cannot count the samples of a batch of type {kind}" if kind
+                else "no training batch came from a torch DataLoader, so the probe cannot count samples"]
+    return []
+
+
+def _clock(records: list[dict[str, Any]], starts: list[float]) -> tuple[float, float, float | None]:
+    """The run's zero (the first training start, else the launch), its startup and its time to result."""
     launched = min((r.get("launched_at") or r.get("loaded_at") for r in records), default=None)
     zero = min(starts) if starts else launched or 0.0
     startup = max(0.0, zero - launched) if launched is not None else 0.0
     ended = max((r.get("written_at") or 0.0 for r in records), default=None)
-    batch = lead["batch_size"] if lead else None
-    accumulation = max(1, round(lead["batches"] / steps)) if lead and steps else 1
-    split = split_step(step_time, steps, [{"rank": a["rank"], "data_wait_s": a["data_wait_s"], "probes": a["probes"]}
-                                          for a in accounts], NOT_MEASURED["exposed_comm"])
+    return zero, startup, ended - launched if ended and launched else None
+
+
+def _step_split(totals: _Totals, accounts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The step's split (data wait, compute, exposed communication, imbalance) from the ranks' DDP timers."""
+    split = split_step(totals.step_time, totals.steps, [{"rank": a["rank"], "data_wait_s": a["data_wait_s"], "probes": a["probes"]}
+                                                        for a in accounts], NOT_MEASURED["exposed_comm"])
     if split["status"] != "measured" and any(a["probes"] for a in accounts):
         split["why"] = "the ranks' DDP timers have no timed iteration in common"
-    not_measured = [text for key, text in NOT_MEASURED.items() if key != "exposed_comm" or split["status"] != "measured"]
-    eval_s = sum(a["eval_s"] for a in accounts) / max(len(accounts), 1)
-    utilisation, timeline = _utilisation(records, zero)
-    steady = max((a["steady_step_s"] for a in accounts if a["steady_step_s"] is not None), default=None)
+    return split
+
+
+def _setup(records: list[dict[str, Any]], world: int, scaling: str | None, totals: _Totals) -> dict[str, Any]:
+    """The summary's part on what ran where: world, hosts, launcher, backend, device, batch sizes."""
+    lead, steps = totals.lead, totals.steps
+    batch = lead["batch_size"] if lead else None
+    accumulation = max(1, round(lead["batches"] / steps)) if lead and steps else 1
     world_info = next((r["world"] for r in records if r.get("world")), None) or {}
-    summary: dict[str, Any] = {
-        "measured_by": "probe",
-        "complete": not problems,
+    return {
         "world_size": world,
         "num_nodes": len({r.get("host") for r in records}) or None,
         "hosts": sorted({str(r.get("host")) for r in records}),
@@ -193,26 +218,72 @@ def merge_records(records: list[dict[str, Any]], *, world_size: int | None = Non
         "global_batch": batch * accumulation * world if batch else None,
         "per_device_batch": batch,
         "grad_accum_steps": accumulation,
-        "steps": steps,
+    }
+
+
+def _results(records: list[dict[str, Any]], accounts: list[dict[str, Any]], totals: _Totals,
+             time_to_result: float | None) -> dict[str, Any]:
+    """The summary's part on what the training did: steps, samples, times, throughput, memory."""
+    lead = totals.lead
+    return {
+        "steps": totals.steps,
         "epochs": lead["epochs"] if lead else 0,
-        "samples": samples,
-        "train_time_s": window,
-        "time_to_result_s": ended - launched if ended and launched else None,
-        "samples_per_s": throughput,
-        "step_time_s": step_time,
-        "steady_step_time_s": steady,
+        "samples": totals.samples,
+        "train_time_s": totals.window_s,
+        "time_to_result_s": time_to_result,
+        "samples_per_s": totals.throughput,
+        "step_time_s": totals.step_time,
+        "steady_step_time_s": max((a["steady_step_s"] for a in accounts if a["steady_step_s"] is not None), default=None),
         "warmup_steps": records[0].get("warmup_steps") if records else None,
         "gradient_bytes": lead["gradient_bytes"] if lead else None,
         "final_loss": None,
         "peak_memory_bytes": max((int(r.get("peak_memory_bytes") or 0) for r in records), default=None),
-        "time_split_s": time_split(startup, train_only or 0.0, steps, split, eval_s, None, 0.0),  # type: ignore[arg-type]
+    }
+
+
+def _time_split(startup: float, totals: _Totals, split: dict[str, Any], accounts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The summary's part on where the time went: the run's phases, the step's split, DDP's timers as sync probes."""
+    eval_s = sum(a["eval_s"] for a in accounts) / max(len(accounts), 1)
+    return {
+        "time_split_s": time_split(startup, totals.train_s or 0.0, totals.steps, split, eval_s, None, 0.0),  # type: ignore[arg-type]
         "step_breakdown_s": split["per_step_s"],
         "sync_probe": {"status": split["status"], "why": split["why"], "probes": split["probes"],
                        "schedule": DDP_SCHEDULE, "reference_rank": split["reference_rank"], "source": "ddp_timers"},
         "ranks": split["ranks"],
-        "probe": {"complete": not problems, "why": "; ".join(problems) or None, "not_measured": not_measured,
-                  "ranks": [{k: a[k] for k in ("rank", "host", "steps", "samples", "train_s", "eval_s", "data_wait_s")}
-                            | {k: by_rank[a["rank"]].get(k) for k in ("ended", "error", "signal")} for a in accounts]},
+    }
+
+
+def _probe_part(problems: list[str], split: dict[str, Any], accounts: list[dict[str, Any]],
+                by_rank: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """The summary's "probe": whether the run is complete and why not, what was not measured, each rank's account."""
+    not_measured = [text for key, text in NOT_MEASURED.items() if key != "exposed_comm" or split["status"] != "measured"]
+    return {"complete": not problems, "why": "; ".join(problems) or None, "not_measured": not_measured,
+            "ranks": [{k: a[k] for k in ("rank", "host", "steps", "samples", "train_s", "eval_s", "data_wait_s")}
+                      | {k: by_rank[a["rank"]].get(k) for k in ("ended", "error", "signal")} for a in accounts]}
+
+
+def merge_records(records: list[dict[str, Any]], *, world_size: int | None = None, scaling: str | None = None,
+                  failure: str | None = None) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The summary (Meter's format, ``"measured_by": "probe"``) and the timeline of one run from its ranks' records.
+
+    world_size: how many ranks the launcher started (else what the records say); scaling: the study
+    cell's ('weak'/'strong'), None outside a study; failure: the launcher's word on a failed run.
+    """
+    by_rank = {r["rank"]: r for r in records}
+    world = world_size or _world_size_seen(records)
+    accounts = [rank_account(by_rank[rank]) for rank in sorted(by_rank)]
+    totals = _totals(accounts)
+    problems = _problems(by_rank, world, failure) + _counting_problems(accounts, totals)
+    zero, startup, time_to_result = _clock(records, totals.starts)
+    split = _step_split(totals, accounts)
+    utilisation, timeline = _utilisation(records, zero)
+    summary: dict[str, Any] = {
+        "measured_by": "probe",
+        "complete": not problems,
+        **_setup(records, world, scaling, totals),
+        **_results(records, accounts, totals, time_to_result),
+        **_time_split(startup, totals, split, accounts),
+        "probe": _probe_part(problems, split, accounts, by_rank),
         "placements": None,
         "torch_version": next((r.get("torch_version") for r in records), None),
         "gpuscale_version": __version__,

@@ -30,6 +30,9 @@ merging the ranks' records (`gpuscale.probe.merge`) happens outside them.
 
 A script that creates a `gpuscale.Meter` measures itself: its record says ``"meter": true`` and the
 launcher leaves the summary to the Meter.
+
+The hooks live beside this module: `loader_waits` (data loaders), `ddp_timers` (DDP's timers) and
+`endings` (exceptions, signals); this module keeps the rank's state and writes its record.
 """
 
 from __future__ import annotations
@@ -48,51 +51,24 @@ from typing import Any
 
 import torch
 
-from gpuscale.data import batch_len
 from gpuscale.monitor import Monitor, monitor_enabled
 from gpuscale.files import atomic_write_json, make_dir
 from gpuscale.env import detect_env
+from gpuscale.probe.ddp_timers import MAX_DDP_SAMPLES, ddp_sample, hook_ddp, keep_sample
+from gpuscale.probe.endings import SIGNALS, hook_exceptions, hook_signals
+from gpuscale.probe.loader_waits import MAX_PASSES, Pass, hook_loaders, next_pass
+
+__all__ = ["RECORD_VERSION", "MAX_DDP_SAMPLES", "WARMUP_STEPS", "FLUSH_S", "MAX_PASSES", "SIGNALS", "ACTIVE", "Recorder",
+           "ddp_sample", "install", "meter_created"]
 
 RECORD_VERSION = 1
-MAX_DDP_SAMPLES = 200
-"""DDP timer samples kept: the first 10 iterations and the latest ones (every 100th iteration)."""
 WARMUP_STEPS = 10
 """Optimizer steps before the steady step time is timed (as `gpuscale.Meter`'s default)."""
 FLUSH_S = 10.0
 """How often a background thread rewrites the record while the rank runs."""
-MAX_PASSES = 10_000
-"""Loader passes kept one by one; later ones are folded into the last (a record stays small)."""
-SIGNALS = ("SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2")
-"""Signals whose default action ends the process: the record is written first (when nobody else handles them)."""
 
 ACTIVE: Recorder | None = None
 """This process's recorder, once the probe is installed."""
-
-
-class _Pass:
-    """One pass over a DataLoader: its first request, last batch, waits, samples, and the steps taken during it."""
-
-    __slots__ = ("first_at", "last_at", "ended", "batches", "samples", "unknown", "wait_s", "steps", "sizes")
-
-    def __init__(self, now: float) -> None:
-        self.first_at = self.last_at = now
-        self.ended = False
-        self.batches = self.samples = self.steps = 0
-        self.unknown: str | None = None  # the type of a batch whose samples could not be counted
-        self.wait_s = 0.0
-        self.sizes: dict[int, int] = {}
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"first_at": self.first_at, "last_at": self.last_at, "ended": self.ended, "batches": self.batches,
-                "samples": None if self.unknown else self.samples, "unknown_batch": self.unknown,
-                "wait_s": self.wait_s, "steps": self.steps, "batch_sizes": {str(k): v for k, v in sorted(self.sizes.items())}}
-
-
-def _batch_len(batch: Any) -> int | None:
-    try:
-        return batch_len(batch)
-    except (ValueError, TypeError, StopIteration):
-        return None
 
 
 class Recorder:
@@ -105,8 +81,8 @@ class Recorder:
         self.loaded_at = time.time()
         launch = os.environ.get("GPUSCALE_LAUNCH_TIME")
         self.launched_at = float(launch) if launch else _process_start_time()
-        self.passes: list[_Pass] = []
-        self.current: _Pass | None = None  # the pass that gave the latest batch: the next step trains on it
+        self.passes: list[Pass] = []
+        self.current: Pass | None = None  # the pass that gave the latest batch: the next step trains on it
         self.optimizers: dict[int, dict[str, Any]] = {}
         self.world: dict[str, Any] | None = None
         self.device: str | None = None
@@ -130,24 +106,11 @@ class Recorder:
         """A batch came out of `iterator` after `waited` seconds."""
         state = iterator.__dict__.get("_gpuscale_pass")
         if state is None or state.ended or fresh:
-            if len(self.passes) >= MAX_PASSES:
-                state = self.passes[-1]
-                state.ended = False
-            else:
-                state = _Pass(start)
-                self.passes.append(state)
+            state = next_pass(self.passes, start)
             iterator.__dict__["_gpuscale_pass"] = state
             if len(self.passes) == 1:
                 self._first_activity()
-        state.last_at = time.time()
-        state.batches += 1
-        state.wait_s += waited
-        size = _batch_len(batch)
-        if size is None:
-            state.unknown = type(batch).__name__
-        else:
-            state.samples += size
-            state.sizes[size] = state.sizes.get(size, 0) + 1
+        state.add(waited, batch)
         self.current = state
 
     def loader_end(self, iterator: Any) -> None:
@@ -203,14 +166,8 @@ class Recorder:
         except Exception:  # a private API: if it changes, exposed communication is just "not measured"
             self.ddp = None
             return
-        if sample is None:
-            return
-        last = self.ddp_samples[-1] if self.ddp_samples else None
-        if last is not None and (last["iteration"] == sample["iteration"] or last["comm_start_ns"] == sample["comm_start_ns"]):
-            return  # not a new timed iteration (or one with no all-reduce, under no_sync)
-        self.ddp_samples.append(sample)
-        if len(self.ddp_samples) > MAX_DDP_SAMPLES:
-            del self.ddp_samples[10]
+        if sample is not None:
+            keep_sample(self.ddp_samples, sample)
 
     def meter_created(self) -> None:
         """The script measures itself with gpuscale.Meter: leave the summary (and the device's sampling) to it."""
@@ -308,25 +265,6 @@ class Recorder:
             os.kill(os.getpid(), signum)
 
 
-def ddp_sample(data: dict[str, Any]) -> dict[str, Any] | None:
-    """One timed DDP iteration from DDP's logging data (nanoseconds), in seconds; None before the first.
-
-    sync_wait_s is from the moment the backward's last gradient was ready to the end of the last
-    bucket's all-reduce: communication the backward did not hide, plus waiting for slower ranks.
-    """
-    try:
-        compute_end, comm_start, comm_end = (int(data[k]) for k in ("backward_compute_time_end", "backward_comm_time_start",
-                                                                     "backward_comm_time_end"))
-        forward, backward = int(data["forward_compute_time"]), int(data["backward_compute_time"])
-        iteration = int(data["iteration"])
-    except (KeyError, TypeError, ValueError):
-        return None
-    if iteration < 1 or comm_end <= 0 or comm_start <= 0:
-        return None
-    return {"iteration": iteration, "forward_s": forward / 1e9, "backward_s": backward / 1e9,
-            "sync_wait_s": max(comm_end - compute_end, 0) / 1e9, "comm_start_ns": comm_start}
-
-
 def _gradient_bytes(optimizer: Any) -> int | None:
     """Bytes of the gradients this optimizer updates (what DDP all-reduces each step; a shard under ZeRO or FSDP)."""
     try:
@@ -362,63 +300,6 @@ def _peak_memory_bytes() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
 
 
-def _hook_loaders(recorder: Recorder) -> None:
-    from torch.utils.data import dataloader
-
-    iterator_class = dataloader._BaseDataLoaderIter
-    original = iterator_class.__next__
-    clock = time.perf_counter
-
-    def __next__(self: Any) -> Any:
-        fresh = getattr(self, "_num_yielded", 1) == 0  # a persistent-workers iterator starts a new pass
-        start, wall = clock(), time.time()
-        try:
-            batch = original(self)
-        except StopIteration:
-            recorder.loader_end(self)
-            raise
-        recorder.batch(self, fresh, wall, clock() - start, batch)
-        return batch
-
-    __next__.__wrapped__ = original  # type: ignore[attr-defined]
-    iterator_class.__next__ = __next__  # type: ignore[method-assign]
-
-
-def _hook_ddp(recorder: Recorder) -> None:
-    try:
-        from torch.nn.parallel import DistributedDataParallel
-    except ImportError:  # a torch built without distributed: nothing to time
-        return
-
-    original = DistributedDataParallel.__init__
-
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
-        recorder.ddp_created(self)
-
-    __init__.__wrapped__ = original  # type: ignore[attr-defined]
-    DistributedDataParallel.__init__ = __init__  # type: ignore[method-assign]
-
-
-def _hook_signals(recorder: Recorder) -> None:
-    if threading.current_thread() is not threading.main_thread():
-        return
-    for name in SIGNALS:
-        number = getattr(signal, name, None)
-        if number is not None and signal.getsignal(number) == signal.SIG_DFL:
-            signal.signal(number, recorder.on_signal)
-
-
-def _hook_exceptions(recorder: Recorder) -> None:
-    previous = sys.excepthook
-
-    def excepthook(kind: Any, value: Any, traceback: Any) -> None:
-        recorder.error = f"{kind.__name__}: {value}".splitlines()[0][:500] if str(value) else kind.__name__
-        previous(kind, value, traceback)
-
-    sys.excepthook = excepthook
-
-
 def install() -> Recorder | None:
     """Hook torch in this rank (once); called by the probe's sitecustomize after ``import torch``."""
     global ACTIVE
@@ -431,10 +312,10 @@ def install() -> Recorder | None:
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     register_optimizer_step_post_hook(recorder.step)
-    _hook_loaders(recorder)
-    _hook_ddp(recorder)
-    _hook_exceptions(recorder)
-    _hook_signals(recorder)
+    hook_loaders(recorder)
+    hook_ddp(recorder)
+    hook_exceptions(recorder)
+    hook_signals(recorder)
     atexit.register(recorder.at_exit)
     ACTIVE = recorder
     return recorder

@@ -14,36 +14,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuscale.slurm.profiles import Profile, load_profile, parse_override
-from gpuscale.slurm.render import JobSpec
+from gpuscale.slurm.jobspec import ClusterSide, JobSpec
 
 __all__ = ["ClusterOptions", "cluster_job", "load_cluster_profile"]
 
 
 @dataclass(frozen=True, kw_only=True)
-class ClusterOptions:
+class ClusterOptions(ClusterSide):
     """The cluster side of a job: profile and overrides, account, time, container, ... (not its shape)."""
 
     profile: str
     """A profile name (`gpuscale profiles`) or a .toml path."""
     overrides: tuple[tuple[str, str], ...] = ()
     """Single-valued profile keys to override, as (key, value) text, e.g. (("gpus_per_node", "4"),)."""
-    mode: str = "torchrun"
-    """'torchrun' (one task per node) or 'srun' (one task per GPU)."""
-    time: str = "00:30:00"
-    account: str | None = None
-    partition: str | None = None
-    reservation: str | None = None
-    mem_per_gpu: str | None = None
-    job_name: str = "gpuscale"
-    container: str | None = None
-    env: tuple[tuple[str, str], ...] = ()
-    """Variables exported in the job."""
-    venv: str | None = None
-    exclusive: bool = False
-    cpu_bind: str = "auto"
-    cpus_per_gpu: int | None = None
-    python: str = "python3"
-    max_requeues: int = 10
 
 
 def load_cluster_profile(options: ClusterOptions) -> Profile:
@@ -59,13 +42,7 @@ def cluster_job(options: ClusterOptions, command: list[str], *, nodes: int, gpus
     if check_paths and not os.path.isfile(script):
         raise ValueError(f"script {script!r} does not exist; give a path that the job can read")
     profile = load_cluster_profile(options)
-    job = JobSpec(
-        script=script, script_args=tuple(script_args), nodes=nodes, gpus_per_node=gpus_per_node,
-        mode=options.mode, time=options.time, account=options.account, partition=options.partition,
-        reservation=options.reservation, mem_per_gpu=options.mem_per_gpu, job_name=options.job_name,
-        output=output, container=options.container, env=options.env, venv=options.venv,
-        exclusive=options.exclusive, cpu_bind=options.cpu_bind, cpus_per_gpu=options.cpus_per_gpu,
-        tasks_per_node=tasks_per_node, python=options.python, max_requeues=options.max_requeues,
-        doctor=doctor, probe_dir=probe_dir,
-    )
+    job = JobSpec(script=script, script_args=tuple(script_args), nodes=nodes, gpus_per_node=gpus_per_node,
+                  output=output, tasks_per_node=tasks_per_node, doctor=doctor, probe_dir=probe_dir,
+                  **options.cluster_side())
     return profile, job

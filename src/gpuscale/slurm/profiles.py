@@ -49,6 +49,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
+from gpuscale.slurm.times import format_time, parse_time
 from gpuscale.slurm.values import ENV_NAME, MEMORY, SBATCH_SAFE
 from gpuscale.topology import parse_cpulist
 
@@ -60,8 +61,6 @@ VENDORS = ("amd", "nvidia", "none")
 LINK_KEYS = ("intra_node_gbps", "intra_node_latency_us", "inter_node_gbps", "inter_node_latency_us")
 # A core list as the kernel writes it: "49-55", "0-3,8,10-11", "0-15:2" (a stride).
 _CPULIST = re.compile(r"^[0-9]+(-[0-9]+(:[0-9]+)?)?(,[0-9]+(-[0-9]+(:[0-9]+)?)?)*\Z")
-MAX_TIME_S = 60 * 10**9
-"""Longest time parse_time accepts: 10^9 minutes, so that format_time's output always parses again."""
 MAX_CORE = 65535
 """Highest core number a profile may name (a cpumask of 64 Ki cores; no node has more)."""
 
@@ -75,38 +74,6 @@ def profile_dirs() -> list[Path]:
     dirs.append(config_home / "gpuscale" / "profiles")
     dirs.append(BUILTIN_DIR)
     return dirs
-
-
-def parse_time(text: str) -> int:
-    """SLURM time ('MM', 'MM:SS', 'HH:MM:SS', 'D-HH', 'D-HH:MM', 'D-HH:MM:SS') -> seconds."""
-    value = str(text).strip(" \t")  # not newlines: the time is echoed in messages that must stay one line
-    match = re.fullmatch(r"(?:([0-9]+)-)?([0-9]+)(?::([0-9]+))?(?::([0-9]+))?", value)
-    if not match or any(len(part) > 9 for part in match.groups() if part):  # 9 digits: 1.9 million years of minutes
-        raise ValueError(f"time {text!r} is not a SLURM time; write e.g. 30 (minutes), 01:30:00 or 1-12:00:00")
-    days, a, b, c = match.groups()
-    if days is not None:  # D-HH[:MM[:SS]]
-        hours, minutes, seconds = int(a), int(b or 0), int(c or 0)
-        total = int(days) * 86400 + hours * 3600 + minutes * 60 + seconds
-    elif c is not None:  # HH:MM:SS
-        total = int(a) * 3600 + int(b) * 60 + int(c)
-    elif b is not None:  # MM:SS
-        total = int(a) * 60 + int(b)
-    else:  # MM
-        total = int(a) * 60
-    if total <= 0:
-        raise ValueError(f"time {text!r} must be longer than zero")
-    if total > MAX_TIME_S:
-        raise ValueError(f"time {text!r} is longer than SLURM counts (about 1900 years); ask for what the job needs")
-    return total
-
-
-def format_time(seconds: int) -> str:
-    """Seconds -> SLURM's D-HH:MM:SS (or HH:MM:SS under a day)."""
-    days, rest = divmod(int(seconds), 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    clock = f"{hours:02d}:{minutes:02d}:{secs:02d}"
-    return f"{days}-{clock}" if days else clock
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -3,8 +3,9 @@
 The same inputs always give the same text (no clock, no environment, no file system), so golden
 files and shellcheck can test it. Every value that comes from the user is shell-quoted where it
 reaches the shell, and restricted to a safe alphabet where it reaches an ``#SBATCH`` line (which
-sbatch reads itself, without a shell). Profile text in ``env_shell`` and ``setup`` is trusted
-shell by design. Each block carries a comment that tells a learner why it is there.
+sbatch reads itself, without a shell; `slurm.validate` checks that before anything is written).
+Profile text in ``env_shell`` and ``setup`` is trusted shell by design. Each block carries a
+comment that tells a learner why it is there.
 
 Launch modes (docs/clusters.md, launch modes):
 
@@ -21,180 +22,17 @@ One GPU on one node is the srun mode with a single task.
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
 
 from gpuscale._version import __version__
-from gpuscale.slurm.profiles import Profile, format_time, parse_time
-from gpuscale.slurm.values import ENV_NAME, MEMORY, SBATCH_SAFE
+from gpuscale.slurm.jobspec import CPU_BINDS, MODES, JobSpec
+from gpuscale.slurm.profiles import Profile
+from gpuscale.slurm.times import format_time
+from gpuscale.slurm.validate import JobPlan, validate_job
 
 __all__ = ["JobSpec", "render_sbatch", "validate_job", "MODES", "CPU_BINDS"]
 
-MODES = ("torchrun", "srun")
-CPU_BINDS = ("auto", "masks", "none")
 TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 """Signals torchrun catches and passes on to its workers: its defaults plus USR1, SLURM's warning."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class JobSpec:
-    """What the user asks for; `render_sbatch` turns it into a batch script for a profile."""
-
-    script: str
-    """The training script, as the job will see its path."""
-    script_args: tuple[str, ...] = ()
-    """Arguments passed to the script."""
-    nodes: int = 1
-    """Number of nodes."""
-    gpus_per_node: int | None = None
-    """GPUs per node (default: all of the profile's)."""
-    mode: str = "torchrun"
-    """'torchrun' (one task per node) or 'srun' (one task per GPU)."""
-    time: str = "00:30:00"
-    """Time limit (SLURM time)."""
-    account: str | None = None
-    """Project to charge (--account)."""
-    partition: str | None = None
-    """Partition (default: the profile's full- or partial-node partition)."""
-    reservation: str | None = None
-    """Reservation, as courses often have."""
-    mem_per_gpu: str | None = None
-    """Memory per GPU, e.g. 60G (default: the profile's)."""
-    job_name: str = "gpuscale"
-    """Job name (%x in the output pattern)."""
-    output: str = "%x-%j.out"
-    """Where SLURM writes the job's output (%x name, %j id)."""
-    container: str | None = None
-    """Container image to run Python in (default: the profile's, if any)."""
-    env: tuple[tuple[str, str], ...] = ()
-    """Extra environment variables, exported in the job (values quoted)."""
-    venv: str | None = None
-    """A Python virtual environment to activate first."""
-    exclusive: bool = False
-    """Ask for whole nodes (needed for CPU masks on partitions that share nodes)."""
-    cpu_bind: str = "auto"
-    """srun mode: 'masks' (cores next to each GPU), 'none' (srun binds nothing; gpuscale splits the
-    cores among the node's ranks itself), 'auto' (masks when the node is whole, else SLURM's default)."""
-    cpus_per_gpu: int | None = None
-    """Ask SLURM for --cpus-per-gpu (refused where the profile forbids it)."""
-    tasks_per_node: int | None = None
-    """Tasks per node; must be 1 with torchrun and one per GPU with srun (default: that)."""
-    python: str = "python3"
-    """Python interpreter inside the job."""
-    doctor: bool = False
-    """Run `gpuscale doctor` on every rank first, launched like the training; the job ends there if a check fails."""
-    max_requeues: int = 10
-    """Times the job requeues itself after SLURM's warning before the time limit (USR1), to resume from
-    the checkpoint it wrote on the way out; 0 never requeues (it still checkpoints). A TERM (scancel,
-    preemption) stops at a checkpoint but never requeues."""
-    probe_dir: str | None = None
-    """Load gpuscale's probe (`gpuscale.probe`) in every rank of the training, its records written here:
-    a study's cells measure scripts that do not use gpuscale.Meter this way."""
-
-
-@dataclass(frozen=True)
-class _Plan:
-    partition: str
-    gpus_per_node: int
-    tasks_per_node: int
-    cpus_per_task: int
-    masks: list[str] | None
-    mem_per_gpu: str | None
-    image: str | None
-    time_s: int
-
-
-def _safe(value: str, what: str) -> str:
-    if not SBATCH_SAFE.match(value):
-        raise ValueError(
-            f"{what} {value!r} has characters SLURM's #SBATCH lines cannot carry safely; "
-            "use letters, digits and _ . , : % @ / + = - only"
-        )
-    return value
-
-
-def validate_job(profile: Profile, job: JobSpec) -> _Plan:
-    """Check the job against the profile before anything is submitted; ValueError says what and how to fix."""
-    if job.mode not in MODES:
-        raise ValueError(f"--mode {job.mode!r} is not one of {', '.join(MODES)}")
-    if job.cpu_bind not in CPU_BINDS:
-        raise ValueError(f"--cpu-bind {job.cpu_bind!r} is not one of {', '.join(CPU_BINDS)}")
-    if not isinstance(job.nodes, int) or job.nodes < 1:
-        raise ValueError(f"--nodes {job.nodes} must be at least 1")
-    gpus = profile.gpus_per_node if job.gpus_per_node is None else job.gpus_per_node
-    if gpus < 1:
-        raise ValueError(f"--gpus-per-node {gpus} must be at least 1")
-    if gpus > profile.gpus_per_node:
-        raise ValueError(
-            f"--gpus-per-node {gpus} is more than a {profile.name} node has ({profile.gpus_per_node}); "
-            f"use --gpus-per-node {profile.gpus_per_node} and --nodes {-(-job.nodes * gpus // profile.gpus_per_node)}"
-        )
-    partition = job.partition or profile.partition_for(gpus)
-    if partition not in profile.partitions:
-        raise ValueError(f"--partition {partition!r} is not a partition of {profile.name}: {', '.join(profile.partitions)}")
-    part = profile.partitions[partition]
-    if part.max_nodes is not None and job.nodes > part.max_nodes:
-        raise ValueError(f"--nodes {job.nodes} is more than partition {partition} allows ({part.max_nodes})")
-    time_s = parse_time(job.time)
-    if time_s > parse_time(part.max_time):
-        raise ValueError(f"--time {job.time} is over partition {partition}'s limit of {part.max_time}; ask for at most that")
-
-    expected_tasks = 1 if job.mode == "torchrun" else gpus
-    tasks = job.tasks_per_node if job.tasks_per_node is not None else expected_tasks
-    if job.mode == "torchrun" and tasks != 1:
-        raise ValueError(
-            f"torchrun mode with {tasks} tasks per node would start {tasks} torchruns per node, each with "
-            f"{gpus} workers; use --ntasks-per-node 1 with torchrun, or --mode srun for one task per GPU"
-        )
-    if job.mode == "srun" and tasks != gpus:
-        raise ValueError(f"srun mode starts one task per GPU: --ntasks-per-node must be {gpus}, not {tasks}")
-    if job.cpus_per_gpu is not None and job.cpus_per_gpu < 1:
-        raise ValueError(f"--cpus-per-gpu {job.cpus_per_gpu} must be at least 1")
-    if job.cpus_per_gpu is not None and profile.forbid_cpus_per_gpu:
-        raise ValueError(
-            f"--cpus-per-gpu is refused on {profile.name}: it breaks GPU-to-GPU communication there; "
-            "gpuscale asks for --cpus-per-task instead"
-        )
-
-    whole_node = part.whole_node or job.exclusive
-    masks = None
-    if job.mode == "srun" and job.cpu_bind in ("auto", "masks"):
-        if job.cpu_bind == "masks" and not profile.gpu_cores:
-            raise ValueError(f"--cpu-bind masks needs the profile's gpu_cores map; {profile.name} has none")
-        if job.cpu_bind == "masks" and not whole_node:
-            raise ValueError(
-                f"CPU masks need the whole node, but partition {partition} shares nodes; add --exclusive "
-                f"or use partition {profile.full_node_partition}"
-            )
-        if profile.gpu_cores and whole_node:
-            masks = profile.cpu_masks(gpus)
-    per_gpu = job.cpus_per_gpu or profile.cpus_per_gpu()
-    cpus_per_task = per_gpu if job.mode == "srun" else min(profile.cpus_per_node, per_gpu * gpus)
-    if gpus == profile.gpus_per_node and job.mode == "torchrun":
-        cpus_per_task = profile.cpus_per_node  # the whole node's usable cores for its one task
-
-    mem = job.mem_per_gpu or profile.mem_per_gpu
-    if mem is not None and not MEMORY.match(mem):
-        raise ValueError(f"--mem-per-gpu {mem!r} is not a SLURM size; write e.g. 60G or 4000M")
-    image = job.container or (profile.container.image if profile.container else None)
-    if job.container and profile.container is None:
-        raise ValueError(f"--container needs a profile with a [container] table; {profile.name} has none")
-    for name, _value in job.env:
-        if not ENV_NAME.match(name):
-            raise ValueError(f"--env {name!r}: not a valid environment variable name (letters, digits, _)")
-    if not isinstance(job.max_requeues, int) or isinstance(job.max_requeues, bool) or not 0 <= job.max_requeues <= 1000:
-        raise ValueError(f"--max-requeues {job.max_requeues!r} must be a whole number in 0..1000")
-    if time_s <= profile.warn_before_end_s:
-        raise ValueError(
-            f"--time {job.time} is not longer than the {profile.warn_before_end_s} s warning {profile.name} asks SLURM to send "
-            "before the time limit (to checkpoint): the job would be told to stop at once; ask for more time, or "
-            "--set warn_before_end_s=N with a smaller N"
-        )
-    for value, what in ((job.job_name, "--job-name"), (job.output, "--output"), (partition, "--partition")):
-        _safe(value, what)
-    for value, what in ((job.account, "--account"), (job.reservation, "--reservation")):
-        if value is not None:
-            _safe(value, what)
-    return _Plan(partition, gpus, tasks, cpus_per_task, masks, mem, image, time_s)
 
 
 _RESERVED = frozenset("! case coproc do done elif else esac fi for function if in select then time until while { } [[ ]]".split())
@@ -221,7 +59,7 @@ def _probe_exports(job: JobSpec) -> str:
             f'PYTHONPATH="{site}${{PYTHONPATH:+:$PYTHONPATH}}"; ')
 
 
-def _python_command(job: JobSpec, plan: _Plan, program: list[str] | None = None) -> str:
+def _python_command(job: JobSpec, plan: JobPlan, program: list[str] | None = None) -> str:
     """The program each task runs (default: the training script), as one shell string."""
     probe = _probe_exports(job) if job.probe_dir and program is None else ""
     program = program or [job.python, job.script, *job.script_args]
@@ -251,7 +89,7 @@ def render_sbatch(profile: Profile, job: JobSpec) -> str:
     return "\n".join(line for block in blocks for line in block) + "\n"
 
 
-def _header(profile: Profile, job: JobSpec, plan: _Plan) -> list[str]:
+def _header(profile: Profile, job: JobSpec, plan: JobPlan) -> list[str]:
     """The shebang, shellcheck's waiver for the quoted literals, and what the script is for."""
     total = job.nodes * plan.gpus_per_node
     how = (
@@ -268,7 +106,7 @@ def _header(profile: Profile, job: JobSpec, plan: _Plan) -> list[str]:
     ]
 
 
-def _sbatch_options(profile: Profile, job: JobSpec, plan: _Plan) -> list[str]:
+def _sbatch_options(profile: Profile, job: JobSpec, plan: JobPlan) -> list[str]:
     """The #SBATCH lines: where, how many, how long, and the warning before the time limit."""
     lines = [f"#SBATCH --job-name={job.job_name}"]
     if job.account:
@@ -354,7 +192,7 @@ def _venv(job: JobSpec) -> list[str]:
     ]
 
 
-def _launch(profile: Profile, job: JobSpec, plan: _Plan) -> list[str]:
+def _launch(profile: Profile, job: JobSpec, plan: JobPlan) -> list[str]:
     """The job step: cores per rank, how the ranks start (torchrun or srun), the optional doctor, the
     training in the background, and the requeue that follows a stop."""
     cores_per_rank = plan.cpus_per_task if job.mode == "srun" else max(1, plan.cpus_per_task // plan.gpus_per_node)
@@ -400,7 +238,7 @@ def _launch(profile: Profile, job: JobSpec, plan: _Plan) -> list[str]:
     return lines + [_step_command(profile, job, plan, srun, None) + " &", *_requeue_block(job.max_requeues)]
 
 
-def _doctor_program(profile: Profile, job: JobSpec, plan: _Plan) -> list[str]:
+def _doctor_program(profile: Profile, job: JobSpec, plan: JobPlan) -> list[str]:
     """`python -m gpuscale doctor` with what the profile expects: link bandwidth, and the cores next to each GPU where
     the ranks are bound by that map (CPU masks in srun mode, torchrun on whole nodes); elsewhere SLURM chose the cores."""
     program = [job.python, "-m", "gpuscale", "doctor"]
@@ -413,7 +251,7 @@ def _doctor_program(profile: Profile, job: JobSpec, plan: _Plan) -> list[str]:
     return program
 
 
-def _step_command(profile: Profile, job: JobSpec, plan: _Plan, srun: list[str], program: list[str] | None) -> str:
+def _step_command(profile: Profile, job: JobSpec, plan: JobPlan, srun: list[str], program: list[str] | None) -> str:
     """One srun line that runs `program` (default: the training) on every task, in the container if there is one."""
     inner = _python_command(job, plan, program)
     if plan.image:

@@ -1,0 +1,203 @@
+"""Job checks: `validate_job(profile, job) -> JobPlan`, before anything is rendered or submitted.
+
+Each check is a small function named for what it checks, run in a fixed order, so that a job with
+several problems always hears of the same one first; a ValueError says what is wrong and how to fix it.
+What the checks settle (partition, tasks, cores, CPU masks, memory, image, time) is the `JobPlan`
+that `render_sbatch` writes out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpuscale.slurm.jobspec import CPU_BINDS, MODES, JobSpec
+from gpuscale.slurm.profiles import Partition, Profile
+from gpuscale.slurm.times import parse_time
+from gpuscale.slurm.values import ENV_NAME, MEMORY, SBATCH_SAFE
+
+__all__ = ["JobPlan", "validate_job"]
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """What `validate_job` settled for a job on a profile: what the batch script asks SLURM for."""
+
+    partition: str
+    gpus_per_node: int
+    tasks_per_node: int
+    cpus_per_task: int
+    masks: list[str] | None
+    mem_per_gpu: str | None
+    image: str | None
+    time_s: int
+
+
+def validate_job(profile: Profile, job: JobSpec) -> JobPlan:
+    """Check the job against the profile before anything is submitted; ValueError says what and how to fix."""
+    _check_choices(job)
+    gpus = _gpus_per_node(profile, job)
+    partition = _partition(profile, job, gpus)
+    part = profile.partitions[partition]
+    time_s = _time_limit(job, partition, part)
+    tasks = _tasks_per_node(job, gpus)
+    _check_cpus_per_gpu(profile, job)
+    masks = _cpu_masks(profile, job, partition, part, gpus)
+    cpus_per_task = _cpus_per_task(profile, job, gpus)
+    mem = _mem_per_gpu(profile, job)
+    image = _image(profile, job)
+    _check_env_names(job)
+    _check_max_requeues(job)
+    _check_warning_fits(profile, job, time_s)
+    _check_sbatch_values(job, partition)
+    return JobPlan(partition, gpus, tasks, cpus_per_task, masks, mem, image, time_s)
+
+
+def _check_choices(job: JobSpec) -> None:
+    """--mode and --cpu-bind are among the known ones; --nodes is at least 1."""
+    if job.mode not in MODES:
+        raise ValueError(f"--mode {job.mode!r} is not one of {', '.join(MODES)}")
+    if job.cpu_bind not in CPU_BINDS:
+        raise ValueError(f"--cpu-bind {job.cpu_bind!r} is not one of {', '.join(CPU_BINDS)}")
+    if not isinstance(job.nodes, int) or job.nodes < 1:
+        raise ValueError(f"--nodes {job.nodes} must be at least 1")
+
+
+def _gpus_per_node(profile: Profile, job: JobSpec) -> int:
+    """GPUs per node (default: all of the profile's), at least 1 and no more than a node has."""
+    gpus = profile.gpus_per_node if job.gpus_per_node is None else job.gpus_per_node
+    if gpus < 1:
+        raise ValueError(f"--gpus-per-node {gpus} must be at least 1")
+    if gpus > profile.gpus_per_node:
+        raise ValueError(
+            f"--gpus-per-node {gpus} is more than a {profile.name} node has ({profile.gpus_per_node}); "
+            f"use --gpus-per-node {profile.gpus_per_node} and --nodes {-(-job.nodes * gpus // profile.gpus_per_node)}"
+        )
+    return gpus
+
+
+def _partition(profile: Profile, job: JobSpec, gpus: int) -> str:
+    """The partition (default: the profile's for this many GPUs): one of the profile's, holding this many nodes."""
+    partition = job.partition or profile.partition_for(gpus)
+    if partition not in profile.partitions:
+        raise ValueError(f"--partition {partition!r} is not a partition of {profile.name}: {', '.join(profile.partitions)}")
+    part = profile.partitions[partition]
+    if part.max_nodes is not None and job.nodes > part.max_nodes:
+        raise ValueError(f"--nodes {job.nodes} is more than partition {partition} allows ({part.max_nodes})")
+    return partition
+
+
+def _time_limit(job: JobSpec, partition: str, part: Partition) -> int:
+    """--time in seconds, within the partition's limit."""
+    time_s = parse_time(job.time)
+    if time_s > parse_time(part.max_time):
+        raise ValueError(f"--time {job.time} is over partition {partition}'s limit of {part.max_time}; ask for at most that")
+    return time_s
+
+
+def _tasks_per_node(job: JobSpec, gpus: int) -> int:
+    """Tasks per node: 1 with torchrun, one per GPU with srun (the default is that)."""
+    expected_tasks = 1 if job.mode == "torchrun" else gpus
+    tasks = job.tasks_per_node if job.tasks_per_node is not None else expected_tasks
+    if job.mode == "torchrun" and tasks != 1:
+        raise ValueError(
+            f"torchrun mode with {tasks} tasks per node would start {tasks} torchruns per node, each with "
+            f"{gpus} workers; use --ntasks-per-node 1 with torchrun, or --mode srun for one task per GPU"
+        )
+    if job.mode == "srun" and tasks != gpus:
+        raise ValueError(f"srun mode starts one task per GPU: --ntasks-per-node must be {gpus}, not {tasks}")
+    return tasks
+
+
+def _check_cpus_per_gpu(profile: Profile, job: JobSpec) -> None:
+    """--cpus-per-gpu, if asked for, is at least 1 and allowed by the profile."""
+    if job.cpus_per_gpu is not None and job.cpus_per_gpu < 1:
+        raise ValueError(f"--cpus-per-gpu {job.cpus_per_gpu} must be at least 1")
+    if job.cpus_per_gpu is not None and profile.forbid_cpus_per_gpu:
+        raise ValueError(
+            f"--cpus-per-gpu is refused on {profile.name}: it breaks GPU-to-GPU communication there; "
+            "gpuscale asks for --cpus-per-task instead"
+        )
+
+
+def _cpu_masks(profile: Profile, job: JobSpec, partition: str, part: Partition, gpus: int) -> list[str] | None:
+    """srun mode's CPU masks: where the profile maps cores to GPUs and the job owns whole nodes (refused if asked
+    for and impossible)."""
+    whole_node = part.whole_node or job.exclusive
+    masks = None
+    if job.mode == "srun" and job.cpu_bind in ("auto", "masks"):
+        if job.cpu_bind == "masks" and not profile.gpu_cores:
+            raise ValueError(f"--cpu-bind masks needs the profile's gpu_cores map; {profile.name} has none")
+        if job.cpu_bind == "masks" and not whole_node:
+            raise ValueError(
+                f"CPU masks need the whole node, but partition {partition} shares nodes; add --exclusive "
+                f"or use partition {profile.full_node_partition}"
+            )
+        if profile.gpu_cores and whole_node:
+            masks = profile.cpu_masks(gpus)
+    return masks
+
+
+def _cpus_per_task(profile: Profile, job: JobSpec, gpus: int) -> int:
+    """Cores per task: a GPU's share in srun mode, the node's GPUs' shares (or the whole node) with torchrun."""
+    per_gpu = job.cpus_per_gpu or profile.cpus_per_gpu()
+    cpus_per_task = per_gpu if job.mode == "srun" else min(profile.cpus_per_node, per_gpu * gpus)
+    if gpus == profile.gpus_per_node and job.mode == "torchrun":
+        cpus_per_task = profile.cpus_per_node  # the whole node's usable cores for its one task
+    return cpus_per_task
+
+
+def _mem_per_gpu(profile: Profile, job: JobSpec) -> str | None:
+    """Memory per GPU (default: the profile's), a SLURM size if given."""
+    mem = job.mem_per_gpu or profile.mem_per_gpu
+    if mem is not None and not MEMORY.match(mem):
+        raise ValueError(f"--mem-per-gpu {mem!r} is not a SLURM size; write e.g. 60G or 4000M")
+    return mem
+
+
+def _image(profile: Profile, job: JobSpec) -> str | None:
+    """The container image (default: the profile's); --container needs a profile with a [container] table."""
+    image = job.container or (profile.container.image if profile.container else None)
+    if job.container and profile.container is None:
+        raise ValueError(f"--container needs a profile with a [container] table; {profile.name} has none")
+    return image
+
+
+def _check_env_names(job: JobSpec) -> None:
+    """Every --env name is an environment variable's name."""
+    for name, _value in job.env:
+        if not ENV_NAME.match(name):
+            raise ValueError(f"--env {name!r}: not a valid environment variable name (letters, digits, _)")
+
+
+def _check_max_requeues(job: JobSpec) -> None:
+    """--max-requeues is a whole number in 0..1000."""
+    if not isinstance(job.max_requeues, int) or isinstance(job.max_requeues, bool) or not 0 <= job.max_requeues <= 1000:
+        raise ValueError(f"--max-requeues {job.max_requeues!r} must be a whole number in 0..1000")
+
+
+def _check_warning_fits(profile: Profile, job: JobSpec, time_s: int) -> None:
+    """The job runs longer than the warning SLURM sends before its time limit (else it would stop at once)."""
+    if time_s <= profile.warn_before_end_s:
+        raise ValueError(
+            f"--time {job.time} is not longer than the {profile.warn_before_end_s} s warning {profile.name} asks SLURM to send "
+            "before the time limit (to checkpoint): the job would be told to stop at once; ask for more time, or "
+            "--set warn_before_end_s=N with a smaller N"
+        )
+
+
+def _check_sbatch_values(job: JobSpec, partition: str) -> None:
+    """Every user value that goes onto an #SBATCH line can be carried there safely."""
+    for value, what in ((job.job_name, "--job-name"), (job.output, "--output"), (partition, "--partition")):
+        _safe(value, what)
+    for value, what in ((job.account, "--account"), (job.reservation, "--reservation")):
+        if value is not None:
+            _safe(value, what)
+
+
+def _safe(value: str, what: str) -> str:
+    if not SBATCH_SAFE.match(value):
+        raise ValueError(
+            f"{what} {value!r} has characters SLURM's #SBATCH lines cannot carry safely; "
+            "use letters, digits and _ . , : % @ / + = - only"
+        )
+    return value
