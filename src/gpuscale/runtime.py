@@ -248,6 +248,7 @@ def init(
     global _current
     if _current is not None:
         raise RuntimeError("gpuscale.init() is already active in this process; call it once, around your training")
+    wrapped.forget()  # nothing announced outside a runtime (a model wrapped with an old rt) leaks into this one
     bind, timeout_s = _resolve_options(bind, timeout)
     env = detect_env(os.environ)
     configure_logging(env.rank, env.world_size)

@@ -41,7 +41,7 @@ from gpuscale import wrapped as wrapped_facts
 from gpuscale.data import BatchPlan
 from gpuscale.log import get_logger
 from gpuscale.precision import PRECISIONS, Precision, resolve_precision
-from gpuscale.strategy import STRATEGIES, Strategy, get_strategy, gradient_bytes, no_sync, unwrap, wrap
+from gpuscale.strategy import STRATEGIES, Strategy, get_strategy, gradient_bytes, no_sync, unwrap, wrap_and_describe
 from gpuscale.strategy.deepspeed_config import ZERO_STAGES, build_config, config_precision, load_config
 from gpuscale.runtime import Runtime, current
 from gpuscale.strategy.deepspeed import import_deepspeed
@@ -85,7 +85,7 @@ class Training:
         self._micro = 0
         self.device = device if device is not None else next(iter(model.parameters()), torch.empty(0)).device
         self._capture: syncprobe.Capture | None = None
-        self._probe_blocker = strategy.sync_probe_blocker or syncprobe.unsupported_reason(model)
+        self._probe_blocker = strategy.sync_probe_blocker(model) or syncprobe.unsupported_reason(model)
 
     @property
     def module(self) -> nn.Module:
@@ -209,11 +209,11 @@ def setup(
     resolved = resolve_precision(precision, rt.device)
     if speed.use_channels_last(channels_last, unwrap(model), rt.device, chosen):
         speed.to_channels_last(unwrap(model))
-    wrapped = wrap(model, strategy=strategy, rt=rt, precision=resolved)
+    wrapped, facts = wrap_and_describe(model, strategy=strategy, rt=rt, precision=resolved)
     trainable = [p for p in wrapped.parameters() if p.requires_grad]
     built = speed.fuse_optimizer(optimizer(trainable), fused, rt.device, chosen)
     return Training(model=speed.compile_model(wrapped, compile), optimizer=built, plan=plan, precision=resolved,
-                    strategy=chosen, clip_grad_norm=clip_grad_norm, facts=wrapped_facts.latest(), device=rt.device)
+                    strategy=chosen, clip_grad_norm=clip_grad_norm, facts=facts, device=rt.device)
 
 
 def _setup_deepspeed(model: nn.Module, optimizer: OptimizerFactory | None, *, plan: BatchPlan, precision: str,
@@ -237,6 +237,7 @@ def _setup_deepspeed(model: nn.Module, optimizer: OptimizerFactory | None, *, pl
         raise ValueError("this model's parameters are partitioned by ZeRO-3 and cannot be set up again; choose the "
                          "trainable parameters before the first gpuscale.setup, or use --zero-stage 1 or 2")
     module = unwrap(model).to(rt.device)
+    synchronised_bytes = gradient_bytes(module)  # before ZeRO-3 partitions the parameters away
     torch_optimizer = optimizer(p for p in module.parameters() if p.requires_grad) if optimizer is not None else None
     if isinstance(torch_optimizer, ELEMENTWISE_OPTIMIZERS):
         # ZeRO runs the optimizer on flat slices of the parameters: right for optimizers that
@@ -244,7 +245,7 @@ def _setup_deepspeed(model: nn.Module, optimizer: OptimizerFactory | None, *, pl
         config.setdefault("zero_allow_untested_optimizer", True)
     engine, engine_optimizer = chosen.initialize(module, torch_optimizer, config)
     engine._gpuscale_strategy = chosen
-    facts = wrapped_facts.Wrapped(strategy=chosen.name, gradient_bytes=gradient_bytes(module),
+    facts = wrapped_facts.Wrapped(strategy=chosen.name, gradient_bytes=synchronised_bytes,
                                   collective_forward=chosen.collective_forward(engine, rt))
     wrapped_facts.announce(facts)
     if torch_optimizer is None:  # built by DeepSpeed from the config
@@ -302,7 +303,7 @@ def training_options(args: argparse.Namespace) -> dict[str, Any]:
     Speed switches left at auto are dropped too, so `setup` decides them for the device.
     """
     options: dict[str, Any] = {"strategy": args.strategy, "precision": args.precision}
-    if args.strategy == "deepspeed":
+    if get_strategy(args.strategy).builds_engine:  # DeepSpeed: its options go to its engine's config
         options.update(zero_stage=args.zero_stage, offload=args.offload, ds_config=args.ds_config)
     else:
         explicit_stage = args.zero_stage != getattr(args, "_default_zero_stage", None)

@@ -1,12 +1,13 @@
 """What this process trains: the strategy its model was wrapped with, and what follows for measuring.
 
-`gpuscale.wrap` and `gpuscale.setup` announce it once the model is built (`announce`); the
+`gpuscale.wrap` and `gpuscale.setup` announce it once the model is built (`announce`), and the HF
+callback does when the Trainer wrapped the model itself; the
 `Meter`'s summary (the strategy, and the gradient bytes the prediction's traffic model starts
 from) and the evaluation loaders' hang check (is every forward pass a collective?) read it
 (`latest`). These readers are not handed the model, so the record is process-wide, like the
 runtime; it lives in its own module, below everything that reads it, so that no module writes
 into another's objects. `gpuscale.init` forgets it when its runtime ends: a later `init` in the
-same process starts blank.
+same process starts blank (and `init` forgets it on entry too).
 """
 
 from __future__ import annotations

@@ -154,7 +154,9 @@ def test_meter_callback_feeds_the_summary(single_process, tmp_path, monkeypatch)
         meter = gpuscale.Meter(plan)
         callback = MeterCallback(meter)
         state = SimpleNamespace(global_step=10, epoch=0.5)
-        callback.on_train_begin(args, state, None)          # resumed at step 10, half an epoch in
+        model = torch.nn.Linear(5, 3)                       # as the Trainer hands it to callbacks
+        model.bias.requires_grad_(False)
+        callback.on_train_begin(args, state, None, model=model)  # resumed at step 10, half an epoch in
         callback.on_evaluate(args, state, None, metrics={"eval_loss": 2.0, "eval_runtime": 3.0})
         callback.on_epoch_begin(args, state, None)
         for step in (11, 12):
@@ -173,6 +175,7 @@ def test_meter_callback_feeds_the_summary(single_process, tmp_path, monkeypatch)
     assert summary["steps"] == 2 and summary["samples"] == 32 and summary["epochs"] == pytest.approx(0.2)
     assert summary["final_loss"] == pytest.approx(1.38)
     assert summary["strategy"] == "ddp" and summary["global_batch"] == 16 and summary["grad_accum_steps"] == 2
+    assert summary["gradient_bytes"] == 5 * 3 * 4, "the trainable weights only, fp32"
     assert callback.evaluations == [{"step": 10, "time_s": 0.0, "eval_loss": 2.0, "eval_runtime": 3.0}]
     assert all(key in summary for key in SUMMARY_KEYS)
     assert (tmp_path / "summary.json").is_file()

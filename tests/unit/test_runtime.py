@@ -243,7 +243,8 @@ def test_every_strategy_answers_the_whole_protocol():
     methods = [name for name, value in vars(Strategy).items() if inspect.isfunction(value) and not name.startswith("_")]
     traits = [name for name in Strategy.__annotations__]
     assert {"backward", "step", "save_sharded", "load_sharded", "forward_context"} <= set(methods)
-    assert {"sharded", "reshards", "channels_last_ok", "fused_by_default", "sync_probe_blocker"} <= set(traits)
+    assert {"sharded", "reshards", "channels_last_ok", "fused_by_default", "builds_engine"} <= set(traits)
+    assert "sync_probe_blocker" in methods
     for name, cls in STRATEGIES.items():
         for method in methods:
             wanted = list(inspect.signature(getattr(Strategy, method)).parameters)
@@ -280,6 +281,9 @@ def test_a_wrapped_model_is_announced_and_forgotten_with_its_runtime():
         gpuscale.wrap(model)  # re-wrapped after freezing: only the bias synchronises now
         assert wrapped.latest().gradient_bytes == 2 * 4
     assert wrapped.latest() is None
+    wrapped.announce(wrapped.Wrapped(strategy="fsdp", gradient_bytes=1))  # left over from outside any runtime
+    with gpuscale.init():
+        assert wrapped.latest() is None
 
 
 def test_wrap_with_deepspeed_says_to_use_setup():

@@ -64,9 +64,14 @@ def test_measured_time_split_charges_communication_and_imbalance_per_step():
 
 
 def test_strategies_the_probe_cannot_measure_are_named():
-    assert get_strategy("ddp").sync_probe_blocker is None
-    assert get_strategy("deepspeed").sync_probe_blocker.startswith("deepspeed:")
-    assert get_strategy("fsdp").sync_probe_blocker.startswith("fsdp:")
+    class Sharded(nn.Linear):  # what FSDP2's fully_shard makes of a module: its sync switch
+        def set_requires_gradient_sync(self, flag):
+            pass
+
+    assert get_strategy("ddp").sync_probe_blocker(nn.Linear(2, 2)) is None
+    assert get_strategy("deepspeed").sync_probe_blocker(nn.Linear(2, 2)).startswith("deepspeed:")
+    assert get_strategy("fsdp").sync_probe_blocker(Sharded(2, 2)).startswith("fsdp:")
+    assert get_strategy("fsdp").sync_probe_blocker(nn.Linear(2, 2)) is None, "one process: FSDP leaves it unsharded"
     assert syncprobe.unsupported_reason(nn.Linear(2, 2)) is None
     compiled = nn.Linear(2, 2)
     compiled.compile(backend="eager")

@@ -27,7 +27,7 @@ from gpuscale.strategy.deepspeed import DeepSpeedStrategy
 from gpuscale.strategy.fsdp import FSDPStrategy
 from gpuscale.runtime import Runtime, current
 
-__all__ = ["Strategy", "STRATEGIES", "get_strategy", "wrap", "unwrap", "strategy_of", "full_state_dict", "no_sync",
+__all__ = ["Strategy", "STRATEGIES", "get_strategy", "wrap", "wrap_and_describe", "unwrap", "strategy_of", "full_state_dict", "no_sync",
            "gradient_bytes"]
 
 
@@ -54,17 +54,25 @@ def wrap(model: nn.Module, strategy: str | None = None, rt: Runtime | None = Non
     the optimizer on, and hand to `Checkpointer`. With one process the model is returned as is
     (moved to the device), so the same script runs everywhere.
     """
+    return wrap_and_describe(model, strategy, rt, precision)[0]
+
+
+def wrap_and_describe(model: nn.Module, strategy: str | None = None, rt: Runtime | None = None,
+                      precision: Precision | None = None) -> tuple[nn.Module, wrapped_facts.Wrapped]:
+    """`wrap`, also returning the facts it announced (`gpuscale.wrapped`)."""
     rt = rt or current()
     previous = _strategy_of(model)
     chosen = get_strategy(strategy) if strategy else (previous or get_strategy("ddp"))
-    if previous is not None and previous.name == "fsdp" and chosen.name != "fsdp" and rt.is_distributed:
-        raise ValueError(f"this model was sharded in place by fsdp and cannot be re-wrapped with {chosen.name}; build a fresh model")
+    if previous is not None and previous.sharded and chosen.name != previous.name and rt.is_distributed:
+        raise ValueError(f"this model was sharded in place by {previous.name} and cannot be re-wrapped with {chosen.name}; "
+                         "build a fresh model")
     module = previous.unwrap(model) if previous else model
     wrapped = chosen.wrap(module, rt, precision)
     wrapped._gpuscale_strategy = chosen  # type: ignore[assignment]
-    wrapped_facts.announce(wrapped_facts.Wrapped(strategy=chosen.name, gradient_bytes=gradient_bytes(module),
-                                                 collective_forward=chosen.collective_forward(wrapped, rt)))
-    return wrapped
+    facts = wrapped_facts.Wrapped(strategy=chosen.name, gradient_bytes=gradient_bytes(module),
+                                  collective_forward=chosen.collective_forward(wrapped, rt))
+    wrapped_facts.announce(facts)
+    return wrapped, facts
 
 
 def gradient_bytes(module: nn.Module) -> int:

@@ -42,8 +42,6 @@ class Strategy(Protocol):
     """Whether ``fused=auto`` fuses the optimizer on a GPU."""
     builds_engine: bool
     """Whether the model and its optimizer are built together by `gpuscale.setup` (`wrap` alone refuses)."""
-    sync_probe_blocker: str | None
-    """Why the sync probe cannot replay this strategy's steps without changing training (None: it can)."""
 
     def wrap(self, module: nn.Module, rt: Runtime, precision: Precision | None = None) -> nn.Module:
         """Return the model to train with, built around `module` (already unwrapped).
@@ -55,6 +53,9 @@ class Strategy(Protocol):
 
     def collective_forward(self, model: nn.Module, rt: Runtime) -> bool:
         """Whether every forward pass of `model` is a collective (all ranks must run the same number)."""
+
+    def sync_probe_blocker(self, model: nn.Module) -> str | None:
+        """Why the sync probe cannot replay a step of `model` without changing training (None: it can)."""
 
     def state_dict(self, model: nn.Module) -> dict[str, Any]:
         """A full state dict with the user's own keys (no ``module.`` prefix)."""

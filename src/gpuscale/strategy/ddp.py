@@ -71,7 +71,6 @@ class DDPStrategy(ScriptStep):
     reshards = True  # a full state dict loads on any number of ranks
     channels_last_ok = True
     fused_by_default = True
-    sync_probe_blocker = None
 
     def wrap(self, module: nn.Module, rt: Runtime, precision: Precision | None = None) -> nn.Module:
         """Replicate `module`; `precision` is applied by autocast in the forward pass, not here."""
@@ -119,6 +118,9 @@ class DDPStrategy(ScriptStep):
 
     def load_sharded(self, model: nn.Module, optimizer: Any, directory: str) -> None:
         raise TypeError("ddp replicates the model: its checkpoint is one full state file, not shards")
+
+    def sync_probe_blocker(self, model: nn.Module) -> str | None:
+        return None  # a replay under no_sync leaves DDP's gradients and flags as they were
 
     def forward_context(self, model: nn.Module, last_micro_batch: bool) -> AbstractContextManager[Any]:
         """DDP decides in the forward pass whether the backward all-reduces: not before the last micro-batch."""

@@ -66,8 +66,6 @@ class DeepSpeedStrategy:
     channels_last_ok = False  # ZeRO keeps flat, contiguous partitions
     fused_by_default = False  # the engine runs its own optimizer step
     builds_engine = True
-    sync_probe_blocker = ("deepspeed: the engine owns the backward pass and its buckets; synchronisation cannot be "
-                          "switched off for a replay")
 
     def wrap(self, module: nn.Module, rt: Runtime, precision: Precision | None = None) -> nn.Module:
         raise ValueError("deepspeed builds its engine from the model and the optimizer together: use "
@@ -94,6 +92,9 @@ class DeepSpeedStrategy:
     def collective_forward(self, model: nn.Module, rt: Runtime) -> bool:
         """ZeRO-3 gathers the partitioned parameters in every forward pass."""
         return model.zero_optimization_stage() == 3 and rt.world_size > 1
+
+    def sync_probe_blocker(self, model: nn.Module) -> str | None:
+        return "deepspeed: the engine owns the backward pass and its buckets; synchronisation cannot be switched off for a replay"
 
     def grad_scaler(self, precision: Precision) -> torch.amp.GradScaler | None:
         return None  # the engine scales fp16 losses itself

@@ -68,8 +68,13 @@ class FSDPStrategy(ScriptStep):
     reshards = True  # torch.distributed.checkpoint reshards on load
     channels_last_ok = False  # FSDP2 keeps flat, contiguous shards and refuses other strides
     fused_by_default = False
-    sync_probe_blocker = ("fsdp: a replay without reduce-scatter leaves unsharded gradients that the next step would "
-                          "reduce, so it cannot be taken without changing training")
+
+    def sync_probe_blocker(self, model: nn.Module) -> str | None:
+        """A sharded model cannot be replayed; one process leaves the model unsharded, and that one can."""
+        if not hasattr(model, "set_requires_gradient_sync"):  # not an FSDP2 module
+            return None
+        return ("fsdp: a replay without reduce-scatter leaves unsharded gradients that the next step would "
+                "reduce, so it cannot be taken without changing training")
 
     def forward_context(self, model: nn.Module, last_micro_batch: bool) -> AbstractContextManager[Any]:
         """Nothing: FSDP2 decides in the backward pass whether to reduce-scatter (`ScriptStep.backward`)."""
