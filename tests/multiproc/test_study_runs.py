@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from procs import SCRIPTS, assert_ok, gpuscale_cmd, run
+from procs import ROOT, SCRIPTS, assert_ok, clean_env, gpuscale_cmd, run
 
 pytestmark = pytest.mark.multiproc
 
@@ -201,11 +205,55 @@ def test_predict_from_a_single_process_run(mlp_study):
     assert refused.returncode == 2 and "starts from a single-device run" in refused.stderr
 
 
-@pytest.mark.skipif(os.cpu_count() < 2, reason="the demo compares 1 and 2 processes")
-def test_demo_prints_weak_and_strong_scaling_and_writes_the_report(tmp_path):
-    out = tmp_path / "demo"
-    result = run(gpuscale_cmd("demo", "--out", str(out)), timeout=600, GPUSCALE_DATA=str(tmp_path / "data"))  # fresh: generates its images
+@pytest.fixture(scope="module")
+def installed_wheel(tmp_path_factory):
+    """gpuscale as `pip install gpuscale` gives it: a wheel built from this repository, installed in a new venv.
+
+    The venv sees this machine's torch and the other dependencies (--system-site-packages), not the
+    checkout: the wheel's own gpuscale comes first on its path, and commands run outside the checkout.
+    """
+    root = tmp_path_factory.mktemp("wheel")
+    source = root / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md"):
+        shutil.copy2(ROOT / name, source / name)
+    for folder in ("src", "examples"):
+        shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", ".", "-w", str(root / "dist")],
+                           cwd=source, capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr[-3000:]
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=300)
+    wheel = next((root / "dist").glob("gpuscale-*.whl"))
+    installed = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--no-deps", "--no-index", str(wheel)],
+                               capture_output=True, text=True, timeout=300)
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    return venv
+
+
+def _run_installed(venv: Path, args: list[str], cwd: Path, timeout: float, **env: str) -> subprocess.CompletedProcess[str]:
+    environ = clean_env(**env)
+    environ.pop("PYTHONPATH", None)  # nothing of the checkout
+    return subprocess.run([str(venv / "bin" / "gpuscale"), *args], env=environ, cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_the_wheel_carries_the_examples(installed_wheel, tmp_path):
+    result = _run_installed(installed_wheel, ["demo", "--examples"], tmp_path, 120)
     assert_ok(result)
+    folder = Path(result.stdout.strip())
+    assert folder.is_relative_to(installed_wheel) and folder.name == "examples"
+    assert {p.name for p in folder.glob("*.py")} == {p.name for p in (ROOT / "examples").glob("*.py")}
+
+
+@pytest.mark.skipif(os.cpu_count() < 2, reason="the demo compares 1 and 2 processes")
+def test_demo_prints_weak_and_strong_scaling_and_writes_the_report(installed_wheel, tmp_path):
+    """The README's first command, from a wheel installed in a new venv, outside any checkout."""
+    out = tmp_path / "demo"
+    result = _run_installed(installed_wheel, ["demo", "--out", str(out)], tmp_path, 600,
+                            GPUSCALE_DATA=str(tmp_path / "data"))  # fresh: generates its images
+    assert_ok(result)
+    assert str(installed_wheel) in (out / "none-weak-1x1" / "output.log").read_text().splitlines()[0], "the wheel's example ran"
     table = _table(result.stdout)
     names = {f"{rule}-{scaling}-1x{n}" for rule in ("none", "linear") for scaling in ("weak", "strong") for n in (1, 2)}
     for name in names:

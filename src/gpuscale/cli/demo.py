@@ -26,22 +26,34 @@ LR_VARIANTS = ["--variant", "none=--lr-scaling none", "--variant", "linear=--lr-
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = verb_parser(subparsers, "demo", "a weak and strong scaling study of the dogs-vs-cats example, here", __doc__, "examples:\n  gpuscale demo\n  gpuscale demo --out runs/my-demo\n")
+    parser = verb_parser(subparsers, "demo", "a weak and strong scaling study of the dogs-vs-cats example, here", __doc__,
+                         "examples:\n  gpuscale demo\n  gpuscale demo --out runs/my-demo\n"
+                         "  gpuscale run --nproc-per-node 2 \"$(gpuscale demo --examples)/vit.py\"\n")
     parser.add_argument("--out", default="runs/demo", help="study directory (default runs/demo; a rerun reuses finished runs)")
+    parser.add_argument("--examples", action="store_true",
+                        help="print the folder that holds the examples (dogs_vs_cats.py, vit.py, gptneo_imdb.py) and exit")
     parser.set_defaults(func=run)
 
 
-def example_script() -> Path:
-    """examples/dogs_vs_cats.py of the source tree gpuscale is installed from (pip install -e .)."""
-    candidates = [Path(__file__).resolve().parents[3] / "examples" / "dogs_vs_cats.py", Path("examples/dogs_vs_cats.py")]
-    for candidate in candidates:
-        if candidate.is_file():
+def examples_folder() -> Path:
+    """The examples: inside the installed package (a wheel carries them), else the checkout's examples/ (pip install -e .)."""
+    package = Path(__file__).resolve().parents[1]
+    for candidate in (package / "examples", package.parents[1] / "examples"):
+        if (candidate / "dogs_vs_cats.py").is_file():
             return candidate
-    raise ValueError("the demo runs examples/dogs_vs_cats.py from gpuscale's source tree; install from a checkout "
-                     "(git clone ...; pip install -e .) or run `gpuscale study -- examples/dogs_vs_cats.py` there")
+    raise ValueError(f"no examples next to gpuscale ({package / 'examples'}) nor in its checkout; reinstall gpuscale "
+                     "(pip install gpuscale), or from a checkout (git clone ...; pip install -e .)")
+
+
+def example_script() -> Path:
+    """The dogs-vs-cats example the demo studies."""
+    return examples_folder() / "dogs_vs_cats.py"
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.examples:
+        print(examples_folder())
+        return 0
     script = example_script()
     options = argparse.ArgumentParser()
     study_cmd.add_study_options(options)  # the study's own defaults: weak and strong, local, predicted
