@@ -243,6 +243,7 @@ class Meter:
             "steady_step_time_s": steady if steady >= 0 else None,
             "warmup_steps": self.warmup_steps,
             "gradient_bytes": facts.gradient_bytes if facts else None,
+            "gathers_parameters": facts.gathers_parameters if facts else None,
             "final_loss": None,
             "peak_memory_bytes": int(peak),
             "time_split_s": time_split(startup, train_only, self.steps, split, eval_s, ckpt_s, probe_s),

@@ -245,8 +245,9 @@ def _setup_deepspeed(model: nn.Module, optimizer: OptimizerFactory | None, *, pl
         config.setdefault("zero_allow_untested_optimizer", True)
     engine, engine_optimizer = chosen.initialize(module, torch_optimizer, config)
     engine._gpuscale_strategy = chosen
-    facts = wrapped_facts.Wrapped(strategy=chosen.name, gradient_bytes=synchronised_bytes,
-                                  collective_forward=chosen.collective_forward(engine, rt))
+    gathers = chosen.gathers_parameters(engine)
+    facts = wrapped_facts.Wrapped(strategy=chosen.name, gradient_bytes=synchronised_bytes, gathers_parameters=gathers,
+                                  collective_forward=gathers and rt.world_size > 1)
     wrapped_facts.announce(facts)
     if torch_optimizer is None:  # built by DeepSpeed from the config
         torch_optimizer = getattr(engine_optimizer, "optimizer", engine_optimizer)

@@ -25,6 +25,9 @@ class Wrapped:
     """The strategy's name (``ddp``, ``fsdp``, ``deepspeed``)."""
     gradient_bytes: int | None
     """Bytes of gradients one data-parallel step synchronises (trainable parameters in their dtype); None if unknown."""
+    gathers_parameters: bool = False
+    """True for strategies that shard the parameters and gather them in every forward pass on several ranks
+    (FSDP, ZeRO-3), whatever this run's world size: the prediction counts 1.5x the gradient bytes for them."""
     collective_forward: bool = False
     """True when every forward pass is a collective (FSDP, ZeRO-3 on several ranks): all ranks must run the same number."""
 

@@ -4,6 +4,7 @@ import json
 import math
 
 import pytest
+import torch
 
 from gpuscale.study.command import StudyCommand
 from gpuscale.study import analysis, matrix, predict, runner
@@ -301,3 +302,28 @@ def test_repeats_run_in_rounds_and_the_row_is_the_median_run(tmp_path):
     assert rows["weak-1x2"]["speedup"] == pytest.approx(1.7)
     assert any("3 runs spread over 24%" in f for f in rows["weak-1x2"]["flags"])
     assert not any("spread" in f for f in rows["weak-1x1"]["flags"])
+
+
+def test_strategies_that_gather_parameters_move_half_as_many_bytes_again():
+    """FSDP and ZeRO-3 gather parameters besides reducing gradients (1.5x DDP's bytes); ZeRO-1/2 and DDP do not.
+    The summary says which (gathers_parameters); older summaries without it are judged by the name, as before."""
+    summary = _summary(1, "weak", 100.0, 10.0)
+    ddp = predict.Baseline.from_summary({**summary, "strategy": "ddp", "gathers_parameters": False})
+    zero3 = predict.Baseline.from_summary({**summary, "strategy": "deepspeed", "gathers_parameters": True})
+    zero2 = predict.Baseline.from_summary({**summary, "strategy": "deepspeed", "gathers_parameters": False})
+    assert zero3.traffic_bytes == pytest.approx(1.5 * ddp.traffic_bytes) and zero2.traffic_bytes == ddp.traffic_bytes
+    older = {k: v for k, v in summary.items() if k != "gathers_parameters"}
+    assert predict.Baseline.from_summary({**older, "strategy": "fsdp"}).sharded
+    assert not predict.Baseline.from_summary({**older, "strategy": "deepspeed"}).sharded
+
+
+def test_a_wrapped_model_says_whether_its_strategy_gathers_parameters():
+    import gpuscale
+    from gpuscale import wrapped
+
+    with gpuscale.init():
+        gpuscale.wrap(torch.nn.Linear(2, 2), strategy="fsdp")  # one process: unsharded, but FSDP would gather on more
+        facts = wrapped.latest()
+        assert facts.gathers_parameters and not facts.collective_forward
+        gpuscale.wrap(torch.nn.Linear(2, 2), strategy="ddp")
+        assert not wrapped.latest().gathers_parameters

@@ -69,8 +69,9 @@ def wrap_and_describe(model: nn.Module, strategy: str | None = None, rt: Runtime
     module = previous.unwrap(model) if previous else model
     wrapped = chosen.wrap(module, rt, precision)
     wrapped._gpuscale_strategy = chosen  # type: ignore[assignment]
-    facts = wrapped_facts.Wrapped(strategy=chosen.name, gradient_bytes=gradient_bytes(module),
-                                  collective_forward=chosen.collective_forward(wrapped, rt))
+    gathers = chosen.gathers_parameters(wrapped)
+    facts = wrapped_facts.Wrapped(strategy=chosen.name, gradient_bytes=gradient_bytes(module), gathers_parameters=gathers,
+                                  collective_forward=gathers and rt.is_distributed)
     wrapped_facts.announce(facts)
     return wrapped, facts
 

@@ -51,8 +51,9 @@ class Strategy(Protocol):
     def unwrap(self, model: nn.Module) -> nn.Module:
         """The user's module inside whatever `wrap` returned."""
 
-    def collective_forward(self, model: nn.Module, rt: Runtime) -> bool:
-        """Whether every forward pass of `model` is a collective (all ranks must run the same number)."""
+    def gathers_parameters(self, model: nn.Module) -> bool:
+        """Whether, on several ranks, `model`'s parameters are sharded and gathered for every forward pass
+        (FSDP, ZeRO-3): forward passes are collectives then, and a step moves about 1.5x DDP's bytes."""
 
     def sync_probe_blocker(self, model: nn.Module) -> str | None:
         """Why the sync probe cannot replay a step of `model` without changing training (None: it can)."""
@@ -102,8 +103,8 @@ class ScriptStep:
 
     builds_engine = False
 
-    def collective_forward(self, model: nn.Module, rt: Runtime) -> bool:
-        return self.sharded and rt.is_distributed  # type: ignore[attr-defined]
+    def gathers_parameters(self, model: nn.Module) -> bool:
+        return self.sharded  # type: ignore[attr-defined]
 
     def grad_scaler(self, precision: Precision) -> torch.amp.GradScaler | None:
         return precision.grad_scaler()

@@ -89,9 +89,9 @@ class DeepSpeedStrategy:
     def unwrap(self, model: nn.Module) -> nn.Module:
         return getattr(model, "module", model)
 
-    def collective_forward(self, model: nn.Module, rt: Runtime) -> bool:
-        """ZeRO-3 gathers the partitioned parameters in every forward pass."""
-        return model.zero_optimization_stage() == 3 and rt.world_size > 1
+    def gathers_parameters(self, model: nn.Module) -> bool:
+        """ZeRO-3 gathers the partitioned parameters in every forward pass (stages 1 and 2 keep them whole)."""
+        return model.zero_optimization_stage() == 3
 
     def sync_probe_blocker(self, model: nn.Module) -> str | None:
         return "deepspeed: the engine owns the backward pass and its buckets; synchronisation cannot be switched off for a replay"

@@ -151,7 +151,7 @@ class Baseline:
 
     @property
     def traffic_bytes(self) -> float:
-        """Bytes one step synchronises: the gradients, 1.5x for FSDP (parameters gathered too)."""
+        """Bytes one step synchronises: the gradients, 1.5x for FSDP and ZeRO-3 (parameters gathered too)."""
         return self.gradient_bytes * (SHARDED_TRAFFIC if self.sharded else 1.0)
 
     @property
@@ -191,7 +191,7 @@ class Baseline:
                 raise ValueError(f"the summary's {key} is {summary[key]!r}, not text: the file is damaged; run it again")
         return cls(step_time_s=float(summary["step_time_s"]), per_device_batch=int(summary["per_device_batch"]),
                    grad_accum_steps=int(summary.get("grad_accum_steps") or 1), gradient_bytes=summary["gradient_bytes"],
-                   sharded=summary.get("strategy") == "fsdp", run=run, device=summary.get("device"),
+                   sharded=_gathers_parameters(summary), run=run, device=summary.get("device"),
                    device_name=summary.get("device_name"), step_time_source=f"measured: {run}" if run else "measured",
                    measured_step_time_s=float(summary["step_time_s"]))
 
@@ -206,6 +206,13 @@ class Baseline:
                 "per_device_batch": self.per_device_batch, "grad_accum_steps": self.grad_accum_steps,
                 "step_time_s": self.step_time_s, "step_time_source": self.step_time_source,
                 "measured_step_time_s": self.measured_step_time_s}
+
+
+def _gathers_parameters(summary: dict[str, Any]) -> bool:
+    """Whether the run's strategy gathers sharded parameters every step (FSDP, ZeRO-3): its summary says so;
+    summaries written before it did are judged by the strategy's name (fsdp only, as then)."""
+    said = summary.get("gathers_parameters")
+    return bool(said) if said is not None else summary.get("strategy") == "fsdp"
 
 
 def check_target(base: Baseline, vendor: str, target: str, where: str) -> None:
