@@ -19,6 +19,7 @@ The library in ten lines (see README.md for the whole story):
 from gpuscale.checkpoint import Checkpointer, ResumeState
 from gpuscale.data import BatchPlan, ShardedLoader, make_loader, plan_batch
 from gpuscale.env import DistEnv, detect_env
+from gpuscale.epochs import EpochLoop
 from gpuscale.log import get_logger, print0, progress
 from gpuscale.lr import ScaledLR, scale_lr
 from gpuscale.metrics import Average, Meter, all_reduce_max, all_reduce_sum
@@ -36,6 +37,7 @@ __all__ = [
     "BatchPlan",
     "Checkpointer",
     "DistEnv",
+    "EpochLoop",
     "Meter",
     "Precision",
     "ResumeState",

@@ -1,0 +1,45 @@
+"""gpuscale.EpochLoop on 2 ranks: a run stopped in the middle of an epoch and resumed ends exactly like one never stopped."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from procs import SCRIPTS, gpuscale_cmd, run
+
+pytestmark = pytest.mark.multiproc
+SCRIPT = str(SCRIPTS / "epoch_loop.py")
+
+
+def _run(out, *extra: str):
+    return run(gpuscale_cmd("run", "--nproc-per-node", "2", SCRIPT, str(out), *extra), timeout=300, GPUSCALE_MONITOR="0")
+
+
+def test_a_stop_mid_epoch_resumes_to_the_same_weights_history_and_schedule(tmp_path):
+    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
+    first = _run(whole)
+    assert first.returncode == 0, first.stderr[-3000:]
+    # 96 samples / 16 per step = 6 steps an epoch: stop after step 8, two steps into the second epoch
+    halted = _run(stopped, "--stop-after-step", "8")
+    assert halted.returncode == 75, halted.stderr[-3000:]
+    saved = sorted((stopped / "checkpoints").iterdir())
+    assert saved and not (stopped / "final.pt").exists()
+    resumed = _run(stopped)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    a, b = (torch.load(d / "final.pt", weights_only=True) for d in (whole, stopped))
+    assert a["steps"] == b["steps"] == 18 and a["lr"] == b["lr"]
+    for key in a["state"]:
+        assert torch.equal(a["state"][key], b["state"][key]), key
+    # the second epoch's mean includes the two steps before the stop, restored from the checkpoint's running sums
+    assert b["history"] == pytest.approx(a["history"], rel=1e-6) and len(b["history"]) == 3
+
+
+def test_a_finished_run_trains_nothing_again(tmp_path):
+    out = tmp_path / "run"
+    assert _run(out).returncode == 0
+    before = torch.load(out / "final.pt", weights_only=True)
+    again = _run(out)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "holds a finished run of 3 epochs" in again.stderr
+    after = torch.load(out / "final.pt", weights_only=True)
+    assert after["history"] == before["history"] and after["steps"] == before["steps"]
