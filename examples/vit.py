@@ -14,7 +14,7 @@ OUT/summary.json. Only --strategy changes between the three ways of spreading th
 With the same seed, global batch and number of ranks the three strategies train the same model: their
 final losses agree to float rounding in fp32 (tests/multiproc/test_example_vit.py checks it).
 
-Data. The file holds ``images`` (N x H x W x 3, uint8) and ``labels`` (N, integers from 0); the
+Data (examples/vit_data.py). The file holds ``images`` (N x H x W x 3, uint8) and ``labels`` (N, integers from 0); the
 course's Tiny-ImageNet file (100,000 images of 64 x 64, 200 classes) has this layout. Offline (the
 default) a learnable set of 2,000 images of 32 x 32 in 10 classes (coloured gratings, one
 orientation, frequency and tint per class, in noise) is generated once into $GPUSCALE_DATA or
@@ -36,109 +36,24 @@ summary.json records the rule and factor under ``lr`` and each epoch's accuracy 
 
 Interrupted runs resume from OUT/checkpoints (every epoch; sharded for fsdp and deepspeed);
 --no-resume starts afresh. Told to stop (SLURM's USR1 before the time limit, a TERM), the run
-checkpoints the step it is in and exits with code 75; started again, it continues from that step.
+checkpoints the step it is in and exits with code 75; started again, it continues from that step
+(`gpuscale.EpochLoop` does all three, so the loop below is training only).
 """
 
 from __future__ import annotations
 
 import argparse
-import math
-import os
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.utils.data import Dataset
 
 import gpuscale
 import gpuscale.lr
+from vit_data import offline_data_path, open_splits  # beside this file: the HDF5 images and the offline set
 
-OFFLINE_VERSION = 2  # bump when the generator changes, so a stale cached file is not reused
 log = gpuscale.get_logger("vit")
-
-
-# --- data -------------------------------------------------------------------------------------
-
-def generate_offline_h5(path: Path, *, num_classes: int = 10, per_class: int = 200, size: int = 32, seed: int = 0) -> None:
-    """Write a learnable image set: each class a tinted sine grating of its own angle and frequency, in noise."""
-    import h5py
-
-    rng = np.random.default_rng(seed)
-    yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) / size
-    images = np.empty((num_classes * per_class, size, size, 3), dtype=np.uint8)
-    labels = np.repeat(np.arange(num_classes), per_class)
-    for i, label in enumerate(labels):
-        angle = math.pi * label / num_classes + rng.normal(0, 0.12)
-        frequency = 3 + 2 * (label % 3) + rng.normal(0, 0.2)
-        phase = rng.uniform(0, 2 * math.pi)
-        wave = np.sin(2 * math.pi * frequency * (xx * math.cos(angle) + yy * math.sin(angle)) + phase)
-        tint = 0.6 + 0.15 * np.array([math.cos(label), math.sin(label * 1.7), math.cos(label * 2.3)])
-        image = 0.5 + 0.3 * wave[..., None] * tint + rng.normal(0, 0.45, (size, size, 3))
-        images[i] = np.clip(image * 255, 0, 255).astype(np.uint8)
-    tmp = path.with_suffix(".tmp")
-    with h5py.File(tmp, "w") as f:
-        f.create_dataset("images", data=images)
-        f.create_dataset("labels", data=labels.astype(np.int64))
-        f.attrs["version"] = OFFLINE_VERSION
-    os.replace(tmp, path)  # readers never see a half-written file
-
-
-def offline_data_path(rt: gpuscale.Runtime) -> Path:
-    """The generated file, made once by rank 0 while the others wait."""
-    home = Path(os.environ.get("GPUSCALE_DATA") or Path.home() / ".cache" / "gpuscale")
-    path = home / f"vit-offline-v{OFFLINE_VERSION}.h5"
-    if rt.is_main and not path.exists():
-        log.info("generating the offline image set in %s (once)", path)
-        home.mkdir(parents=True, exist_ok=True)
-        generate_offline_h5(path)
-    rt.barrier()
-    return path
-
-
-class H5Images(Dataset):
-    """Images and labels of one HDF5 file, read lazily (each process and loader worker opens its own handle)."""
-
-    def __init__(self, path: Path, indices: np.ndarray, image_size: int) -> None:
-        self.path, self.indices, self.image_size = path, indices, image_size
-        self._file = None
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        if self._file is None:
-            import h5py
-
-            self._file = h5py.File(self.path, "r")
-        index = int(self.indices[i])
-        image = torch.from_numpy(self._file["images"][index]).permute(2, 0, 1).float().div_(255)
-        if image.shape[-1] != self.image_size:
-            image = F.interpolate(image[None], size=(self.image_size, self.image_size), mode="bilinear", align_corners=False)[0]
-        return (image - 0.5) / 0.5, int(self._file["labels"][index])
-
-
-def open_splits(path: Path, image_size: int | None) -> tuple[H5Images, H5Images, int, int]:
-    """Training and validation sets (80/20, seed 42), the number of classes and the image size."""
-    import h5py
-
-    try:
-        with h5py.File(path, "r") as f:
-            missing = [key for key in ("images", "labels") if key not in f]
-            if missing:
-                raise ValueError(f"{path} has no dataset {', '.join(missing)} (it has: {', '.join(f.keys()) or 'nothing'}); "
-                                 "the file must hold images (N x H x W x 3, uint8) and labels (N)")
-            shape = f["images"].shape
-            labels = f["labels"][:]
-    except OSError as exc:
-        raise ValueError(f"cannot open {path} as HDF5: {exc}") from None
-    if len(shape) != 4 or shape[-1] != 3 or shape[1] != shape[2] or shape[0] != len(labels):
-        raise ValueError(f"{path}: images have shape {shape} for {len(labels)} labels; expected N x S x S x 3 for N labels")
-    order = np.random.default_rng(42).permutation(len(labels))
-    cut = int(0.8 * len(labels))
-    size = image_size or shape[1]
-    return H5Images(path, order[:cut], size), H5Images(path, order[cut:], size), int(labels.max()) + 1, size
 
 
 # --- model ------------------------------------------------------------------------------------
@@ -207,52 +122,33 @@ def train(args: argparse.Namespace) -> dict:
                  "strategy %s, %s, global batch %d; %s", num_params / 1e6, num_classes, image_size, image_size, len(train_set),
                  len(val_set), training.strategy, training.precision.name, plan.global_batch, scaled.describe())
 
-        ckpt = gpuscale.Checkpointer(out / "checkpoints", keep=2)
-        history: dict[str, list[float]] = {"train_loss": [], "val_loss": [], "val_accuracy": [], "epoch_time_s": []}
-        step, start_epoch, partial = 0, 0, None
-        if not args.no_resume and ckpt.latest() is not None:
-            state = ckpt.resume(model=training.model, optimizer=training.optimizer, scheduler=scheduler, loader=train_loader)
-            step, start_epoch, history = state.step, state.epoch, state.extra["history"]
-            partial = state.extra.get("partial_epoch")  # stopped inside epoch start_epoch: its loss sums so far
-        stop = gpuscale.StopSignal()  # USR1/TERM: finish the step, checkpoint, exit (75) to be resumed
-
-        meter = gpuscale.Meter(plan)
-        loss_avg = gpuscale.Average()
-        for epoch in range(start_epoch, args.epochs):
+        # Resumes from OUT/checkpoints, saves one per epoch, and on a stop request (USR1, TERM) checkpoints the step it is in
+        # and exits 75; the epoch's running loss survives the stop (`gpuscale.EpochLoop`).
+        empty = {"train_loss": [], "val_loss": [], "val_accuracy": [], "epoch_time_s": []}
+        loop = gpuscale.EpochLoop(training, train_loader, epochs=args.epochs, checkpoints=out / "checkpoints",
+                                  scheduler=scheduler, state={"history": empty}, resume=not args.no_resume)
+        history, loss_avg = loop.state["history"], loop.average("loss")
+        for epoch in loop:
             started = time.perf_counter()
-            loss_avg.reset()
-            if partial is not None and epoch == start_epoch and rt.is_main:
-                loss_avg.update(partial[0], partial[1])
-            bar = gpuscale.progress(meter.iter(train_loader), desc=f"epoch {epoch + 1}/{args.epochs}", total=len(train_loader))
-            for x, y in bar:
+            for x, y in loop.batches():
                 x, y = x.to(rt.device, non_blocking=True), y.to(rt.device, non_blocking=True)
                 with training.autocast():
                     loss = F.cross_entropy(training.model(pixel_values=x).logits.float(), y)
                 training.backward(loss)
-                stepped = training.step()
-                if stepped:
-                    scheduler.step()
-                step += stepped
+                loop.step()  # the optimizer and the warm-up scheduler, when a step is due
                 loss_avg.update(loss.detach() * len(y), len(y))
-                if stepped and stop.requested():  # collective; only after a full optimizer step
-                    with meter.phase("checkpoint"):
-                        ckpt.save(step=step, epoch=epoch, model=training.model, optimizer=training.optimizer, scheduler=scheduler,
-                                  loader=train_loader, extra={"history": history, "partial_epoch": gpuscale.all_reduce_sum([loss_avg.total, loss_avg.count])})
-                    stop.exit()
             train_loss = loss_avg.compute()
-            val_loss, val_acc = evaluate(training, val_loader, meter, rt.device)
+            val_loss, val_acc = evaluate(training, val_loader, loop.meter, rt.device)
             epoch_time = time.perf_counter() - started
             for key, value in zip(history, (train_loss, val_loss, val_acc, epoch_time)):
                 history[key].append(value)
             log.info("epoch %d/%d: train loss %.4f, validation loss %.4f, accuracy %.4f, %.1f s",
                      epoch + 1, args.epochs, train_loss, val_loss, val_acc, epoch_time)
-            with meter.phase("checkpoint"):
-                ckpt.save(step=step, epoch=epoch + 1, model=training.model, optimizer=training.optimizer,
-                          scheduler=scheduler, loader=train_loader, extra={"history": history})
 
         if not history["val_accuracy"]:
-            raise ValueError(f"{ckpt.directory} holds a finished run of {start_epoch} epochs; use --no-resume or another --out")
-        summary = meter.write_summary(
+            raise ValueError(f"{loop.checkpointer.directory} holds a finished run of {loop.start_epoch} epochs; "
+                             "use --no-resume or another --out")
+        summary = loop.meter.write_summary(
             out,
             final_loss=history["train_loss"][-1],
             val_loss=history["val_loss"][-1],
