@@ -35,37 +35,30 @@ number of processes, so 1 and 2 processes train the same problem; ``--scaling we
 --batch-size per process, as the course's script does. A global batch that does not divide among
 the ranks is refused with the nearest valid values.
 
-Learning rate. A larger global batch means fewer, larger steps; at the learning rates tuned for
-batch 32 the model then ends far less accurate (global batch 256: validation accuracy 0.66 against
-0.95). ``--lr-scaling linear`` multiplies both phases' learning rates (--lr and --finetune-lr) by
-global batch / base batch, ``sqrt`` by its square root (`gpuscale.scale_lr`); the base batch is
-the global batch on one process, or ``--lr-base-batch``. ``--lr-warmup-steps N`` raises each
-phase's rate from the given to the scaled one over its first N optimizer steps (default 0: at 8 x
-the batch warm-up only cost accuracy here). One process can train with the global batch of 8 by
-gradient accumulation, with the linear rule (0.938, tests/multiproc/test_lr_rules.py):
+Learning rate. At the rates tuned for batch 32 a larger global batch ends far less accurate (256:
+validation accuracy 0.66 against 0.95). ``--lr-scaling linear`` (or ``sqrt``) scales both phases' rates
+(--lr, --finetune-lr) with global batch / base batch (`gpuscale.scale_lr`; base: the global batch on one
+process, or ``--lr-base-batch``), ``--lr-warmup-steps N`` ramps them up. One process training 8 x the batch by
+gradient accumulation with the linear rule reaches 0.938 (tests/multiproc/test_lr_rules.py):
 
-    python examples/dogs_vs_cats.py --scaling strong --batch-size 256 --max-device-batch 32 \
-        --lr-base-batch 32 --lr-scaling linear
+    python examples/dogs_vs_cats.py --batch-size 256 --max-device-batch 32 --lr-base-batch 32 --lr-scaling linear
 
-summary.json records the rule, factor and both phases' rates under ``lr`` and every epoch's phase,
-accuracies, loss and learning rate under ``per_epoch``.
+summary.json records the rule and both phases' rates under ``lr``, every epoch under ``per_epoch``.
 
 Strategies. ``--strategy ddp`` (the default) replicates the model; ``fsdp`` shards it; ``deepspeed``
 runs ZeRO (``--zero-stage``, ``--offload``, ``--ds-config``); ``--precision bf16`` on GPUs that have it.
 After unfreezing the last block the model is set up again, so its new parameters are synchronised
 (DDP) or partitioned (DeepSpeed); the course's version forgot that step (docs/classic-bugs.md, bug 1).
 
-Interrupted runs resume from OUT/checkpoints (written every epoch); --no-resume starts afresh.
-Told to stop (SLURM's USR1 before the time limit, a TERM on preemption; gpuscale's batch scripts
-pass them on), the run finishes its step, checkpoints there and exits with code 75; started again
-(the batch script requeues itself), it continues from that very step.
+Interrupted runs resume from OUT/checkpoints (written every epoch); --no-resume starts afresh. Told to
+stop (SLURM's USR1 before the time limit, a TERM on preemption), the run checkpoints the step it is in
+and exits 75; started again (gpuscale's batch scripts requeue), it continues from that very step.
+`gpuscale.EpochLoop` does all of that, so the loop in `train` is training only.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
-import os
 import shutil
 import time
 from pathlib import Path
@@ -73,165 +66,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import Dataset
 
 import gpuscale
 import gpuscale.lr
+from dogs_vs_cats_parts import ImageFolder, build_model, prepare_data  # beside this file: the data and the network
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 PHASES = ("head", "fine-tune")  # the frozen extractor with its new head; then the last block unfrozen
-CLASSES = ("cats", "dogs")
-SYNTHETIC_VERSION = 2  # bump when the generator changes, so stale cached images are not reused
 log = gpuscale.get_logger("dogs_vs_cats")
-
-
-# --- data -------------------------------------------------------------------------------------
-
-
-class ImageFolder(Dataset):
-    """root/<class>/<image>: images as float tensors (3, size, size) in [-1, 1], labels 0/1 by class name."""
-
-    def __init__(self, root: Path, size: int) -> None:
-        from PIL import Image  # imported here so `--help` works without Pillow
-
-        self._image = Image
-        self.size = size
-        self.items = [
-            (path, label)
-            for label, name in enumerate(CLASSES)
-            for path in sorted((root / name).iterdir())
-            if path.suffix.lower() in IMAGE_SUFFIXES
-        ] if all((root / name).is_dir() for name in CLASSES) else []
-        if not self.items:
-            raise ValueError(f"no images in {root}/{{{','.join(CLASSES)}}}; expected files ending in {', '.join(IMAGE_SUFFIXES)}")
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        path, label = self.items[index]
-        with self._image.open(path) as img:
-            img = img.convert("RGB").resize((self.size, self.size))
-            data = torch.frombuffer(bytearray(img.tobytes()), dtype=torch.uint8)
-        pixels = data.view(self.size, self.size, 3).permute(2, 0, 1).float().div_(127.5).sub_(1.0)
-        return pixels, torch.tensor(float(label))
-
-
-def _synthetic_image(label: int, size: int, gen: torch.Generator) -> torch.Tensor:
-    """A noisy striped image: cats' stripes run near horizontal and lean blue, dogs' near vertical and lean red.
-
-    Colours, stripe width, phase, angle (within +-15 degrees) and a bright blob vary at random, so
-    neither cue alone decides every image: telling the classes apart takes learning, and a small
-    network gets well above 90%.
-    """
-    ys, xs = torch.meshgrid(torch.arange(size, dtype=torch.float32), torch.arange(size, dtype=torch.float32), indexing="ij")
-    u = torch.rand(6, generator=gen)
-    angle = math.radians(-15 + 30 * u[0].item() + (90 if label else 0))
-    period = size * (0.15 + 0.15 * u[1].item())
-    stripes = 0.5 + 0.5 * torch.sin(2 * math.pi * (xs * math.sin(angle) + ys * math.cos(angle)) / period + 6.28 * u[2].item())
-    tint = torch.tensor([0.2, 0.0, -0.2] if label else [-0.2, 0.0, 0.2]).view(3, 1, 1)
-    dark, light = torch.rand(3, 1, 1, generator=gen) * 0.5, 0.5 + torch.rand(3, 1, 1, generator=gen) * 0.5
-    image = dark + (light - dark) * stripes + tint
-    cy, cx, radius = size * u[3].item(), size * u[4].item(), size * (0.1 + 0.2 * u[5].item())
-    image = image + 0.5 * (((ys - cy) ** 2 + (xs - cx) ** 2) < radius**2).float()
-    return (image + 0.15 * torch.randn(3, size, size, generator=gen)).clamp(0, 1)
-
-
-def generate_synthetic(root: Path, size: int = 64, counts: dict[str, int] | None = None, seed: int = 0) -> None:
-    """Write the offline image set once: into a temporary folder, renamed into place when complete."""
-    from PIL import Image
-
-    counts = counts or {"train": 2000, "validation": 1000, "test": 1000}
-    tmp = root.with_name(root.name + f".tmp-{os.getpid()}")
-    gen = torch.Generator().manual_seed(seed)
-    for split, count in counts.items():
-        for label, name in enumerate(CLASSES):
-            (tmp / split / name).mkdir(parents=True, exist_ok=True)
-            for i in range(count // 2):
-                pixels = (_synthetic_image(label, size, gen) * 255).round().to(torch.uint8)
-                Image.fromarray(pixels.permute(1, 2, 0).contiguous().numpy()).save(
-                    tmp / split / name / f"{name[:-1]}.{i}.png", compress_level=1)  # lossless either way; 2x faster
-    os.replace(tmp, root)
-
-
-def prepare_data(args: argparse.Namespace, rt: gpuscale.Runtime) -> Path:
-    """The data folder; the offline set is generated by rank 0 while the others wait (once, not N times)."""
-    if args.data is not None:
-        root = Path(args.data)
-        if not all((root / split).is_dir() for split in ("train", "validation", "test")):
-            raise ValueError(f"--data {root} needs train/, validation/ and test/ folders, each with cats/ and dogs/")
-        return root
-    # The course's split sizes are 2,000 train / 1,000 validation / 22,000 test; the offline set keeps
-    # its test split small (1,000) unless the large-data variant, which trains on it, asks for all 22,000.
-    large = args.swap_train_test
-    name = f"dogs-vs-cats-synthetic-v{SYNTHETIC_VERSION}-{args.image_size}px" + ("-test22000" if large else "")
-    root = Path(os.environ.get("GPUSCALE_DATA", Path.home() / ".cache" / "gpuscale")) / name
-    if rt.is_main and not root.is_dir():
-        log.info("generating the offline image set in %s", root)
-        counts = {"train": 2000, "validation": 1000, "test": 22000 if large else 1000}
-        generate_synthetic(root, size=args.image_size, counts=counts, seed=1234)
-    rt.barrier()
-    return root
-
-
-# --- model ------------------------------------------------------------------------------------
-
-
-def small_vgg(num_blocks: int = 3, width: int = 8) -> nn.Sequential:
-    """A VGG-style feature extractor: blocks of two 3x3 convolutions, ReLU and 2x2 max-pooling.
-
-    He-initialised (fixed by the seed) so that features keep their scale through the blocks; such
-    random convolutional features separate the offline image set well enough for a trained head.
-    """
-    layers: list[nn.Module] = []
-    channels = 3
-    for block in range(num_blocks):
-        out = width * 2**block
-        convs = [nn.Conv2d(channels, out, 3, padding=1), nn.Conv2d(out, out, 3, padding=1)]
-        for conv in convs:
-            nn.init.kaiming_normal_(conv.weight, nonlinearity="relu")
-            nn.init.zeros_(conv.bias)
-        layers.append(nn.Sequential(convs[0], nn.ReLU(inplace=True), convs[1], nn.ReLU(inplace=True), nn.MaxPool2d(2)))
-        channels = out
-    return nn.Sequential(*layers)
-
-
-class TransferNet(nn.Module):
-    """Frozen feature extractor + the course's head: Flatten -> Linear(F, 64) -> ReLU -> Linear(64, 1) -> Sigmoid."""
-
-    def __init__(self, features: nn.Module, feature_dim: int, last_block: nn.Module) -> None:
-        super().__init__()
-        self.features = features
-        self.last_block = last_block  # the block unfrozen for fine-tuning (a sub-module of features)
-        self.head = nn.Sequential(nn.Flatten(), nn.Linear(feature_dim, 64), nn.ReLU(inplace=True), nn.Linear(64, 1), nn.Sigmoid())
-        for p in self.features.parameters():
-            p.requires_grad = False
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.features(x)).squeeze(1)
-
-    def unfreeze_last_block(self) -> None:
-        for p in self.last_block.parameters():
-            p.requires_grad = True
-
-
-def build_model(backbone: str, image_size: int) -> TransferNet:
-    if backbone == "vgg16":
-        try:
-            from torchvision.models import VGG16_Weights, vgg16
-        except ImportError:
-            raise ValueError("--backbone vgg16 needs torchvision (pip install torchvision); use --backbone small offline") from None
-        features = vgg16(weights=VGG16_Weights.IMAGENET1K_V1).features
-        last_block = features[24:]  # conv5_1 .. pool5, the block the course unfreezes
-    else:
-        features = small_vgg()
-        last_block = features[-1]
-    with torch.no_grad():
-        feature_dim = features(torch.zeros(1, 3, image_size, image_size)).numel()
-    return TransferNet(features, feature_dim, last_block)
-
-
-# --- training ---------------------------------------------------------------------------------
 
 
 def evaluate(training: gpuscale.Training, loader: gpuscale.ShardedLoader, meter: gpuscale.Meter, device: torch.device) -> float:
@@ -314,86 +155,59 @@ def train(args: argparse.Namespace) -> dict:
         for name, scaled in lrs.items():
             log.info("%s: %s", name, scaled.describe())
 
-        stop = gpuscale.StopSignal()  # USR1/TERM: finish the step, checkpoint, exit (75) to be resumed
         net = build_model(args.backbone, args.image_size)
         out = Path(args.out)
         ckpt = gpuscale.Checkpointer(out / "checkpoints", keep=2)
         if args.no_resume and rt.is_main:
             shutil.rmtree(ckpt.directory, ignore_errors=True)
         rt.barrier()
-        saved = None if args.no_resume else ckpt.peek()
-        start_epoch = saved.epoch if saved else 0
-        partial = saved.extra.get("partial_epoch") if saved else None  # stopped inside epoch start_epoch
-        total_epochs = args.epochs + args.finetune_epochs
-        fine_tuning = start_epoch > args.epochs or (start_epoch == args.epochs and partial is not None)
+        # The checkpoint's phase decides what to build before resuming into it: fine-tuning trains the last block too.
+        saved = ckpt.peek()
+        inside = bool(saved and saved.extra.get("partial_epoch"))  # it stopped in the middle of epoch saved.epoch
+        fine_tuning = saved is not None and (saved.epoch > args.epochs or (saved.epoch == args.epochs and inside))
         if fine_tuning:
             net.unfreeze_last_block()
         phase = PHASES[fine_tuning]
         training, scheduler = setup_phase(net, phase, plan, args, lrs[phase])
-        history: dict = {"train_accuracy": [], "val_accuracy": [], "train_loss": [], "lr": []}
-        step, test_before = 0, None
-        if saved:
-            ckpt.resume(model=training.model, optimizer=training.optimizer, scheduler=scheduler, loader=train_loader,
-                        path=saved.path)
-            step, history, test_before = saved.step, saved.extra["history"], saved.extra["test_accuracy_before_finetune"]
-            if start_epoch >= total_epochs:
-                log.warning("%s holds a finished run; evaluating it again (use --no-resume or another --out to train anew)", saved.path)
-
-        meter = gpuscale.Meter(plan)
-        loss_avg, acc_avg = gpuscale.Average(), gpuscale.Average()
-        for epoch in range(start_epoch, total_epochs):
-            inside = partial is not None and epoch == start_epoch  # resuming in the middle of this epoch
-            if epoch == args.epochs and not inside:  # phase 2: measure, unfreeze the last block, re-wrap so it syncs
-                test_before = evaluate(training, test_loader, meter, rt.device)
-                log.info("test accuracy before fine-tuning: %.4f; unfreezing the last block", test_before)
+        # Resumes, checkpoints every epoch, and on a stop request (USR1, TERM) checkpoints the step it is in and exits 75.
+        history = {"train_accuracy": [], "val_accuracy": [], "train_loss": [], "lr": []}
+        loop = gpuscale.EpochLoop(training, train_loader, epochs=args.epochs + args.finetune_epochs, checkpoints=ckpt,
+                                  scheduler=scheduler, state={"history": history, "test_accuracy_before_finetune": None})
+        history, loss_avg, acc_avg = loop.state["history"], loop.average("loss"), loop.average("accuracy")
+        for epoch in loop:
+            if epoch == args.epochs and not loop.resumed_inside_epoch:  # phase 2: measure, unfreeze, set up again
+                before = evaluate(loop.training, test_loader, loop.meter, rt.device)
+                loop.state["test_accuracy_before_finetune"] = before
+                log.info("test accuracy before fine-tuning: %.4f; unfreezing the last block", before)
                 net.unfreeze_last_block()
                 # With gradient accumulation an epoch may end inside an optimizer step: those micro-batches'
-                # gradients belong to the head's training and must not leak into fine-tuning's first step (a run
-                # resumed at this point starts without them too)
-                for param in training.module.parameters():  # not the wrapper's zero_grad: DeepSpeed's has no set_to_none
+                # gradients belong to the head's training and must not leak into fine-tuning's first step
+                for param in loop.training.module.parameters():  # not the wrapper's zero_grad: DeepSpeed's has no set_to_none
                     param.grad = None
-                training, scheduler = setup_phase(training.model, "fine-tune", plan, args, lrs["fine-tune"])
-            loss_avg.reset()
-            acc_avg.reset()
-            if inside and rt.is_main:  # the epoch's sums so far, over all ranks, saved when it stopped
-                loss_avg.update(partial[0], partial[1])
-                acc_avg.update(partial[2], partial[3])
+                loop.training, loop.scheduler = setup_phase(loop.training.model, "fine-tune", plan, args, lrs["fine-tune"])
+            training, scheduler = loop.training, loop.scheduler
             epoch_lr = scheduler.get_last_lr()[0]
-            bar = gpuscale.progress(meter.iter(train_loader), desc=f"epoch {epoch + 1}/{total_epochs}", total=len(train_loader))
-            for x, y in bar:
+            for x, y in loop.batches():
                 x, y = x.to(rt.device, non_blocking=True), y.to(rt.device, non_blocking=True)
                 with training.autocast():
                     prob = training.model(x)
                 prob = prob.float()  # binary cross-entropy is not autocast-safe: compute it in fp32
                 loss = F.binary_cross_entropy(prob, y)
                 training.backward(loss)
-                stepped = training.step()
-                if stepped:
-                    epoch_lr = scheduler.get_last_lr()[0]  # the rate this step used
-                    scheduler.step()  # the warm-up counts optimizer steps, not micro-batches
-                step += stepped
+                rate = scheduler.get_last_lr()[0]
+                if loop.step():  # the optimizer, then the warm-up (it counts optimizer steps, not micro-batches)
+                    epoch_lr = rate  # the rate this step used
                 loss_avg.update(loss.detach() * len(y), len(y))
                 acc_avg.update(((prob.detach() > 0.5).float() == y).sum(), len(y))
-                if stepped and stop.requested():  # collective; only after a full optimizer step
-                    sums = gpuscale.all_reduce_sum([loss_avg.total, loss_avg.count, acc_avg.total, acc_avg.count])
-                    with meter.phase("checkpoint"):
-                        ckpt.save(step=step, epoch=epoch, model=training.model, optimizer=training.optimizer, scheduler=scheduler,
-                                  loader=train_loader,
-                                  extra={"history": history, "test_accuracy_before_finetune": test_before, "partial_epoch": sums})
-                    stop.exit()
             train_loss, train_acc = loss_avg.compute(), acc_avg.compute()
-            val_acc = evaluate(training, val_loader, meter, rt.device)
-            history["train_loss"].append(train_loss)
-            history["train_accuracy"].append(train_acc)
-            history["val_accuracy"].append(val_acc)
-            history["lr"].append(epoch_lr)
+            val_acc = evaluate(training, val_loader, loop.meter, rt.device)
+            for key, value in (("train_loss", train_loss), ("train_accuracy", train_acc), ("val_accuracy", val_acc), ("lr", epoch_lr)):
+                history[key].append(value)
             log.info("epoch %d/%d: loss %.4f, train accuracy %.4f, validation accuracy %.4f",
-                     epoch + 1, total_epochs, train_loss, train_acc, val_acc)
-            with meter.phase("checkpoint"):
-                ckpt.save(step=step, epoch=epoch + 1, model=training.model, optimizer=training.optimizer, scheduler=scheduler,
-                          loader=train_loader, extra={"history": history, "test_accuracy_before_finetune": test_before})
+                     epoch + 1, loop.epochs, train_loss, train_acc, val_acc)
 
-        test_after = evaluate(training, test_loader, meter, rt.device)
+        meter, test_before = loop.meter, loop.state["test_accuracy_before_finetune"]
+        test_after = evaluate(loop.training, test_loader, meter, rt.device)
         if test_before is None:  # no fine-tuning phase was run
             test_before = test_after
         summary = meter.write_summary(

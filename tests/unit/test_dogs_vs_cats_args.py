@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "examples"))  # as when the example runs as a script: its parts module sits beside it
 _spec = importlib.util.spec_from_file_location("dogs_vs_cats", ROOT / "examples" / "dogs_vs_cats.py")
 ex = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(ex)
