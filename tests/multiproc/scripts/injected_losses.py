@@ -10,14 +10,15 @@ optimizer steps; summary.json in --out. Injected only when the job has more than
                                          all-reduces as DDP would, waiting for it inside the hook
 
 Rank 0 writes OUT/injected.json: what was injected per optimizer step (seconds), from the sleeps
-that really happened (the hook counts its calls), and the hook's own clock: the seconds per step it
-held the backward pass (the sleep plus this run's all-reduce), averaged over the ranks. With one
+that really happened (the hook counts its calls), and the hook's own clock on the steps the sync probe
+measured: how long it held the backward pass (the sleep plus this run's all-reduce). With one
 gradient bucket, that all-reduce starts after the whole backward pass: all of it is exposed.
 """
 
 import argparse
 import json
 import os
+import statistics
 import time
 
 import torch
@@ -26,6 +27,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 import gpuscale
+from gpuscale import syncprobe
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--scaling", choices=("weak", "strong"), default="weak")
@@ -64,19 +66,31 @@ def busy_wait(seconds: float) -> None:
         pass
 
 
-def sleeping_allreduce(sleep: float, calls: list[int], held_s: list[float]):
-    """A DDP communication hook: busy-wait `sleep`, all-reduce the bucket and wait for it; count calls and time."""
+def sleeping_allreduce(sleep: float, calls: list[int], held_s: dict[int, float]):
+    """A DDP communication hook: busy-wait `sleep`, all-reduce the bucket and wait for it; count calls, and time
+    each call by the optimizer step it belongs to (the steps the sync probe measures are among them)."""
     def hook(state, bucket):
         start = time.perf_counter()
         calls[0] += 1
         busy_wait(sleep)
         tensor = bucket.buffer().div_(dist.get_world_size())
         dist.all_reduce(tensor)
-        held_s[0] += time.perf_counter() - start
+        step = syncprobe.RECORD.steps  # optimizer steps finished before this one
+        held_s[step] = held_s.get(step, 0.0) + time.perf_counter() - start
         done = torch.futures.Future()
         done.set_result(tensor)
         return done
     return hook
+
+
+def probed_hook_seconds(held: list[dict[int, float]]) -> float | None:
+    """The hook's own clock on the probed steps, summarised as the breakdown summarises the probe: the least over
+    the ranks (the last rank to arrive waits only for the sleep and the all-reduce itself), then the median over
+    the probed steps, the first dropped as warm-up when there are three or more."""
+    probed = sorted(step for step in set.intersection(*(set(h) for h in held)) if syncprobe.is_probe_step(step))
+    if len(probed) >= 3:
+        probed = probed[1:]
+    return statistics.median(min(h[step] for h in held) for step in probed) if probed else None
 
 
 torch.manual_seed(0)
@@ -90,7 +104,7 @@ with gpuscale.init() as rt:
     middle.requires_grad_(False)
     model = nn.Sequential(nn.Linear(128, args.hidden), nn.ReLU(), middle, nn.Linear(args.hidden, 10))
     training = gpuscale.setup(model, lambda p: torch.optim.SGD(p, lr=0.01), plan=plan)
-    calls, held_s = [0], [0.0]
+    calls, held_s = [0], {}
     if many and args.comm_sleep:
         training.model.register_comm_hook(None, sleeping_allreduce(args.comm_sleep, calls, held_s))
     sleeps_here = many and (args.sleep_ranks == "all" or rt.rank == 1)
@@ -107,13 +121,13 @@ with gpuscale.init() as rt:
         training.backward(loss)
         steps += training.step()
     meter.write_summary(args.out, final_loss=float(loss.detach()))
-    held = [held_s[0]]
+    held = [held_s]
     if many:
         held = [None] * rt.world_size
-        dist.all_gather_object(held, held_s[0])
+        dist.all_gather_object(held, held_s)
     if rt.is_main:
         injected = {"data_sleep_per_step_s": data_sleep, "sleep_ranks": args.sleep_ranks if data_sleep else None,
                     "comm_sleep_per_step_s": args.comm_sleep * calls[0] / steps, "hook_calls_per_step": calls[0] / steps,
-                    "comm_hook_s_per_step": sum(held) / len(held) / steps, "world_size": rt.world_size}
+                    "comm_hook_s_on_probed_steps": probed_hook_seconds(held), "world_size": rt.world_size}
         with open(os.path.join(args.out, "injected.json"), "w") as f:
             json.dump(injected, f)
