@@ -15,11 +15,11 @@ compare like for like; the accuracy
 (or perplexity) after the same steps is recorded beside it. Target: gpuscale >= 2x the course's way.
 
 MFU. The bf16 matmul peak of this GPU is measured (the best of square matmuls of 4096-16384), then
-GPT-neo's 125M shape (``--model-size 125m``) trains at the defaults; its model FLOPs per token are
+GPT-neo's 125M shape (bench/gptneo_bench.py: the example at that shape) trains at the defaults; its model FLOPs per token are
 ``6 N + 12 L d S``: 6 per parameter (forward and backward) plus attention's scores and weighted sum
 (S = tokens attended: the block for global layers, the window for local ones; PaLM's convention,
 causal masking not discounted; N without the position embeddings, a lookup). The reviews are packed into
-full 512-token blocks (``--pack``), so every token counted is a real one, not padding. MFU = tokens/s x FLOPs
+full 512-token blocks (by the same wrapper), so every token counted is a real one, not padding. MFU = tokens/s x FLOPs
 per token / peak, against the peak measured here (not the data sheet's). Target: >= 40%.
 
 `python -m bench gpu` refuses to run without a GPU (figures from a CPU would say nothing about one);
@@ -39,16 +39,17 @@ from typing import Any
 from bench.stats import ROOT, launch
 
 COURSE = ["--precision", "fp32", "--channels-last", "off", "--fused", "off", "--loader-workers", "0", "--pin-memory", "off"]
-# (example, arguments at GPU scale, arguments for a CPU check of the plumbing, the summary key of its quality)
+# (script from the repository's root, arguments at GPU scale, arguments for a CPU check of the plumbing, the summary key
+# of its quality); GPT-neo runs through bench/gptneo_bench.py: the example at GPT-neo-125M's shape, on packed blocks
 CASES: dict[str, tuple[str, list[str], list[str], str]] = {
-    "dogs_vs_cats": ("dogs_vs_cats.py",
+    "dogs_vs_cats": ("examples/dogs_vs_cats.py",
                      ["--image-size", "150", "--batch-size", "64", "--epochs", "3", "--finetune-epochs", "1", "--scaling", "weak"],
                      ["--epochs", "1", "--finetune-epochs", "0"], "test_accuracy"),
-    "vit": ("vit.py", ["--batch-size", "128", "--epochs", "10"], ["--epochs", "1"], "accuracy"),
-    "gptneo": ("gptneo_imdb.py",
-               ["--model-size", "125m", "--pack", "--block-size", "512", "--global-batch", "16", "--max-steps", "150", "--eval-steps", "150",
+    "vit": ("examples/vit.py", ["--batch-size", "128", "--epochs", "10"], ["--epochs", "1"], "accuracy"),
+    "gptneo": ("bench/gptneo_bench.py",
+               ["--block-size", "512", "--global-batch", "16", "--max-steps", "150", "--eval-steps", "150",
                 "--save-steps", "1000", "--lr", "6e-4", "--warmup-steps", "15", "--num-samples", "1", "--test-chunks", "200"],
-               ["--pack", "--max-steps", "4", "--eval-steps", "4", "--save-steps", "100", "--num-samples", "1", "--test-chunks", "20",
+               ["--model-size", "tiny", "--max-steps", "4", "--eval-steps", "4", "--save-steps", "100", "--num-samples", "1", "--test-chunks", "20",
                 "--val-chunks", "40"], "perplexity"),
 }
 
@@ -105,7 +106,7 @@ def throughput(summary: dict[str, Any]) -> float:
 
 def run_example(case: str, variant: list[str], out: Path, allow_cpu: bool) -> dict[str, Any]:
     script, gpu_args, cpu_args, quality = CASES[case]
-    argv = [sys.executable, "-m", "gpuscale", "run", "--nproc-per-node", "1", str(ROOT / "examples" / script),
+    argv = [sys.executable, "-m", "gpuscale", "run", "--nproc-per-node", "1", str(ROOT / script),
             *(cpu_args if allow_cpu else gpu_args), *variant, "--out", str(out), "--no-resume"]
     launch(argv, timeout=3000)
     summary = json.loads((out / "summary.json").read_text())
@@ -138,7 +139,7 @@ def run(repeat: int = 1, cases: tuple[str, ...] = tuple(CASES), compile: bool = 
                 best = max(runs["gpuscale"] + runs.get("gpuscale+compile", []), key=lambda r: r["samples_per_s"])
                 per_token = flops_per_token(best["summary"])
                 if per_token is None or not best["summary"].get("packed"):
-                    raise RuntimeError("the GPT-neo run wrote no model shape or was not packed (--pack): its tokens per "
+                    raise RuntimeError("the GPT-neo run wrote no model shape or was not packed (bench/gptneo_bench.py): its tokens per "
                                        "sample are unknown, so no MFU")
                 tokens_per_s = best["samples_per_s"] * best["summary"]["block_size"]  # packed: every sample is a full block
                 entry["mfu"] = {"flops_per_token": per_token, "tokens_per_s": tokens_per_s,

@@ -2,7 +2,10 @@
 DeepSpeed runs with the exact global batch, and an interrupted run resumes where it stopped.
 
 All runs share one offline data cache (tokenizer and chunks are built by the first run). Short
-runs evaluate on few chunks (--val-chunks, --test-chunks) to keep the file within a few minutes.
+runs evaluate on few chunks (--val-chunks, --test-chunks), and glibc keeps the large freed blocks
+of a step for the next one (MALLOC_*_THRESHOLD_, about half the step time on a CPU), to keep the
+file within a few minutes. The traced runs start tests/multiproc/scripts/gptneo_traced.py: the
+example with a Trainer callback that records each rank's batches and weights.
 """
 
 from __future__ import annotations
@@ -13,18 +16,22 @@ from pathlib import Path
 
 import pytest
 
-from procs import EXAMPLES, assert_ok, gpuscale_cmd, run, torchrun_cmd
+from procs import EXAMPLES, SCRIPTS, assert_ok, gpuscale_cmd, run, torchrun_cmd
 from gpuscale.metrics import SUMMARY_KEYS
 
 pytestmark = pytest.mark.multiproc
 EXAMPLE = str(EXAMPLES / "gptneo_imdb.py")
+TRACED = str(SCRIPTS / "gptneo_traced.py")  # the example, and --trace DIR: per rank and step, batch and weight digests
+# glibc: serve the logits (batch x block x vocabulary floats) from the heap and keep them for the next step instead of
+# mapping and faulting in fresh pages each step (mallopt's M_MMAP_THRESHOLD and M_TRIM_THRESHOLD, as environment)
+KEEP_FREED_MEMORY = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
 SHORT = ["--val-chunks", "32", "--test-chunks", "32", "--num-samples", "2", "--max-new-tokens", "8"]
 
 
 @pytest.fixture(scope="module")
-def data_home(tmp_path_factory):
-    """One offline cache (BPE tokenizer, tokenised reviews) for all runs of this file."""
-    return str(tmp_path_factory.mktemp("gpuscale-data"))
+def env(tmp_path_factory):
+    """One offline cache (BPE tokenizer, tokenised reviews) for all runs of this file, and glibc's faster setting."""
+    return {"GPUSCALE_DATA": str(tmp_path_factory.mktemp("gpuscale-data")), **KEEP_FREED_MEMORY}
 
 
 def _summary(out: Path) -> dict:
@@ -38,10 +45,9 @@ def _trace(directory: Path, rank: int) -> list[dict]:
     return [json.loads(line) for line in (directory / f"rank{rank}.jsonl").read_text().splitlines()]
 
 
-def test_two_processes_learn_to_a_tenth_of_the_perplexity(tmp_path, data_home):
+def test_two_processes_learn_to_a_tenth_of_the_perplexity(tmp_path, env):
     """The offline default: validation perplexity falls to a tenth or less; results printed once."""
-    result = run(gpuscale_cmd("run", "--nproc-per-node", "2", EXAMPLE, "--out", str(tmp_path)), timeout=900,
-                 GPUSCALE_DATA=data_home)
+    result = run(gpuscale_cmd("run", "--nproc-per-node", "2", EXAMPLE, "--out", str(tmp_path)), timeout=900, **env)
     assert_ok(result)
     summary = _summary(tmp_path)
     assert summary["world_size"] == 2 and summary["launcher"] == "torchrun" and summary["backend"] == "gloo"
@@ -65,15 +71,15 @@ def test_two_processes_learn_to_a_tenth_of_the_perplexity(tmp_path, data_home):
 
 
 @pytest.fixture(scope="module")
-def interrupted_run(tmp_path_factory, data_home):
+def interrupted_run(tmp_path_factory, env):
     """A traced run stopped after 4 steps (checkpoints at 2 and 4), then continued to 6 under torchrun."""
     out, trace = tmp_path_factory.mktemp("resumed"), tmp_path_factory.mktemp("trace")
-    common = [EXAMPLE, "--out", str(out), "--save-steps", "2", "--eval-steps", "2", *SHORT]
+    common = [TRACED, "--out", str(out), "--save-steps", "2", "--eval-steps", "2", *SHORT]
     first = run(gpuscale_cmd("run", "--nproc-per-node", "2", *common, "--max-steps", "4", "--trace", str(trace / "first")),
-                timeout=600, GPUSCALE_DATA=data_home)
+                timeout=600, **env)
     assert_ok(first)
     first_summary = _summary(out)
-    second = run(torchrun_cmd(2, *common, "--max-steps", "6", "--trace", str(trace / "second")), timeout=600, GPUSCALE_DATA=data_home)
+    second = run(torchrun_cmd(2, *common, "--max-steps", "6", "--trace", str(trace / "second")), timeout=600, **env)
     assert_ok(second)
     return {"out": out, "trace": trace, "first": first_summary, "second": _summary(out), "second_log": second.stderr}
 
@@ -113,10 +119,10 @@ def test_resume_continues_from_the_last_checkpoint(interrupted_run):
     assert [h["step"] for h in second["history"]] == [4, 6]
 
 
-def test_deepspeed_two_processes_keep_the_global_batch(tmp_path, data_home):
+def test_deepspeed_two_processes_keep_the_global_batch(tmp_path, env):
     result = run(gpuscale_cmd("run", "--nproc-per-node", "2", EXAMPLE, "--out", str(tmp_path), "--strategy", "deepspeed",
                               "--max-steps", "3", "--eval-steps", "3", "--save-steps", "3", *SHORT),
-                 timeout=600, GPUSCALE_DATA=data_home)
+                 timeout=600, **env)
     assert_ok(result)
     summary = _summary(tmp_path)
     assert summary["strategy"] == "deepspeed" and summary["world_size"] == 2
@@ -125,9 +131,9 @@ def test_deepspeed_two_processes_keep_the_global_batch(tmp_path, data_home):
     assert (tmp_path / "checkpoint-3" / "global_step3").is_dir()  # DeepSpeed's own sharded checkpoint
 
 
-def test_one_process(tmp_path, data_home):
+def test_one_process(tmp_path, env):
     result = run([sys.executable, EXAMPLE, "--out", str(tmp_path), "--max-steps", "2", "--eval-steps", "2", *SHORT],
-                 timeout=600, GPUSCALE_DATA=data_home)
+                 timeout=600, **env)
     assert_ok(result)
     summary = _summary(tmp_path)
     assert summary["world_size"] == 1 and summary["launcher"] == "single"
@@ -138,9 +144,9 @@ def test_one_process(tmp_path, data_home):
     (["--global-batch", "25"], "global batch 25 does not divide among 2 ranks"),
     (["--strategy", "fsdp"], "strategy 'fsdp' is not available with the HF Trainer"),
 ])
-def test_bad_input_is_one_line(tmp_path, data_home, extra, message):
+def test_bad_input_is_one_line(tmp_path, env, extra, message):
     result = run(gpuscale_cmd("run", "--nproc-per-node", "2", EXAMPLE, "--out", str(tmp_path), *extra),
-                 timeout=300, GPUSCALE_DATA=data_home)
+                 timeout=300, **env)
     assert result.returncode == 2
     assert message in result.stdout
     assert "Traceback" not in result.stdout

