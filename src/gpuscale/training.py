@@ -45,7 +45,6 @@ from gpuscale.strategy import STRATEGIES, Strategy, get_strategy, gradient_bytes
 from gpuscale.strategy.deepspeed_config import ZERO_STAGES, build_config, config_precision, load_config
 from gpuscale.runtime import Runtime, current
 from gpuscale.strategy.deepspeed import import_deepspeed
-from gpuscale.wrapped import Wrapped
 
 __all__ = ["Training", "setup", "add_arguments", "training_options", "loader_options"]
 
@@ -63,7 +62,7 @@ class Training:
     """The model, optimizer and step of one run; built by `setup`."""
 
     def __init__(self, *, model: nn.Module, optimizer: Any, plan: BatchPlan, precision: Precision,
-                 strategy: Strategy, clip_grad_norm: float | None, facts: Wrapped,
+                 strategy: Strategy, clip_grad_norm: float | None, facts: wrapped_facts.Wrapped,
                  ds_config: dict[str, Any] | None = None, device: torch.device | None = None) -> None:
         self.model = model
         """What to call for the forward pass (a DDP wrapper, an FSDP module, a DeepSpeed engine)."""
@@ -199,7 +198,7 @@ def setup(
             raise ValueError(f"fused and compile are not available with strategy {chosen.name!r} (its engine runs its "
                              "own optimizer step); leave them at their defaults")
         speed.use_channels_last(channels_last, unwrap(model), rt.device, chosen)  # refuses an explicit True
-        return _setup_deepspeed(model, optimizer, plan=plan, precision=precision, zero_stage=zero_stage,
+        return _setup_deepspeed(chosen, model, optimizer, plan=plan, precision=precision, zero_stage=zero_stage,
                                 offload=offload, ds_config=ds_config, clip_grad_norm=clip_grad_norm, rt=rt)
     given = [name for name, value in (("zero_stage", zero_stage), ("offload", offload or None), ("ds_config", ds_config)) if value is not None]
     if given:
@@ -216,7 +215,7 @@ def setup(
                     strategy=chosen, clip_grad_norm=clip_grad_norm, facts=facts, device=rt.device)
 
 
-def _setup_deepspeed(model: nn.Module, optimizer: OptimizerFactory | None, *, plan: BatchPlan, precision: str,
+def _setup_deepspeed(chosen: Strategy, model: nn.Module, optimizer: OptimizerFactory | None, *, plan: BatchPlan, precision: str,
                      zero_stage: int | None, offload: bool, ds_config: str | dict[str, Any] | None,
                      clip_grad_norm: float | None, rt: Runtime) -> Training:
     user_config = load_config(ds_config) if isinstance(ds_config, str) else ds_config
@@ -232,7 +231,6 @@ def _setup_deepspeed(model: nn.Module, optimizer: OptimizerFactory | None, *, pl
                           user_config=user_config, client_optimizer=optimizer is not None)
     import_deepspeed()  # the install hint before any process-group work
     rt.ensure_process_group()  # DeepSpeed needs one even for a single process
-    chosen = get_strategy("deepspeed")
     if getattr(model, "zero_optimization_stage", lambda: 0)() == 3:
         raise ValueError("this model's parameters are partitioned by ZeRO-3 and cannot be set up again; choose the "
                          "trainable parameters before the first gpuscale.setup, or use --zero-stage 1 or 2")
