@@ -14,13 +14,12 @@ import os
 
 import torch
 
-from gpuscale.env import DistEnv, device_index, visible_devices
+from gpuscale.env import DistEnv, device_index
 from gpuscale.log import get_logger
-from gpuscale.topology import BindingPlan, allowed_cores, gpu_local_cores, parse_gpu_core_map, plan_binding
+from gpuscale.pinning import GPU_CORES, RANK_CORES, placed_source, plan_node
+from gpuscale.topology import BindingPlan, allowed_cores, gpu_local_cores
 
-__all__ = ["choose_device", "plan_cores", "GPU_CORES"]
-
-GPU_CORES = "GPUSCALE_GPU_CORES"  # the cluster profile's GPU-to-cores map, exported by gpuscale's batch scripts
+__all__ = ["choose_device", "plan_cores", "plan_for_workers", "GPU_CORES"]
 
 log = get_logger("runtime")
 
@@ -47,31 +46,6 @@ def choose_device(env: DistEnv, device: str) -> torch.device:
     return torch.device("cuda", index)
 
 
-def _gpu_cores_from_profile(env: DistEnv) -> list[list[int] | None] | None:
-    """The cores next to each local rank's GPU from GPUSCALE_GPU_CORES ("49-55;57-63;..."), if set.
-
-    gpuscale's batch scripts export the cluster profile's map there (the node's GPU order), so
-    torchrun's workers bind by the profile even where sysfs does not tell the whole story.
-    """
-    text = os.environ.get(GPU_CORES)
-    if not text:
-        return None
-    try:
-        per_gpu = parse_gpu_core_map(text)
-    except ValueError:
-        raise ValueError(f"{GPU_CORES}={text!r} is not a ';'-separated list of core lists like 49-55;57-63") from None
-    # The map is in the node's GPU order; SLURM may have given this job other GPUs than the first
-    # ones (ROCR_VISIBLE_DEVICES=4,5): local rank i uses the i-th visible GPU.
-    visible = visible_devices(os.environ)
-    physical = [int(v) for v in visible] if visible and all(v.isdigit() for v in visible) else list(range(len(per_gpu)))
-    if len(physical) < env.local_world_size or max(physical[: env.local_world_size]) >= len(per_gpu):
-        raise ValueError(
-            f"{GPU_CORES} lists {len(per_gpu)} GPUs, but this node's {env.local_world_size} local ranks use GPUs "
-            f"{physical[: env.local_world_size]}; it needs one entry per GPU of the node"
-        )
-    return [per_gpu[gpu] for gpu in physical[: env.local_world_size]]
-
-
 def _gpu_cores_for_local_ranks(env: DistEnv) -> list[list[int] | None] | None:
     """The cores next to each local rank's GPU, from sysfs; None if not knowable from here."""
     count = torch.cuda.device_count()
@@ -86,23 +60,31 @@ def _gpu_cores_for_local_ranks(env: DistEnv) -> list[list[int] | None] | None:
 
 
 def plan_cores(env: DistEnv, device: torch.device, bind: str) -> BindingPlan:
-    """The cores of every local rank of this node (`BindingPlan.for_rank`), and where that choice came from."""
+    """The cores of every local rank of this node (`BindingPlan.for_rank`), and where that choice came from.
+
+    The decision is `gpuscale.pinning.plan_node`'s, the same one gpuscale's start-up hook makes before a
+    script runs; here torch tells which GPU each local rank has. A process the start-up hook placed
+    already keeps its cores.
+    """
     here = tuple(allowed_cores())
-    if bind == "none":
-        return BindingPlan((here,) * env.local_world_size, "none")
-    if env.launcher == "slurm":
-        unbound = os.environ.get("SLURM_CPU_BIND_TYPE", "").startswith("none")
-        if not (unbound and env.local_world_size > 1):
-            # srun placed every task already (--cpu-bind, masks, cgroups): keep what it chose.
-            return BindingPlan((here,) * env.local_world_size, "launcher")
-        # srun bound nothing (--cpu-bind=none: SLURM_CPU_BIND_TYPE=none), so every task sees the
-        # whole allocation. Split it among this node's tasks, as for any other launcher. (Counting
-        # cores against SLURM_CPUS_PER_TASK instead would misfire where a task gets both hardware
-        # threads of its cores.)
-    if len(here) < env.local_world_size and env.local_world_size > 1:
-        # Fewer cores than siblings: whoever started us bound us already (taskset per process).
-        return BindingPlan((here,) * env.local_world_size, "launcher", "fewer allowed cores than local ranks")
-    gpu_cores = _gpu_cores_from_profile(env)
-    if gpu_cores is None and device.type == "cuda":
-        gpu_cores = _gpu_cores_for_local_ranks(env)
-    return plan_binding(here, env.local_world_size, gpu_cores)
+    placed = placed_source()
+    if placed is not None:
+        return BindingPlan((here,) * env.local_world_size, placed)
+    return plan_node(env, bind, os.environ, here,
+                     lambda: _gpu_cores_for_local_ranks(env) if device.type == "cuda" else None)
+
+
+def plan_for_workers(nproc: int, nnodes: int, node_rank: int, bind: str) -> BindingPlan:
+    """The cores of each of the `nproc` workers a launcher (`gpuscale run`) is about to start on this node.
+
+    The same decision as a worker's own, made once with torch's view of the GPUs (worker i uses GPU i
+    when there are at least `nproc`); `gpuscale run` hands it to its workers in GPUSCALE_RANK_CORES
+    (`gpuscale.pinning.rank_cores_text`), and each worker binds itself by it before its script runs.
+    """
+    env = DistEnv(rank=node_rank * nproc, local_rank=0, world_size=nproc * nnodes, local_world_size=nproc,
+                  node_rank=node_rank, num_nodes=nnodes, master_addr="127.0.0.1", master_port=29500, launcher="torchrun")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    device = torch.device("cuda" if gpus >= nproc else "cpu")
+    environ = {k: v for k, v in os.environ.items() if k != RANK_CORES}  # the launcher decides afresh
+    here = tuple(allowed_cores())
+    return plan_node(env, bind, environ, here, lambda: _gpu_cores_for_local_ranks(env) if device.type == "cuda" else None)

@@ -38,7 +38,6 @@ that failed first, not the one whose report happened to come first.
 from __future__ import annotations
 
 import datetime
-import gc
 import os
 import socket
 import signal
@@ -58,16 +57,15 @@ from gpuscale.failures import report_failure
 from gpuscale.log import configure_logging, format_placements, get_logger
 from gpuscale.exits import Stopped
 from gpuscale import wrapped
+from gpuscale.pinning import OMP_FROM_LAUNCHER  # set where gpuscale run, not the user, put OMP_NUM_THREADS=1
 from gpuscale.placement import choose_device, plan_cores
+from gpuscale.teardown import end_process_group
 from gpuscale.topology import BindingPlan, allowed_cores, format_cpulist, set_affinity
 
 __all__ = ["Runtime", "init", "current", "DEFAULT_TIMEOUT_S"]
 
 DEFAULT_TIMEOUT_S = 600.0
-# Set by `gpuscale run` when it, not the user, put OMP_NUM_THREADS=1 there to quiet torchrun.
-OMP_FROM_LAUNCHER = "GPUSCALE_OMP_FROM_LAUNCHER"
 LAUNCH_TIME = "GPUSCALE_LAUNCH_TIME"
-GIL_DRAIN_S = 0.1  # see _teardown
 
 log = get_logger("runtime")
 _current: Runtime | None = None
@@ -304,7 +302,7 @@ def _resolve_options(bind: str | None, timeout: float | None) -> tuple[str, floa
 def _bind(env: DistEnv, plan: BindingPlan, restorer: _Restorer) -> list[int]:
     """Apply this rank's share of `plan` and size the thread pools to it (unless the user set them); its cores."""
     cores = plan.for_rank(env.local_rank)
-    if plan.source in ("gpu-local", "even-split"):
+    if plan.source in ("gpu-local", "even-split", "launcher-plan"):
         set_affinity(cores)
     if plan.note and env.local_rank == 0:
         log.warning("CPU binding: %s", plan.note)
@@ -344,16 +342,7 @@ def _gather_placements(rt: Runtime) -> list[dict[str, Any]]:
 
 
 def _teardown(rt: Runtime | None, failed: bool) -> None:
-    """Destroy the process group so that gloo does not abort at interpreter exit (docs/traps.md).
-
-    The cause (found with gdb on core dumps): a gloo worker thread holds the last reference to a
-    finished collective, whose destructor needs the GIL to release Python objects (autograd's
-    context, a tensor). If the main thread is already in interpreter shutdown, Python ends the
-    waiting thread inside a C++ destructor and std::terminate aborts the process. So: collect
-    garbage, wait for every rank, destroy the group, then sleep briefly so the GIL goes to those
-    threads before shutdown starts. Measured on 2-process runs (torch 2.13 + gloo, the race forced
-    wider): nothing 11/40 aborted, destroy alone 6/20, barrier + destroy 5/40, this sequence 0/60;
-    all-reduce without DDP and no teardown 32/40, with this sequence 0/39. The exit code is untouched.
+    """Destroy the process group so that gloo does not abort at interpreter exit (`gpuscale.teardown`).
 
     After a failure with NCCL the group is left alone: destroying a communicator whose peers
     are gone can block, and the process is about to exit with the error anyway.
@@ -362,16 +351,4 @@ def _teardown(rt: Runtime | None, failed: bool) -> None:
         return
     if failed and dist.get_backend() == "nccl" and not (rt is not None and rt.owns_single_group):
         return  # a one-rank group has no peers to wait for: it is always destroyed
-    gc.collect()
-    if not failed:
-        try:
-            # Nobody leaves before everybody is done: a rank that exits early closes its sockets
-            # under the others' last collective.
-            if rt is not None:
-                rt.barrier()
-            else:
-                dist.barrier()
-        except Exception as exc:  # a peer died at the very end: still destroy, then report
-            log.warning("final barrier failed (%s); a peer probably exited early", exc)
-    dist.destroy_process_group()
-    time.sleep(GIL_DRAIN_S)  # let gloo's worker threads drop their last references before shutdown
+    end_process_group(None if failed else (rt.barrier if rt is not None else dist.barrier))

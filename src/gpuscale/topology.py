@@ -25,6 +25,7 @@ __all__ = [
     "allowed_cores",
     "gpu_local_cores",
     "numa_node_of_pci",
+    "pci_gpus",
     "set_affinity",
 ]
 
@@ -187,6 +188,33 @@ def gpu_local_cores(pci_bus_id: str) -> list[int] | None:
         return None
     cores = parse_cpulist(text)
     return cores or None
+
+
+GPU_VENDORS = {"0x10de": "NVIDIA", "0x1002": "AMD"}
+"""PCI vendor ids of the GPUs gpuscale places ranks next to."""
+GPU_CLASSES = ("0x0300", "0x0302", "0x0380", "0x1200")
+"""PCI classes a GPU shows as: VGA, 3D controller (data-centre NVIDIA), display controller (AMD Instinct),
+processing accelerator. An NVIDIA GPU's audio function (0x0403) or an NVSwitch (0x0680) is none of them."""
+
+
+def pci_gpus(root: Path = SYSFS_PCI) -> list[str]:
+    """The PCI addresses of this node's NVIDIA and AMD GPUs, in bus order (torch's order on a node of
+    identical GPUs: CUDA breaks its fastest-first ties by bus id, ROCm enumerates by bus), from sysfs
+    without loading any GPU library; [] where there are none or sysfs does not say."""
+    found = []
+    try:
+        devices = sorted(root.iterdir())
+    except OSError:
+        return []
+    for device in devices:
+        try:
+            vendor = (device / "vendor").read_text().strip().lower()
+            kind = (device / "class").read_text().strip().lower()
+        except OSError:
+            continue
+        if vendor in GPU_VENDORS and kind[:6] in GPU_CLASSES:
+            found.append(device.name)
+    return found
 
 
 def numa_node_of_pci(pci_bus_id: str) -> int | None:

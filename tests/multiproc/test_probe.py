@@ -47,6 +47,18 @@ def _assert_timed_as_the_script_timed_itself(summary: dict, said: dict[int, dict
         assert account["train_s"] == pytest.approx(said[account["rank"]]["train_s"], rel=0.10, abs=0.05), (name, account, said)
 
 
+def assert_placed(records: list[dict], name: str) -> None:
+    """Each rank trained on cores of its own, with as many threads as cores: what the rank itself saw at its
+    first batch or step (its affinity, torch.get_num_threads()), written into its probe record."""
+    from gpuscale.topology import parse_cpulist
+
+    cores = {r["rank"]: set(parse_cpulist(r["placement"]["cores"])) for r in records}
+    for record in records:
+        mine = cores[record["rank"]]
+        assert record["placement"]["threads"] == len(mine), (name, record["placement"])
+        assert all(not mine & theirs for rank, theirs in cores.items() if rank != record["rank"]), (name, cores)
+
+
 def test_probe_and_meter_agree_on_the_same_run(tmp_path):
     """A gpuscale script is measured twice in one run: by its Meter and by the probe's records."""
     result = run(gpuscale_cmd("run", "--nproc-per-node", "2", "--summary", str(tmp_path / "probe_out"),
@@ -86,6 +98,7 @@ def test_a_plain_ddp_script_under_gpuscale_run(tmp_path):
     assert [d["rank"] for d in summary["utilisation"]["devices"]] == [0, 1]
     assert (out / "timeline.json").is_file()
     assert "measured by the probe: 2 ranks (gloo)" in result.stderr and "samples/s" in result.stderr
+    assert_placed(read_records(out / "probe"), "ddp")
 
 
 def test_the_probe_can_be_turned_off(tmp_path):
@@ -140,6 +153,7 @@ def test_each_kind_of_script_is_studied_unchanged(tmp_path, client):
         assert row["samples_per_s"] == summary["samples_per_s"] > 0 and row["time_split_s"]["data_wait"] is not None
         _assert_timed_as_the_script_timed_itself(summary, said, name)
         assert len(row["utilisation"]["devices"]) == world
+        assert_placed(read_records(out / name / "probe"), name)  # the script unchanged, its ranks placed all the same
         if world == 2:  # every client trains a DDP model on two ranks: DDP's timers split the step
             assert row["sync_probe"]["status"] == "measured" and row["sync_probe"]["source"] == "ddp_timers", (name, row["sync_probe"])
             assert row["time_split_s"]["exposed_comm"] is not None and row["time_split_s"]["imbalance"] is not None

@@ -9,6 +9,8 @@ Installed by the probe's ``sitecustomize`` right after the script imports torch 
   the method of ``torch.utils.data.dataloader._BaseDataLoaderIter`` is wrapped), timing the wait
   for each batch and counting its samples. One pass over a loader (an epoch, an evaluation) is a
   *pass*; a pass during which an optimizer stepped is a training pass, any other an evaluation;
+- **the placement** the training runs with: its cores and thread count at the first batch or step
+  (gpuscale's start-up hook placed the rank before the script ran; the script may have changed it);
 - **the process group** (world size, backend), read once it exists, and the device the script uses
   (the GPU it made current, else the CPU), whose utilisation `gpuscale.monitor` samples from the
   first batch or step on;
@@ -54,6 +56,8 @@ import torch
 from gpuscale.monitor import Monitor, monitor_enabled
 from gpuscale.files import atomic_write_json, make_dir
 from gpuscale.env import detect_env
+from gpuscale.pinning import PLACED
+from gpuscale.topology import format_cpulist
 from gpuscale.probe.ddp_timers import MAX_DDP_SAMPLES, ddp_sample, hook_ddp, keep_sample
 from gpuscale.probe.endings import SIGNALS, hook_exceptions, hook_signals
 from gpuscale.probe.loader_waits import MAX_PASSES, Pass, hook_loaders, next_pass
@@ -99,6 +103,7 @@ class Recorder:
         self.ddp_parameters = 0
         self.ddp_samples: list[dict[str, Any]] = []
         self.process_group: Any = None  # the DDP's group, held until exit (see ddp_created)
+        self.placement: dict[str, Any] | None = None  # cores and threads as the training found them
 
     # --- hooks (the training thread) ---
 
@@ -179,6 +184,9 @@ class Recorder:
         """The first batch or step: the script has set up its device and (usually) its process group."""
         self._observe_world()
         self._observe_device()
+        self.placement = {"cores": format_cpulist(sorted(os.sched_getaffinity(0))), "threads": torch.get_num_threads(),
+                          "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+                          "placed_by": os.environ.get(PLACED, "").partition(":")[2] or None}
         if self._flusher is None:
             self._flusher = threading.Thread(target=self._flush_every, name="gpuscale-probe", daemon=True)
             self._flusher.start()
@@ -214,7 +222,7 @@ class Recorder:
             "env": {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK")},
             "launched_at": self.launched_at, "loaded_at": self.loaded_at, "written_at": time.time(),
             "ended": ended, "error": self.error, "signal": self.signal,
-            "launcher": self.launcher, "world": self.world, "device": self.device, "device_name": self.device_name, "meter": self.meter,
+            "launcher": self.launcher, "placement": self.placement, "world": self.world, "device": self.device, "device_name": self.device_name, "meter": self.meter,
             "optimizers": sorted(self.optimizers.values(), key=lambda o: -o["steps"]),
             "passes": [p.as_dict() for p in list(self.passes)],
             "warmup_steps": WARMUP_STEPS, "peak_memory_bytes": _peak_memory_bytes(),

@@ -1,15 +1,22 @@
-"""gpuscale's probe, loaded by Python itself before a rank's script (this folder is put first on PYTHONPATH).
+"""gpuscale's start-up hook, loaded by Python itself before a rank's script (this folder is put first on PYTHONPATH).
 
-`gpuscale run` and every study cell put this folder on the workers' PYTHONPATH, so each rank's
-interpreter imports this module at start-up, before the script. It must cost nothing and change
-nothing: it imports no torch and no gpuscale. It only waits for the script's own ``import torch``
-and then, once torch is fully imported, lets `gpuscale.probe.recorder` hook it. Then it runs the
-next ``sitecustomize`` on the path (a site's own, e.g. Debian's), as if this one were not there.
+`gpuscale run`, every study cell and every gpuscale batch script put this folder on the workers'
+PYTHONPATH, so each rank's interpreter imports this module at start-up, before the script. It
+does three things for any script, gpuscale's or not, and must cost nothing measurable:
 
-The probe arms only in a rank: a process with RANK set and GPUSCALE_PROBE_DIR naming where to
-write; not in torchrun's agent (no RANK), not in a child of a rank (DataLoader workers started
-with "spawn", subprocesses), which inherit GPUSCALE_PROBE_OWNER naming their rank. GPUSCALE_PROBE=0
-turns it off.
+1. before the script's first line, it places the rank (`gpuscale.pinning`: its cores, its thread
+   pools) and, under torchrun, has it end with its launcher (`gpuscale.lifeline`); neither imports torch;
+2. once the script's own ``import torch`` has finished, it registers the exit handler that ends a
+   process group the script left open without gloo's abort at exit (`gpuscale.teardown`), and,
+   where a records folder is named, lets `gpuscale.probe.recorder` hook torch to measure the run;
+3. then it runs the next ``sitecustomize`` on the path (a site's own, e.g. Debian's), as if this
+   one were not there.
+
+All of it happens only in a rank: a process with RANK set; not in torchrun's agent (no RANK), not
+in a child of a rank (DataLoader workers started with "spawn", subprocesses), which inherit
+GPUSCALE_PROBE_OWNER naming their rank (and GPUSCALE_PLACED: they keep the cores they inherit).
+Recording needs GPUSCALE_PROBE_DIR naming where to write; GPUSCALE_PROBE=0 turns recording off,
+GPUSCALE_BIND=none the placement. Nothing here may stop a training: a failure is one line on stderr.
 """
 
 import importlib.machinery
@@ -20,16 +27,61 @@ import sys
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _armed():
+def _a_rank():
+    """True in a rank itself, which from now on owns this role: not in its launcher, not in its children."""
     environ = os.environ
-    if environ.get("GPUSCALE_PROBE", "1").strip() == "0" or not environ.get("GPUSCALE_PROBE_DIR") or "RANK" not in environ:
+    if "RANK" not in environ:
         return False
     owner = environ.get("GPUSCALE_PROBE_OWNER", "")
     rank, _, pid = owner.partition(":")
     if owner and rank == environ["RANK"] and pid != str(os.getpid()):
-        return False  # a child process of a rank that is already recorded
+        return False  # a child process of a rank
     environ["GPUSCALE_PROBE_OWNER"] = f"{environ['RANK']}:{os.getpid()}"
     return True
+
+
+def _recording():
+    return os.environ.get("GPUSCALE_PROBE", "1").strip() != "0" and bool(os.environ.get("GPUSCALE_PROBE_DIR"))
+
+
+def _say(what, exc):
+    print(f"gpuscale: {what} ({type(exc).__name__}: {exc})", file=sys.stderr)
+
+
+def _before_the_script():
+    """Place this rank on its cores and, under torchrun, tie it to its launcher (no torch imported)."""
+    try:
+        from gpuscale.pinning import place_this_rank
+
+        place_this_rank()
+    except Exception as exc:  # e.g. a contradiction in the launcher's variables: gpuscale.init() would say it
+        _say("this rank was not placed on its cores", exc)
+    if "TORCHELASTIC_RUN_ID" in os.environ and not os.environ.get("GPUSCALE_SRUN_TASK"):
+        try:
+            import signal
+
+            from gpuscale.lifeline import end_with_parent
+
+            end_with_parent(signal.SIGTERM)  # a SIGKILLed torchrun leaves no worker training on
+        except Exception as exc:
+            _say("this rank will not end with its launcher", exc)
+
+
+def _after_torch():
+    """Once torch is imported: the exit handler that ends a left-open process group; the recorder."""
+    if _recording():
+        try:
+            from gpuscale.probe import recorder
+
+            recorder.install()
+        except Exception as exc:  # the probe never stops a training
+            _say("probe: not recording this rank", exc)
+    try:
+        from gpuscale.teardown import install_exit_teardown
+
+        install_exit_teardown()
+    except Exception as exc:
+        _say("no clean end of the process group at exit", exc)
 
 
 class _AfterTorch:
@@ -47,12 +99,7 @@ class _AfterTorch:
 
         def exec_module(module):
             exec_torch(module)
-            try:
-                from gpuscale.probe import recorder
-
-                recorder.install()
-            except Exception as exc:  # the probe never stops a training
-                print(f"gpuscale probe: not recording this rank ({type(exc).__name__}: {exc})", file=sys.stderr)
+            _after_torch()
 
         spec.loader.exec_module = exec_module
         return spec
@@ -66,11 +113,10 @@ def _run_next_sitecustomize():
         spec.loader.exec_module(module)
 
 
-if _armed():
+if _a_rank():
+    _before_the_script()
     if "torch" in sys.modules:  # imported by something before us (another site hook): hook it now
-        from gpuscale.probe import recorder
-
-        recorder.install()
+        _after_torch()
     else:
         sys.meta_path.insert(0, _AfterTorch())
 _run_next_sitecustomize()
