@@ -15,7 +15,7 @@ the nearest valid choices instead of silently training with 2 x 12 = 24 (docs/cl
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping, Sized
+from collections.abc import Callable, Iterator, Sized
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +23,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from gpuscale import wrapped
+from gpuscale.batches import batch_len
 from gpuscale.sample_seeds import SeededSamples
 from gpuscale.runtime import Runtime, current
 
@@ -220,17 +221,6 @@ class ShardedLoader:
             # Another batch size than the interrupted run: keep the position in samples, as near as it goes.
             self.batches_done = self.batches_done * saved_batch // self.plan.per_device_batch
         self.batches_done = min(self.batches_done, len(self.loader))
-
-
-def batch_len(batch: Any) -> int:
-    """Number of samples in a collated batch (a tensor, or a tuple/list/mapping of them)."""
-    if isinstance(batch, torch.Tensor):
-        return len(batch)
-    if isinstance(batch, Mapping):
-        return batch_len(next(iter(batch.values())))
-    if isinstance(batch, (list, tuple)) and batch:
-        return batch_len(batch[0])
-    raise ValueError(f"cannot tell how many samples a batch of type {type(batch).__name__} holds")
 
 
 def _check_even_batches(loader: ShardedLoader) -> None:

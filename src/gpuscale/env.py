@@ -14,7 +14,9 @@ Launchers, in the order they win:
     an ``srun`` step: each task is a rank. SLURM's per-task variables count only inside a step
     (SLURM_STEP_ID is set); in the batch shell they describe the batch script, not a rank. Ranks
     set by hand from SLURM's variables (the course's ``RANK=\\$SLURM_PROCID``) are checked
-    against them.
+    against them. gpuscale's srun-mode batch scripts give every task torchrun's variables too
+    (GROUP_RANK, TORCHELASTIC_RUN_ID, ...: scripts read the same names in every mode) and mark it
+    with GPUSCALE_SRUN_TASK=1, so that such a task still counts as srun's: srun placed it on its cores.
 ``manual``
     RANK and WORLD_SIZE set by hand outside SLURM (two shells on a workstation, a custom
     launcher). LOCAL_RANK defaults to RANK and LOCAL_WORLD_SIZE to WORLD_SIZE (one node) unless set.
@@ -54,6 +56,7 @@ __all__ = [
     "check_one_launcher_per_node",
     "check_master_addr",
     "relevant_environment",
+    "SRUN_TASK_MARKER",
 ]
 
 LAUNCHERS = ("torchrun", "slurm", "manual", "single")
@@ -155,7 +158,15 @@ def _in_slurm_step(environ: Mapping[str, str]) -> bool:
     return "SLURM_STEP_ID" in environ or "SLURM_STEPID" in environ
 
 
+SRUN_TASK_MARKER = "GPUSCALE_SRUN_TASK"
+"""Set to 1 by gpuscale's srun-mode batch scripts in every task, beside the torchrun variables they export."""
+
+
 def _is_torchrun(environ: Mapping[str, str]) -> bool:
+    """torchrun's agent sets TORCHELASTIC_RUN_ID and GROUP_RANK; an srun task that carries them for its script
+    says so by SRUN_TASK_MARKER, and is srun's (its cores, its ranks) all the same."""
+    if environ.get(SRUN_TASK_MARKER, "").strip() not in ("", "0"):
+        return False
     return "TORCHELASTIC_RUN_ID" in environ or "GROUP_RANK" in environ
 
 
@@ -364,7 +375,8 @@ def device_index(env: DistEnv, num_visible: int) -> int:
 ENV_PREFIXES = ("SLURM_", "CUDA_", "HIP_", "ROCR_", "ROCM_", "NCCL_", "RCCL_", "GLOO_", "FI_", "MIOPEN_", "TORCH",
                 "PYTORCH_", "OMP_", "KMP_", "MKL_", "GPUSCALE_", "HF_", "HUGGING_FACE_", "TRANSFORMERS_", "TOKENIZERS_",
                 "MASTER_")
-ENV_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK")
+ENV_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+             "ROLE_WORLD_SIZE", "ROLE_NAME")
 
 
 def relevant_environment(environ: Mapping[str, str]) -> dict[str, str]:

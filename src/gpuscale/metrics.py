@@ -35,7 +35,8 @@ import torch.distributed as dist
 
 from gpuscale import wrapped
 from gpuscale._version import __version__
-from gpuscale.data import BatchPlan, batch_len as _batch_len
+from gpuscale.batches import batch_len as _batch_len
+from gpuscale.data import BatchPlan
 from gpuscale.files import write_run_files
 from gpuscale.probe.recorder import meter_created
 from gpuscale.monitor import Monitor, device_stats, make_timeline, monitor_enabled

@@ -11,8 +11,8 @@ thread count must be in the environment before that.
 `plan_node` is the one decision, shared with `gpuscale.init()` (through `gpuscale.placement`). In order:
 
 1. ``bind="none"`` (GPUSCALE_BIND=none): leave the affinity alone;
-2. GPUSCALE_RANK_CORES, the plan `gpuscale run` computed for its workers ("0-3;4-7": one core list
-   per local rank), from torch's own view of the GPUs;
+2. GPUSCALE_RANK_CORES, the plan `gpuscale run` computed for its workers ("even-split:0-3;4-7": how,
+   then one core list per local rank), from torch's own view of the GPUs;
 3. srun bound the task (its --cpu-bind, masks or cgroup): keep what it chose; likewise when a
    rank may use fewer cores than there are local ranks (someone bound each process already);
 4. GPUSCALE_GPU_CORES, the cluster profile's GPU-to-cores map (gpuscale's batch scripts export it);
@@ -48,7 +48,7 @@ __all__ = ["RANK_CORES", "GPU_CORES", "PLACED", "OMP_FROM_LAUNCHER", "plan_node"
            "placed_source", "place_this_rank", "size_thread_pools", "sysfs_gpu_cores"]
 
 RANK_CORES = "GPUSCALE_RANK_CORES"
-"""`gpuscale run`'s plan for its workers: one core list per local rank, ';'-separated."""
+"""`gpuscale run`'s plan for its workers: how it was made, then one core list per local rank ("gpu-local:0-3;4-7")."""
 GPU_CORES = "GPUSCALE_GPU_CORES"
 """The cluster profile's GPU-to-cores map, in the node's GPU order, exported by gpuscale's batch scripts."""
 PLACED = "GPUSCALE_PLACED"
@@ -86,19 +86,21 @@ def plan_node(env: DistEnv, bind: str, environ: Mapping[str, str], here: Sequenc
 
 
 def rank_cores_text(plan: BindingPlan) -> str:
-    """A plan as `gpuscale run` hands it to its workers in GPUSCALE_RANK_CORES ("0-3;4-7")."""
-    return ";".join(format_cpulist(cores) for cores in plan.cores)
+    """A plan as `gpuscale run` hands it to its workers in GPUSCALE_RANK_CORES: how it was made, then each local
+    rank's cores ("even-split:0-3;4-7")."""
+    return f"{plan.source}:" + ";".join(format_cpulist(cores) for cores in plan.cores)
 
 
 def _launcher_plan(text: str, size: int) -> BindingPlan:
+    source, _, table = text.rpartition(":")
     try:
-        rows = [tuple(parse_cpulist(part)) for part in text.split(";")]
+        rows = [tuple(parse_cpulist(part)) for part in table.split(";")]
     except ValueError:
         rows = []
-    if len(rows) != size or not all(rows):
+    if source not in ("gpu-local", "even-split") or len(rows) != size or not all(rows):
         raise ValueError(f"{RANK_CORES}={text!r} does not give a core list for each of the {size} local ranks; "
                          f"it is gpuscale run's to set: unset it")
-    return BindingPlan(tuple(rows), "launcher-plan")
+    return BindingPlan(tuple(rows), source)
 
 
 def _gpu_cores_from_map(env: DistEnv, environ: Mapping[str, str]) -> list[list[int] | None] | None:
@@ -170,7 +172,7 @@ def place_this_rank(environ: MutableMapping[str, str] = os.environ) -> BindingPl
         raise ValueError(f"GPUSCALE_BIND={bind!r} is not one of 'auto', 'none'")
     plan = plan_node(env, bind, environ, allowed_cores(), lambda: sysfs_gpu_cores(env, environ))
     cores = plan.for_rank(env.local_rank)
-    if plan.source in ("gpu-local", "even-split", "launcher-plan"):
+    if plan.source in ("gpu-local", "even-split"):
         set_affinity(cores)
     if bind != "none":
         size_thread_pools(len(cores), environ)

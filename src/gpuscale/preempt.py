@@ -9,11 +9,15 @@
             stop.exit()                     # ends the run with EXIT_STOPPED (75): "stopped, resume me"
 
 Who sends the signals: gpuscale's batch scripts ask SLURM for USR1 some time before the time limit
-(``--signal=B:USR1@N``, N from the profile) and pass it on to every task; a preempting SLURM sends
-TERM; torchrun and `gpuscale run` pass USR1 and TERM on to their workers. The script finishes the
-step it is in, writes a checkpoint and exits; the batch script then requeues the job, which resumes
-from that checkpoint. With a fixed seed the resumed run ends bit for bit where an uninterrupted one
-would (the checkpoint holds the loader's position and every rank's random state).
+(``--signal=B:USR1@N``, N from the profile); a preempting SLURM and scancel send TERM; torchrun and
+`gpuscale run` pass USR1 and TERM on to their workers. USR1's default action ends a process, so a
+batch script passes the warning on to its ranks only when they stop at a checkpoint on it: creating
+a StopSignal says so, by creating the file the batch script names in GPUSCALE_STOP_MARKER (see
+`gpuscale.exits`). The script finishes the step it is in, writes a checkpoint and exits with 75, and
+leaves a note beside that file (torchrun turns its workers' 75 into a 1); the batch script then
+requeues the job, which resumes from that checkpoint. With a fixed seed the resumed run ends bit for
+bit where an uninterrupted one would (the checkpoint holds the loader's position and every rank's
+random state).
 
 Why a collective: the signal reaches the ranks at slightly different moments, possibly in
 different steps, while a checkpoint must be written by all ranks after the same step. So
@@ -28,10 +32,11 @@ half a second later than it would with a check every step, against SLURM's warni
 ``every=K`` checks every K-th call instead; one process checks its own flag at every call, which
 costs nothing.
 
-Until a `StopSignal` exists, the signals keep their default effect (the process ends; the job still
-requeues and resumes from the last regular checkpoint). A second signal does not kill the process
-either: it is already on its way to a checkpoint, and SLURM's SIGKILL after its grace period (or
-torchrun's after 30 s) remains the last word.
+Until a `StopSignal` exists (and after `close()`), the signals keep their default effect, and a
+gpuscale batch script does not pass SLURM's warning on: the script runs on to its time limit and is
+not requeued. A second signal does not kill the process either, nor one after `exit()`: it is
+already on its way to a checkpoint or out, and SLURM's SIGKILL after its grace period (or torchrun's,
+a while after it passed a signal on) remains the last word.
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ from types import FrameType
 import torch
 import torch.distributed as dist
 
-from gpuscale.exits import EXIT_STOPPED, Stopped
+from gpuscale.exits import EXIT_STOPPED, STOP_MARKER, Stopped, stopped_marker
 from gpuscale.runtime import Runtime, current
 from gpuscale.log import get_logger
 
@@ -80,11 +85,14 @@ class StopSignal:
         """The first signal this rank received (e.g. 'SIGUSR1'), or None."""
         self._received = False
         self._agreed = False
+        self._exiting = False
         self._calls = 0
         self._group = None
         if self.rt.is_distributed and dist.get_backend() != "gloo":
             self._group = dist.new_group(backend="gloo")  # the flag travels on CPU: no device sync per step
         self._previous = {sig: signal.signal(sig, self._handle) for sig in signals}
+        # Only now that the handlers are in place: the batch script passes SLURM's warning on from here on.
+        _note_for_batch_script(os.environ.get(STOP_MARKER), "a rank stops at a checkpoint on USR1 and TERM\n")
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if not self._received:
@@ -135,20 +143,53 @@ class StopSignal:
         return self._skip
 
     def exit(self) -> None:
-        """End the run now with EXIT_STOPPED (75), after the checkpoint. gpuscale.init() tears down as usual."""
+        """End the run now with EXIT_STOPPED (75), after the checkpoint. gpuscale.init() tears down as usual.
+
+        From here to the end of the process the stop signals are ignored (close() leaves them so): the rank is on its
+        way out after a checkpoint, and a late signal (torchrun TERMs the workers still running once one has exited;
+        a second warning or a scancel) must not turn that clean stop into a death by signal, in the teardown or at
+        interpreter exit, where Python puts back the default action of the signals it handled.
+        """
         if self.rt.is_main:
             get_logger("preempt").warning("stopped on request (%s) after writing a checkpoint; run again to resume",
                                           self.signal_name or "a signal on another rank")
+        marker = os.environ.get(STOP_MARKER)
+        _note_for_batch_script(marker and stopped_marker(marker), "stopped at a checkpoint\n")
+        if threading.current_thread() is threading.main_thread():
+            for sig in self._previous:
+                signal.signal(sig, signal.SIG_IGN)
+            self._exiting = True
         raise Stopped()
 
     def close(self) -> None:
-        """Put the previous signal handlers back."""
-        for sig, previous in self._previous.items():
-            signal.signal(sig, previous)
+        """Put the previous signal handlers back (after exit(): keep ignoring them); from now on the batch script keeps
+        SLURM's warning to itself."""
+        if not self._exiting:
+            for sig, previous in self._previous.items():
+                signal.signal(sig, previous)
         self._previous = {}
+        marker = os.environ.get(STOP_MARKER)
+        if marker:
+            try:
+                os.remove(marker)
+            except OSError:
+                pass  # another rank on this node removed it first, or the batch script's folder is on another node
 
     def __enter__(self) -> StopSignal:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _note_for_batch_script(path: str | None, text: str) -> None:
+    """Write `text` to a file the batch script reads, if it named one. The batch script's folder exists only on its
+    own node (the job's first): ranks elsewhere find no folder and leave no note, which is fine, because every rank
+    of a job stops together and the ranks on that node write for all of them."""
+    if not path:
+        return
+    try:
+        with open(path, "w") as note:
+            note.write(text)
+    except OSError:
+        pass

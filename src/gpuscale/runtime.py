@@ -302,7 +302,7 @@ def _resolve_options(bind: str | None, timeout: float | None) -> tuple[str, floa
 def _bind(env: DistEnv, plan: BindingPlan, restorer: _Restorer) -> list[int]:
     """Apply this rank's share of `plan` and size the thread pools to it (unless the user set them); its cores."""
     cores = plan.for_rank(env.local_rank)
-    if plan.source in ("gpu-local", "even-split", "launcher-plan"):
+    if plan.source in ("gpu-local", "even-split"):
         set_affinity(cores)
     if plan.note and env.local_rank == 0:
         log.warning("CPU binding: %s", plan.note)

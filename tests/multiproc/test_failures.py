@@ -6,7 +6,9 @@ exception, SIGKILL), and a rank that hangs alive (only the collective timeout ca
 
 from __future__ import annotations
 
+import re
 import socket
+import subprocess
 import time
 
 import pytest
@@ -15,6 +17,7 @@ from procs import SCRIPTS, gpuscale_cmd, run, run_by_hand, torchrun_cmd
 
 pytestmark = pytest.mark.multiproc
 DIE = str(SCRIPTS / "die.py")
+STORY_LINES = 15  # at most, stdout and stderr together, for a failure on 2 ranks
 BOUND_S = 60  # far below the collective timeout of a default job (600 s); well under a minute
 HOST = socket.gethostname()
 
@@ -31,16 +34,18 @@ def test_gpuscale_run_stops_everyone_when_a_rank_dies(mode):
     assert result.returncode != 0
     assert elapsed < BOUND_S, f"took {elapsed:.0f} s to end"
     if mode == "raise":
-        # the first failure report is the failing rank's: its rank, host and error, then its traceback ...
+        # the first failure report is the failing rank's: its rank, host and error; a ValueError (the script's way of
+        # saying the input was wrong) in one line, with no traceback, not even Python's on the way out ...
         assert _failure_lines(result.stderr)[0] == f"[gpuscale] rank 1/2 on {HOST} failed: planted failure on rank 1"
-        assert "ValueError: planted failure on rank 1" in result.stderr and "Traceback" in result.stderr
-        # ... the victim says in one line that a peer failed first, with no traceback of its own up front
+        assert "Traceback" not in result.stderr and result.stderr.count("planted failure on rank 1") == 1
+        # ... the victim says in one line that a peer failed first, with no traceback of its own
         assert any(line.startswith("[gpuscale] rank 0/2") and "a peer rank failed first" in line for line in _failure_lines(result.stderr))
-        # ... and the launcher's summary names it as the first failure, with its message
-        assert f"gpuscale run: rank 1 on {HOST} failed first (exit code 1): planted failure on rank 1" in result.stderr
+        # ... and the launcher's last line names it as the first failure
+        assert result.stderr.splitlines()[-1] == (f"gpuscale run: rank 1 on {HOST} failed first (exit code 1; its error is above); "
+                                                  "the other ranks were stopped")
     else:
-        assert f"gpuscale run: rank 1 on {HOST} failed first" in result.stderr
-        assert ("exit code 7" if mode == "exit" else "signal SIGKILL") in result.stderr
+        last = result.stderr.splitlines()[-1]
+        assert last.startswith(f"gpuscale run: rank 1 on {HOST} failed first ({'exit code 7' if mode == 'exit' else 'signal SIGKILL'})")
         assert result.returncode == (7 if mode == "exit" else 137)
 
 
@@ -76,3 +81,33 @@ def test_a_rank_that_hangs_alive_is_ended_by_the_collective_timeout():
     assert 10 <= elapsed < BOUND_S, f"ended after {elapsed:.0f} s"
     assert f"gpuscale run: rank 0 on {HOST} failed first" in result.stderr
     assert "timed out" in result.stderr.lower() or "timeout" in result.stderr.lower()
+
+
+def _story(*script: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    result = run(gpuscale_cmd("run", "--nproc-per-node", "2", *script), timeout=BOUND_S + 30)
+    lines = (result.stdout + result.stderr).splitlines()
+    assert result.returncode == 1, "\n".join(lines)
+    assert len(lines) <= STORY_LINES, f"{len(lines)} lines:\n" + "\n".join(lines)
+    # torchrun's FAILED block and its log lines on the workers' ends are gpuscale's last line now
+    assert not [line for line in lines if "FAILED" in line or "closing signal" in line or "exitcode" in line], "\n".join(lines)
+    return result, lines
+
+
+def test_a_usage_error_in_the_ranks_is_told_once_in_one_line():
+    """Every rank refuses a global batch that does not divide among them: one of them says so, the last line names it."""
+    result, lines = _story(str(SCRIPTS / "bad_batch.py"), "--batch", "33")
+    output = "\n".join(lines)
+    assert output.count("global batch 33 does not divide among 2 ranks") == 1 and "Traceback" not in output
+    [said] = [line for line in lines if "global batch 33" in line]
+    rank = int(re.fullmatch(rf"\[gpuscale\] rank (\d)/2 on {re.escape(HOST)} failed: global batch 33 does not divide .*use a global batch "
+                            "of 32 or 34.*", said).group(1))
+    assert result.stderr.splitlines()[-1] == (f"gpuscale run: rank {rank} on {HOST} failed first (exit code 1; its error is above), "
+                                              f"and rank {1 - rank} with the same error")
+
+
+def test_a_plain_script_that_raises_on_one_rank_is_named_in_the_last_line():
+    """No gpuscale in the script: rank 1's traceback (Python's), once; the last line names rank 1, not its victim."""
+    result, lines = _story(str(SCRIPTS / "plain_raise.py"))
+    assert "\n".join(lines).count("RuntimeError: boom") == 1
+    assert result.stderr.splitlines()[-1] == (f"gpuscale run: rank 1 on {HOST} failed first (exit code 1; its error is above); "
+                                              "the other ranks were stopped")

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import sys
+import time
 
 import pytest
 
-from procs import SCRIPTS, assert_ok, gpuscale_cmd, read_ranks, run, run_by_hand, torchrun_cmd
+from procs import ROOT, SCRIPTS, assert_ok, clean_env, gpuscale_cmd, read_ranks, run, run_by_hand, torchrun_cmd
 
 pytestmark = pytest.mark.multiproc
 PROBE = str(SCRIPTS / "probe.py")
@@ -96,3 +99,29 @@ def test_gpuscale_env_single_process_json():
     info = json.loads(result.stdout)
     assert info["launcher"] == "single" and info["world_size"] == 1
     assert info["placements"][0]["rank"] == 0
+
+
+@pytest.mark.parametrize("torchrun", ["installed", "before 2.10"])
+def test_usr1_to_gpuscale_run_reaches_every_worker(tmp_path, torchrun):
+    """SLURM's warning before the time limit (USR1) goes on to the workers, as TERM does, whichever torchrun runs them.
+
+    Before torch 2.10 torchrun cannot be told to pass USR1 on (no --signals-to-handle); its default action would
+    end the launcher at once. The old torchrun is the installed one without that option (old_torchrun_launcher.py).
+    """
+    args = ["run", "--nproc-per-node", "2", str(SCRIPTS / "signal_wait.py"), str(tmp_path)]
+    cmd = gpuscale_cmd(*args) if torchrun == "installed" else [sys.executable, str(SCRIPTS / "old_torchrun_launcher.py"), *args]
+    launcher = subprocess.Popen(cmd, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        while not all((tmp_path / f"ready-{rank}").exists() for rank in (0, 1)):
+            assert time.monotonic() < deadline and launcher.poll() is None, "the workers did not start"
+            time.sleep(0.1)
+        launcher.send_signal(signal.SIGUSR1)
+        _, err = launcher.communicate(timeout=60)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    assert [(tmp_path / f"got-{rank}").read_text() for rank in (0, 1)] == ["SIGUSR1", "SIGUSR1"], err
+    assert launcher.returncode == 128 + signal.SIGUSR1, err
+    assert err.splitlines()[-1].startswith("gpuscale run: got SIGUSR1; passed it on to the workers"), err

@@ -141,3 +141,33 @@ def test_srun_without_binding_still_gives_ranks_disjoint_cores(cluster, tmp_path
     assert result.returncode == 0, result.stderr + logs
     ranks = read_ranks(out)
     assert [r["cores"] for r in ranks] == [[0], [1]] and all(r["binding"] == "even-split" for r in ranks)
+
+
+TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+                      "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR")
+
+
+@pytest.mark.parametrize("nodes, gpus", [(2, 1), (1, 2)])
+def test_srun_tasks_get_what_torchrun_gives_its_workers(cluster, tmp_path, nodes, gpus):
+    """One plain script, run in srun mode and in torchrun mode on the same nodes and GPUs, reads the same variables
+    with the same values, except the port: torchrun's workers meet on a port torchrun picks, srun's on the job's."""
+    seen, jobs = {}, {}
+    for mode in ("srun", "torchrun"):
+        where = tmp_path / mode
+        where.mkdir()
+        result, out, logs = _submit(cluster, where, "--nodes", str(nodes), "--gpus-per-node", str(gpus), "--mode", mode,
+                                    script=str(SCRIPTS / "torchrun_vars.py"))
+        assert result.returncode == 0, result.stderr + logs
+        jobs[mode] = result.stdout.strip()
+        seen[mode] = sorted((json.loads(p.read_text()) for p in out.glob("rank*.json")), key=lambda r: int(r["RANK"]))
+        assert [r["RANK"] for r in seen[mode]] == [str(rank) for rank in range(nodes * gpus)]
+    for srun, torchrun in zip(seen["srun"], seen["torchrun"]):
+        assert {name: srun[name] for name in TORCHRUN_VARIABLES} == {name: torchrun[name] for name in TORCHRUN_VARIABLES}
+        assert srun["host"] == torchrun["host"]
+        assert (srun["launcher"], torchrun["launcher"]) == ("slurm", "torchrun"), "gpuscale no longer tells srun's tasks apart"
+        assert srun["TORCHELASTIC_RUN_ID"] == jobs["srun"] and torchrun["TORCHELASTIC_RUN_ID"]
+        if nodes > 1:  # --rdzv-id is the job id (one node: --standalone makes up an id)
+            assert torchrun["TORCHELASTIC_RUN_ID"] == jobs["torchrun"]
+    for mode, ranks in seen.items():
+        assert len({r["MASTER_PORT"] for r in ranks}) == 1 and 1024 < int(ranks[0]["MASTER_PORT"]) < 65536
+    assert seen["srun"][0]["MASTER_PORT"] == str(10000 + int(jobs["srun"]) % 10000)

@@ -1,6 +1,8 @@
 """Preemption on the real local SLURM: the warning signal stops the job at a checkpoint, the job requeues
 itself, and the requeued job resumes from exactly that step, ending bit for bit where an uninterrupted
-run ends. Once in each launch mode of the batch scripts (srun across two nodes, torchrun on one)."""
+run ends. Once in each launch mode of the batch scripts (srun across two nodes, torchrun on one), and
+under a torchrun older than 2.10 (without --signals-to-handle). A plain script (no gpuscale.StopSignal)
+is not told: it runs on to its time limit and is not requeued; scancel never requeues."""
 
 from __future__ import annotations
 
@@ -44,11 +46,23 @@ def _straight_run(tmp_path):
     return out
 
 
-@pytest.mark.parametrize("mode, nodes, gpus", [("srun", "2", "1"), ("torchrun", "1", "2")])
-def test_warning_signal_checkpoints_requeues_and_resumes_bit_for_bit(cluster, tmp_path, mode, nodes, gpus):
+def _old_torch(where) -> str:
+    """A folder that makes the job's Python report torch 2.9.0 (its package metadata, first on PYTHONPATH): the batch
+    script then starts torchrun as it must before 2.10, without --signals-to-handle (torch itself stays the same)."""
+    info = where / "torch-2.9.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 2.9.0\n")
+    return str(where)
+
+
+@pytest.mark.parametrize("mode, nodes, gpus, torch_before_2_10", [("srun", "2", "1", False), ("torchrun", "1", "2", False),
+                                                                   ("torchrun", "1", "2", True)],
+                         ids=["srun", "torchrun", "torchrun-before-2.10"])
+def test_warning_signal_checkpoints_requeues_and_resumes_bit_for_bit(cluster, tmp_path, mode, nodes, gpus, torch_before_2_10):
     run = tmp_path / "preempted"
+    old = ["--env", f"PYTHONPATH={_old_torch(tmp_path / 'old-torch')}"] if torch_before_2_10 else []
     submitted = cluster.gpuscale(
-        "slurm", "submit", "--profile", "local", "--mode", mode, "--nodes", nodes, "--gpus-per-node", gpus, "--time", "10",
+        "slurm", "submit", "--profile", "local", "--mode", mode, "--nodes", nodes, "--gpus-per-node", gpus, "--time", "10", *old,
         "--output", str(tmp_path / "job-%j.out"), "--", TRAIN, str(run), "--steps", str(STEPS), "--sleep", "0.4", cwd=tmp_path)
     assert submitted.returncode == 0, submitted.stderr
     job = submitted.stdout.strip().split()[-1]
@@ -86,6 +100,8 @@ def test_warning_signal_checkpoints_requeues_and_resumes_bit_for_bit(cluster, tm
     assert {e["launcher"] for e in events} == {"slurm" if mode == "srun" else "torchrun"}
     text = logs()
     assert f"requeueing job {job} (restart 1 of at most 10)" in text
+    if torch_before_2_10:  # torchrun ignored USR1; SLURM handed it to the workers, whose 75 torchrun reported as failures
+        assert "exitcode  : 75" in text, text[-3000:]
     assert text.count("[gpuscale] placement of 2 ranks") == 2, "the output of the first run was not kept (--open-mode=append)"
 
     expected = torch.load(straight / "final.pt", weights_only=True)
@@ -93,3 +109,59 @@ def test_warning_signal_checkpoints_requeues_and_resumes_bit_for_bit(cluster, tm
     for name in expected:
         assert torch.equal(expected[name], resumed[name]), f"{name} differs after preemption and resume"
     assert json.loads((run / "losses.json").read_text()) == json.loads((straight / "losses.json").read_text())
+
+
+def _wait_for_end(cluster, job: str, logs, timeout: float) -> str:
+    ended = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
+    _until("the job to end", lambda: _job_field(cluster, job, "JobState") in ended, timeout, logs)
+    return _job_field(cluster, job, "JobState")
+
+
+PLAIN = """import sys, time
+start = time.monotonic()
+while True:  # a plain script: no gpuscale, no signal handler; it notes how long it has run
+    open(sys.argv[1], "w").write(f"{time.monotonic() - start:.1f}")
+    time.sleep(0.5)
+"""
+
+
+def test_a_script_without_stop_signal_runs_to_its_time_limit_and_is_not_requeued(cluster, tmp_path):
+    """SLURM's own warning (--signal=B:USR1@10 on a one-minute job) reaches the batch shell, which keeps it: USR1
+    would have ended the script at once."""
+    script, ran = tmp_path / "plain.py", tmp_path / "ran"
+    script.write_text(PLAIN)
+    submitted = cluster.gpuscale("slurm", "submit", "--profile", "local", "--set", "warn_before_end_s=10", "--mode", "srun",
+                                 "--gpus-per-node", "1", "--time", "1", "--output", str(tmp_path / "job-%j.out"),
+                                 "--", str(script), str(ran), cwd=tmp_path)
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.strip().split()[-1]
+
+    def logs() -> str:
+        return "\n".join(p.read_text() for p in tmp_path.glob("job-*.out"))
+
+    assert _wait_for_end(cluster, job, logs, 240) == "TIMEOUT", logs()
+    text = logs()
+    assert ("gpuscale: the script does not stop at a checkpoint on SLURM's warning (no gpuscale.StopSignal): "
+            "it runs on to its time limit and is not requeued") in text.splitlines(), text
+    assert float(ran.read_text()) > 50, "the script did not run on to its time limit"
+    assert _job_field(cluster, job, "Restarts") == "0" and "requeueing" not in text
+
+
+def test_scancel_ends_a_stop_signal_job_without_requeue(cluster, tmp_path):
+    run = tmp_path / "cancelled"
+    submitted = cluster.gpuscale("slurm", "submit", "--profile", "local", "--mode", "srun", "--gpus-per-node", "1",
+                                 "--time", "10", "--output", str(tmp_path / "job-%j.out"),
+                                 "--", TRAIN, str(run), "--steps", str(STEPS), "--sleep", "0.4", cwd=tmp_path)
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.strip().split()[-1]
+
+    def logs() -> str:
+        return "\n".join(p.read_text() for p in tmp_path.glob("job-*.out"))
+
+    _until("the job to train a few steps", lambda: (run / "progress").exists() and int((run / "progress").read_text() or 0) >= 3,
+           180, logs)
+    _slurm(cluster, "scancel", job)
+    assert _wait_for_end(cluster, job, logs, 60) == "CANCELLED", logs()
+    time.sleep(15)  # past KillWait (10 s): a requeue would have happened by now
+    assert _job_field(cluster, job, "JobState") == "CANCELLED" and _job_field(cluster, job, "Restarts") == "0", logs()
+    assert "requeueing" not in logs()

@@ -1,14 +1,17 @@
-"""The batch script's stop handling, run by bash with stand-in srun/scontrol: a USR1 or TERM to the batch
-shell reaches the step as USR1 and the script waits for the step to end and exits with the step's
-code; after USR1 (SLURM's warning before the time limit) it requeues itself within --max-requeues,
-after TERM (scancel, preemption) it does not; without a signal nothing is requeued."""
+"""The batch script's stop handling, run by bash with stand-in srun/scontrol (srun runs task 0 only): SLURM's
+warning (USR1 to the batch shell) reaches a script that stops at a checkpoint on it (a real gpuscale.StopSignal,
+also under a real torchrun) and the job requeues itself within --max-requeues; a script without it is not
+signalled, runs on and is not requeued; TERM (scancel, preemption) stops at a checkpoint but never requeues."""
 
 from __future__ import annotations
 
+import glob
+import itertools
 import os
 import signal
 import stat
 import subprocess
+import sys
 import time
 
 import pytest
@@ -16,104 +19,161 @@ import pytest
 from gpuscale.slurm.profiles import load_profile
 from gpuscale.slurm.render import JobSpec, render_sbatch
 
-# The "training step": records the signals it gets, ends with 75 after USR1 (like gpuscale.StopSignal.exit),
-# or with 0 after a few seconds if nobody asks it to stop.
-STEP = """
-import os, signal, sys, time
-got = []
-def on(signum, frame):
-    got.append(signal.Signals(signum).name)
-signal.signal(signal.SIGUSR1, on)
-open(os.environ["STEP_READY"], "w").write(str(os.getpid()))
-deadline = time.time() + float(sys.argv[1])
-while time.time() < deadline and not got:
-    time.sleep(0.05)
-time.sleep(0.3)  # "writing the checkpoint"; a second signal may arrive meanwhile
-open(os.environ["STEP_SEEN"], "w").write(",".join(got))
-sys.exit(75 if got else 0)
+# A script that stops at a checkpoint on USR1/TERM (gpuscale.StopSignal), or ends by itself after argv[1] seconds.
+STOPPER = """
+import os, sys, time
+import gpuscale
+with gpuscale.init(show_placement=False):
+    stop = gpuscale.StopSignal()
+    open(os.environ["STEP_READY"], "w").write(str(os.getpid()))
+    deadline = time.time() + float(sys.argv[1])
+    while time.time() < deadline:
+        if stop.requested():
+            time.sleep(0.3)  # "writing the checkpoint"; a second signal may arrive meanwhile
+            open(os.environ["STEP_SEEN"], "w").write(stop.signal_name or "")
+            stop.exit()
+        time.sleep(0.05)
 """
 
+# A plain script (no gpuscale): USR1 would end it at once; it says whether it ran to its end.
+PLAIN = """
+import os, sys, time
+open(os.environ["STEP_READY"], "w").write(str(os.getpid()))
+time.sleep(float(sys.argv[1]))
+open(os.environ["STEP_SEEN"], "w").write("ran to its end")
+"""
 
-def _job_script(tmp_path, max_requeues=10):
+# srun's stand-in: runs task 0 only, passes USR1 on to it (as srun does) and notes the step's exit status.
+SRUN = """#!/bin/bash
+while [[ "$1" == --* ]]; do shift; done
+"$@" &
+task=$!
+trap 'kill -USR1 "$task"' USR1
+code=0; wait "$task" || code=$?
+while kill -0 "$task" 2>/dev/null; do code=0; wait "$task" || code=$?; done
+echo "$code" > "$STEP_STATUS"
+exit "$code"
+"""
+
+_JOB_IDS = itertools.count(4242 + 1000 * (os.getpid() % 1000))
+
+
+def _job_script(tmp_path, step=STOPPER, seconds=20.0, **job):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "scontrol").write_text('#!/bin/sh\nif [ "$1" = requeue ]; then echo "$@" >> "$REQUEUES"; else echo node1; fi\n')
-    (bin_dir / "srun").write_text('#!/bin/bash\nwhile [[ "$1" == --* ]]; do shift; done\nexec "$@"\n')  # runs task 0 only
+    (bin_dir / "srun").write_text(SRUN)
     for tool in bin_dir.iterdir():
         tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
-    step = tmp_path / "step.py"
-    step.write_text(STEP)
-    job = JobSpec(script=str(step), script_args=("20",), mode="srun", gpus_per_node=1, python="python3", max_requeues=max_requeues)
-    script = tmp_path / "job.sh"
-    script.write_text(render_sbatch(load_profile("local"), job))
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node1", "SLURM_JOB_ID": "4242",
-           "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NTASKS": "1", "REQUEUES": str(tmp_path / "requeues"),
-           "STEP_READY": str(tmp_path / "ready"), "STEP_SEEN": str(tmp_path / "seen")}
-    return script, env
+    script = tmp_path / "step.py"
+    script.write_text(step)
+    spec = {"mode": "srun", "gpus_per_node": 1, "python": sys.executable, **job}
+    (tmp_path / "job.sh").write_text(render_sbatch(load_profile("local"), JobSpec(script=str(script), script_args=(str(seconds),), **spec)))
+    job_id = str(next(_JOB_IDS))
+    keep = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "GPUSCALE_")) and k not in ("RANK", "WORLD_SIZE")}
+    env = {**keep, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node1", "SLURM_JOB_ID": job_id,
+           "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NTASKS": "1", "SLURM_NNODES": "1",
+           "REQUEUES": str(tmp_path / "requeues"), "STEP_READY": str(tmp_path / "ready"), "STEP_SEEN": str(tmp_path / "seen"),
+           "STEP_STATUS": str(tmp_path / "status")}
+    return tmp_path / "job.sh", env
 
 
 def _start(script, env, tmp_path, restarts=0):
     proc = subprocess.Popen(["bash", str(script)], cwd=tmp_path, env={**env, "SLURM_RESTART_COUNT": str(restarts)},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 90
     while not (tmp_path / "ready").exists():
-        assert proc.poll() is None and time.monotonic() < deadline, "the step never started"
+        assert proc.poll() is None and time.monotonic() < deadline, f"the step never started: {proc.communicate()}"
         time.sleep(0.05)
+    time.sleep(0.2)
     return proc
 
 
-def test_the_warning_signal_stops_the_step_and_requeues_the_job(tmp_path):
+def _requeues(tmp_path) -> list[str]:
+    return (tmp_path / "requeues").read_text().split() if (tmp_path / "requeues").exists() else []
+
+
+def test_the_warning_stops_a_script_at_its_checkpoint_and_requeues_the_job(tmp_path):
     script, env = _job_script(tmp_path)
     proc = _start(script, env, tmp_path)
     proc.send_signal(signal.SIGUSR1)
-    out, err = proc.communicate(timeout=30)
-    assert (tmp_path / "seen").read_text().startswith("SIGUSR1"), "the step was not told to stop"
+    out, err = proc.communicate(timeout=60)
+    assert (tmp_path / "seen").read_text() == "SIGUSR1", "the step was not told to stop"
     assert proc.returncode == 75, err  # the step's own exit code, not the interrupted wait's
-    assert (tmp_path / "requeues").read_text().split() == ["requeue", "4242"]
-    assert "USR1 received" in err and "restart 1 of at most 10" in err
+    assert _requeues(tmp_path) == ["requeue", env["SLURM_JOB_ID"]]
+    assert "USR1 received; passed on to the step" in err and "restart 1 of at most 10" in err
+    assert not glob.glob(f"/tmp/gpuscale-{env['SLURM_JOB_ID']}.*"), "the marker's folder was left behind"
 
 
-def test_term_stops_the_step_at_a_checkpoint_but_a_cancelled_job_stays_cancelled(tmp_path):
-    """scancel sends TERM: the step still stops at a checkpoint, but the job is not requeued."""
+def test_a_script_without_stop_signal_is_not_signalled_runs_on_and_is_not_requeued(tmp_path):
+    script, env = _job_script(tmp_path, step=PLAIN, seconds=3)
+    proc = _start(script, env, tmp_path)
+    proc.send_signal(signal.SIGUSR1)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert (tmp_path / "seen").read_text() == "ran to its end"
+    assert _requeues(tmp_path) == []
+    assert ("gpuscale: the script does not stop at a checkpoint on SLURM's warning (no gpuscale.StopSignal): "
+            "it runs on to its time limit and is not requeued") in err.splitlines()
+
+
+def test_term_stops_the_script_at_its_checkpoint_but_a_cancelled_job_stays_cancelled(tmp_path):
+    """scancel sends TERM: the step still stops at a checkpoint (told by USR1: srun would turn TERM into KILL)."""
     script, env = _job_script(tmp_path)
     proc = _start(script, env, tmp_path)
     proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=30)
-    assert (tmp_path / "seen").read_text().startswith("SIGUSR1") and proc.returncode == 75
-    assert not (tmp_path / "requeues").exists()
-    assert "TERM received, step ended with 75; not requeued" in err
+    out, err = proc.communicate(timeout=60)
+    assert (tmp_path / "seen").read_text() == "SIGUSR1" and proc.returncode == 75, err
+    assert _requeues(tmp_path) == []
+    assert "TERM received, the step stopped at a checkpoint; not requeued" in err
+
+
+def test_under_torchrun_the_ranks_note_tells_the_batch_script_of_the_stop(tmp_path):
+    """A real torchrun (the one installed) reports its worker's 75 as 1; the note beside the marker tells the stop."""
+    script, env = _job_script(tmp_path, mode="torchrun")
+    proc = _start(script, env, tmp_path)
+    proc.send_signal(signal.SIGUSR1)
+    out, err = proc.communicate(timeout=90)
+    assert (tmp_path / "seen").read_text() == "SIGUSR1", err[-3000:]
+    assert (tmp_path / "status").read_text().strip() not in ("", "0", "75"), "torchrun passed its worker's 75 on after all"
+    assert proc.returncode == 75 and _requeues(tmp_path) == ["requeue", env["SLURM_JOB_ID"]], err[-3000:]
 
 
 def test_no_signal_no_requeue(tmp_path):
-    script, env = _job_script(tmp_path)
-    env_short = {**env}
-    script.write_text(script.read_text().replace(" 20 &", " 0.5 &"))  # the step ends by itself
-    proc = _start(script, env_short, tmp_path)
-    out, err = proc.communicate(timeout=30)
+    script, env = _job_script(tmp_path, seconds=0.5)
+    proc = _start(script, env, tmp_path)
+    out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
-    assert not (tmp_path / "requeues").exists()
+    assert _requeues(tmp_path) == [] and "gpuscale:" not in err
 
 
 def test_requeues_stop_after_max_requeues(tmp_path):
     script, env = _job_script(tmp_path, max_requeues=2)
     proc = _start(script, env, tmp_path, restarts=2)
     proc.send_signal(signal.SIGUSR1)
-    out, err = proc.communicate(timeout=30)
+    out, err = proc.communicate(timeout=60)
     assert proc.returncode == 75
-    assert not (tmp_path / "requeues").exists()
+    assert _requeues(tmp_path) == []
     assert "already requeued 2 times" in err
 
 
-def test_max_requeues_zero_asks_slurm_not_to_requeue(tmp_path):
+def test_max_requeues_zero_stops_at_a_checkpoint_without_requeue(tmp_path):
+    script, env = _job_script(tmp_path, max_requeues=0)
+    proc = _start(script, env, tmp_path)
+    proc.send_signal(signal.SIGUSR1)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 75 and _requeues(tmp_path) == []
+    assert "not requeued (--max-requeues 0)" in err
+
+
+def test_max_requeues_zero_asks_slurm_not_to_requeue():
     text = render_sbatch(load_profile("local"), JobSpec(script="t.py", max_requeues=0))
     assert "#SBATCH --no-requeue" in text and "scontrol requeue" not in text
     text = render_sbatch(load_profile("local"), JobSpec(script="t.py"))
     assert "#SBATCH --requeue" in text and "#SBATCH --signal=B:USR1@120" in text and "#SBATCH --open-mode=append" in text
-    assert "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1" in text  # torchrun passes USR1 on
 
 
 def test_a_time_limit_shorter_than_the_warning_is_refused():
     with pytest.raises(ValueError, match="not longer than the 120 s warning"):
         render_sbatch(load_profile("local"), JobSpec(script="t.py", time="2"))
     assert "--signal=B:USR1@30" in render_sbatch(load_profile("local", {"warn_before_end_s": 30}), JobSpec(script="t.py", time="1"))
-

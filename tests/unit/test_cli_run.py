@@ -1,17 +1,20 @@
 """Unit tests for `gpuscale run`: nproc resolution, the torchrun command line, and error handling.
 
-Nothing is launched: the CLI tests only feed input that fails before torchrun would start.
+Nothing is launched: the CLI tests only feed input that fails before torchrun would start. The
+command lines are parsed by the installed torch's own torchrun parser.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 
 import pytest
 
 import gpuscale.cli
-from gpuscale.cli.run import resolve_nproc, torchrun_argv
+from gpuscale.cli.run import SIGNALS_OPTION, handles_signals_option, resolve_nproc, torchrun_argv
+from gpuscale.slurm.render import TORCHRUN_SIGNALS
 
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "TORCHELASTIC_RUN_ID",
                "MASTER_ADDR", "MASTER_PORT")
@@ -160,6 +163,106 @@ def test_torchrun_argv_bad_values(kw, words):
 
 
 # --------------------------------------------------------------------------------------------------
+# the command line is one the installed torchrun takes, and one an older torchrun takes
+
+
+def torchrun_parser(without: str | None = None):
+    """The installed torch's own torchrun parser; `without` one of its options, as a torchrun from before it came."""
+    from torch.distributed.run import get_args_parser
+
+    parser = get_args_parser()
+    if without is not None:
+        action = next(action for action in parser._actions if without in action.option_strings)
+        parser._remove_action(action)
+        for spelling in action.option_strings:
+            del parser._option_string_actions[spelling]
+    return parser
+
+
+@pytest.mark.parametrize("kw", [
+    dict(),
+    dict(nnodes=2, node_rank=1, master_addr="node0", master_port=12345, max_restarts=2),
+    dict(module=True, script="gpuscale", script_args=["env", "--json"]),
+    dict(script_args=["--nproc-per-node", "3", "--", "x"]),  # the script's own options stay its own
+])
+def test_torchrun_argv_parses_with_the_installed_torchrun(kw):
+    args = ns(**kw)
+    parsed = torchrun_parser().parse_args(torchrun_argv(args, 4, {}))
+    assert parsed.nproc_per_node == "4" and parsed.nnodes == str(args.nnodes) and parsed.max_restarts == args.max_restarts
+    assert parsed.training_script == args.script and parsed.training_script_args == args.script_args
+    assert parsed.module == args.module and parsed.standalone == (args.nnodes == 1)
+    if args.nnodes > 1:
+        assert (parsed.node_rank, parsed.master_addr, parsed.master_port) == (1, "node0", 12345)
+    assert parsed.signals_to_handle == TORCHRUN_SIGNALS  # torch 2.13 here: USR1 is passed on by torchrun itself
+
+
+def test_the_signals_option_goes_to_the_torchrun_that_takes_it():
+    import torch
+    from torch.torch_version import TorchVersion
+
+    assert handles_signals_option() == (TorchVersion(torch.__version__) >= "2.10")  # torchrun has it since 2.10
+    assert SIGNALS_OPTION in torchrun_argv(ns(), 2, {}) or not handles_signals_option()
+
+
+def test_an_older_torchrun_gets_no_signals_option():
+    old = torchrun_parser(without=SIGNALS_OPTION)
+    with pytest.raises(SystemExit):  # what torch 2.9's torchrun says: "unrecognized arguments: --signals-to-handle"
+        old.parse_args([SIGNALS_OPTION, TORCHRUN_SIGNALS, "train.py"])
+    assert not handles_signals_option(old)
+    argv = torchrun_argv(ns(script_args=["--epochs", "3"]), 2, {}, parser=old)
+    assert SIGNALS_OPTION not in argv
+    parsed = old.parse_args(argv)
+    assert parsed.training_script == "train.py" and parsed.training_script_args == ["--epochs", "3"]
+
+
+# --------------------------------------------------------------------------------------------------
+# torchrun's spellings
+
+
+def parse(*argv):
+    return gpuscale.cli.build_parser().parse_args(["run", *argv])
+
+
+def test_torchruns_spellings_are_taken():
+    args = parse("--nproc_per_node", "2", "--nnodes", "2", "--node_rank", "1", "--master_addr", "node0", "--master_port", "12345",
+                 "--max_restarts", "3", "train.py", "--nproc_per_node", "9")
+    assert (args.nproc_per_node, args.nnodes, args.node_rank, args.master_addr, args.master_port, args.max_restarts) == (
+        "2", 2, 1, "node0", 12345, 3)
+    assert args.script == "train.py" and args.script_args == ["--nproc_per_node", "9"]  # the script's own options stay its own
+    parsed = torchrun_parser().parse_args(torchrun_argv(args, 2, {}))
+    assert (parsed.nproc_per_node, parsed.node_rank, parsed.master_addr, parsed.master_port, parsed.max_restarts) == ("2", 1, "node0", 12345, 3)
+
+
+def test_without_torchruns_spellings_the_defaults_stand():
+    args = parse("train.py")
+    assert (args.nproc_per_node, args.nnodes, args.node_rank, args.master_addr, args.master_port, args.max_restarts) == (
+        "auto", 1, 0, None, None, 0)
+    assert parse("--nproc", "3", "train.py").nproc_per_node == "3"  # gpuscale study's spelling, once an abbreviation
+
+
+def test_help_names_each_option_once(capsys):
+    with pytest.raises(SystemExit):
+        gpuscale.cli.main(["run", "--help"])
+    out = capsys.readouterr().out
+    options = re.findall(r"(?<![\w-])--[a-z][\w-]*", out)
+    assert "--nproc-per-node" in options and "--master-port" in options
+    assert not [option for option in options if "_" in option] and "--nproc" not in options
+
+
+@pytest.mark.parametrize("value,nodes", [("2", 2), ("3:3", 3)])
+def test_nnodes_as_torchrun_writes_it(value, nodes):
+    assert parse("--nnodes", value, "train.py").nnodes == nodes
+
+
+def test_nnodes_elastic_range_is_refused_in_one_line(capsys):
+    with pytest.raises(SystemExit) as info:
+        parse("--nnodes", "1:4", "train.py")
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert "1:4" in err and "elastic range" in err and "--nnodes 4" in err
+
+
+# --------------------------------------------------------------------------------------------------
 # gpuscale.cli.main: bad input ends in one line on stderr and exit code 2
 
 
@@ -220,6 +323,32 @@ def test_cli_launcher_started_several_times_per_node(clean_environ, capsys, scri
     assert_one_line_error(capsys, "8 times", "--ntasks-per-node=1")
 
 
+@pytest.mark.parametrize("argv", [["run"], ["run", "--nproc-per-node", "2"]])
+def test_cli_without_script_says_how_to_call(clean_environ, capsys, argv):
+    assert gpuscale.cli.main(argv) == 2
+    assert_one_line_error(capsys, "SCRIPT is required", "gpuscale run [options] [-m] SCRIPT [ARGS ...]", "train.py")
+
+
+def test_cli_summary_under_a_file(clean_environ, capsys, script, tmp_path):
+    blocker = tmp_path / "afile"
+    blocker.write_text("")
+    before = dict(os.environ)
+    for summary in (blocker / "runs" / "x", blocker):
+        assert gpuscale.cli.main(["run", "--nproc-per-node", "2", "--summary", str(summary), script]) == 2
+        assert_one_line_error(capsys, f"--summary {summary}:", f"{blocker} is a file, not a folder")
+    assert dict(os.environ) == before  # refused before anything was set up for the workers
+    assert blocker.read_text() == ""
+
+
+@pytest.mark.parametrize("summary,words", [
+    ("/sys/gpuscale-summary", ["cannot make this folder"]),  # sysfs: no new folders, not even for root
+    ("/sys", ["cannot write in this folder"]),
+])
+def test_cli_summary_where_nobody_may_write(clean_environ, capsys, script, summary, words):
+    assert gpuscale.cli.main(["run", "--nproc-per-node", "2", "--summary", summary, script]) == 2
+    assert_one_line_error(capsys, f"--summary {summary}:", "give a folder you can write", *words)
+
+
 def test_cli_bad_input_leaves_environment_alone(clean_environ, capsys, script):
     before = dict(os.environ)
     gpuscale.cli.main(["run", "--nproc-per-node", "zero", script])
@@ -242,8 +371,7 @@ def test_cli_argparse_type_error_exits_2(clean_environ, capsys, script):
 def test_the_first_failure_is_the_cause_not_the_peer_that_lost_it():
     from types import SimpleNamespace
 
-    from gpuscale.cli.run import first_failure
-    from gpuscale.failures import is_peer_symptom
+    from gpuscale.failures import first_failure, is_peer_symptom
 
     failures = {0: SimpleNamespace(timestamp=100, exitcode=1), 1: SimpleNamespace(timestamp=100, exitcode=1)}
     # torchrun's whole seconds tie; rank 0 only lost its peer, rank 1 raised
@@ -261,3 +389,50 @@ def test_the_first_failure_is_the_cause_not_the_peer_that_lost_it():
     assert first_failure(stopped, {0: {"time": 100.1, "symptom": False}, 1: {"time": 100.4, "symptom": False}}) == 1
     gloo = RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:1770. This is typically caused by a remote worker crashing.")
     assert is_peer_symptom(gloo) and not is_peer_symptom(ValueError("planted failure on rank 1"))
+
+
+def test_the_launchers_last_line_names_the_rank_whose_error_is_on_screen():
+    from types import SimpleNamespace
+
+    from gpuscale.failures import verdict
+
+    # every rank refused the same input: rank 1 printed it, the agent stopped it on its way out, rank 0 noted a repeat
+    failures = {0: SimpleNamespace(timestamp=100, exitcode=1), 1: SimpleNamespace(timestamp=100, exitcode=-15)}
+    notes = {0: {"time": 100.2, "symptom": False, "repeat_of": 1}, 1: {"time": 100.1, "symptom": False, "repeat_of": None}}
+    assert verdict(failures, notes, 2, "h") == (1, "gpuscale run: rank 1 on h failed first (exit code 1; its error is above), "
+                                                   "and rank 0 with the same error")
+    # a script without gpuscale: the probe saw rank 1 raise and rank 0 lose its peer, whichever torchrun saw first
+    from gpuscale.failures import note_from_record
+
+    records = [{"rank": 0, "ended": "exception", "written_at": 100.05,
+                "error": "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:1770"},
+               {"rank": 1, "ended": "exception", "written_at": 100.1, "error": "RuntimeError: boom"}]
+    notes = {record["rank"]: note_from_record(record) for record in records}
+    both = {0: SimpleNamespace(timestamp=100, exitcode=1), 1: SimpleNamespace(timestamp=100, exitcode=1)}
+    assert verdict(both, notes, 2, "h") == (1, "gpuscale run: rank 1 on h failed first (exit code 1; its error is above); "
+                                               "the other ranks were stopped")
+    assert note_from_record({"rank": 0, "ended": "exit", "error": None}) is None  # sys.exit(1): the script's own verdict
+    # the agent's SIGTERM came while rank 1 was on its way out after raising: its record still has the error
+    stopped = {0: SimpleNamespace(timestamp=100, exitcode=1), 1: SimpleNamespace(timestamp=100, exitcode=-15)}
+    notes[1] = note_from_record({**records[1], "ended": "signal", "signal": "SIGTERM"})
+    assert verdict(stopped, notes, 2, "h") == (1, "gpuscale run: rank 1 on h failed first (exit code 1; its error is above); "
+                                                  "the other ranks were stopped")
+    # a rank killed without a word
+    killed = {0: SimpleNamespace(timestamp=100, exitcode=-15), 1: SimpleNamespace(timestamp=100, exitcode=-9)}
+    assert verdict(killed, {}, 2, "h") == (137, "gpuscale run: rank 1 on h failed first (signal SIGKILL); the other ranks were stopped")
+
+
+def test_a_rank_stopped_on_its_way_out_after_raising_is_still_the_cause():
+    """The agent SIGTERMs every rank still running once one exited: here the one that raised was still tearing down,
+    and the victim that only lost its peer exited first."""
+    from types import SimpleNamespace
+
+    from gpuscale.failures import first_failure, verdict
+
+    failures = {0: SimpleNamespace(timestamp=100, exitcode=1), 1: SimpleNamespace(timestamp=100, exitcode=-15)}
+    notes = {0: {"time": 100.2, "symptom": True}, 1: {"time": 100.1, "symptom": False}}
+    assert first_failure(failures, notes) == 1
+    assert verdict(failures, notes, 2, "h") == (1, "gpuscale run: rank 1 on h failed first (exit code 1; its error is above); "
+                                                   "the other ranks were stopped")
+    # without its note it is just a survivor the agent stopped
+    assert first_failure(failures, {0: notes[0]}) == 0

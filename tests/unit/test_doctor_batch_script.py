@@ -38,7 +38,7 @@ def test_the_doctor_step_comes_first_with_the_profiles_expectations():
     assert "49-55;57-63;17-23;25-31;1-7;9-15;33-39;41-47" in line and '--cpu-bind=v,mask_cpu:"$CPU_MASKS"' in line
     assert "training was not started" in line and line.rstrip().endswith("exit 1; }")
     one_node = _render(mode="torchrun", nodes=1)
-    assert "--expect-busbw 50" in one_node and "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 -m gpuscale doctor" in one_node
+    assert "--expect-busbw 50" in one_node and "--nproc-per-node=8 ${signals:+\"$signals\"} -m gpuscale doctor" in one_node
     assert "gpuscale doctor" not in render_sbatch(load_profile("lumi-g"), JobSpec(script="train.py"))
     # ranks bound by the map only with masks (srun, whole node) or torchrun on whole nodes: elsewhere SLURM chose the cores
     assert "--gpu-cores" not in _render(mode="srun", gpus_per_node=2) and "--gpu-cores" not in _render(mode="torchrun", gpus_per_node=2)

@@ -6,8 +6,12 @@ Every test builds its environment as an explicit dict: nothing depends on the ma
 from __future__ import annotations
 
 import dataclasses
-
+import json
+import os
+import shlex
 import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -22,6 +26,8 @@ from gpuscale.env import (
     tasks_per_node,
     visible_devices,
 )
+from gpuscale.slurm.profiles import load_profile
+from gpuscale.slurm.render import JobSpec, render_sbatch
 
 # --------------------------------------------------------------------------------------------------
 # environment builders (what each launcher really sets)
@@ -462,6 +468,45 @@ def test_srun_step_detected_by_old_stepid_name():
                             step_tasks_per_node="2", nodelist="nid005001")
     del environ["SLURM_STEP_ID"]
     assert detect_env(environ).launcher == "slurm"
+
+
+def _srun_task_environment(tmp_path, task_env: dict[str, str]) -> dict[str, str]:
+    """The environment a task of a rendered srun-mode batch script gives its script: bash runs the task's own
+    command line (with the task's SLURM variables) and the 'script' dumps what it got."""
+    dump = tmp_path / "dump.py"
+    dump.write_text("import json, os, sys\njson.dump(dict(os.environ), open(sys.argv[1], 'w'))\n")
+    job = JobSpec(script=str(dump), script_args=(str(tmp_path / "env.json"),), mode="srun", nodes=2, gpus_per_node=8,
+                  python=sys.executable)
+    line = next(line for line in render_sbatch(load_profile("lumi-g"), job).splitlines() if line.startswith("srun "))
+    argv = shlex.split(line.rstrip(" &"))
+    command = argv[argv.index("-c") + 1]
+    result = subprocess.run(["bash", "-c", command], env={"PATH": os.environ["PATH"], **task_env},
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return json.loads((tmp_path / "env.json").read_text())
+
+
+def test_a_gpuscale_srun_task_carries_torchruns_variables_and_is_still_srun(tmp_path):
+    """In srun mode gpuscale's batch scripts export what torchrun gives a worker, with a marker: gpuscale still sees
+    srun (which placed the task on its cores); a torchrun worker with the same variables and no marker is torchrun's."""
+    task = srun_task_env(procid=13, localid=5, nodeid=1, ntasks=16, nnodes=2, step_tasks_per_node="8(x2)",
+                         nodelist="nid[005001-005002]")
+    environ = _srun_task_environment(tmp_path, task)
+    assert {name: environ[name] for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                                              "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME",
+                                              "TORCHELASTIC_RUN_ID")} == {
+        "RANK": "13", "LOCAL_RANK": "5", "WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8", "GROUP_RANK": "1",
+        "GROUP_WORLD_SIZE": "2", "ROLE_RANK": "13", "ROLE_WORLD_SIZE": "16", "ROLE_NAME": "default",
+        "TORCHELASTIC_RUN_ID": "4567890"}
+    env = detect_env(environ)
+    assert env.launcher == "slurm"
+    assert (env.rank, env.local_rank, env.world_size, env.local_world_size, env.node_rank, env.num_nodes) == (13, 5, 16, 8, 1, 2)
+    # unmarked, the same variables are a torchrun worker's (outside a step: inside, 8 torchruns per node are refused)
+    worker = {name: value for name, value in environ.items() if not name.startswith("SLURM_")}
+    for unmarked in ("", "0"):
+        assert detect_env({**worker, "GPUSCALE_SRUN_TASK": unmarked}).launcher == "torchrun"
+    del worker["GPUSCALE_SRUN_TASK"]
+    assert detect_env(worker).launcher == "torchrun"
 
 
 # --------------------------------------------------------------------------------------------------

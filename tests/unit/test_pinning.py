@@ -36,11 +36,13 @@ def test_an_even_split_on_a_cpu_only_node():
 
 
 def test_the_launchers_plan_comes_first_and_is_checked():
-    env, environ = _env(0, 2, GPUSCALE_RANK_CORES="4-7;0-3", GPUSCALE_GPU_CORES="0;1")
+    env, environ = _env(0, 2, GPUSCALE_RANK_CORES="gpu-local:4-7;0-3", GPUSCALE_GPU_CORES="0;1")
     plan = pinning.plan_node(env, "auto", environ, range(8), _no_gpus)
-    assert plan.source == "launcher-plan" and plan.cores == ((4, 5, 6, 7), (0, 1, 2, 3))
-    with pytest.raises(ValueError, match="GPUSCALE_RANK_CORES='0-3'.*each of the 2 local ranks"):
-        pinning.plan_node(env, "auto", {**environ, "GPUSCALE_RANK_CORES": "0-3"}, range(8), _no_gpus)
+    assert plan.source == "gpu-local" and plan.cores == ((4, 5, 6, 7), (0, 1, 2, 3))
+    assert pinning.rank_cores_text(plan) == "gpu-local:4-7;0-3"
+    for bad in ("even-split:0-3", "0-3;4-7", "even-split:0-3;x"):
+        with pytest.raises(ValueError, match=f"GPUSCALE_RANK_CORES='{bad}'.*each of the 2 local ranks"):
+            pinning.plan_node(env, "auto", {**environ, "GPUSCALE_RANK_CORES": bad}, range(8), _no_gpus)
 
 
 def test_a_task_srun_bound_keeps_its_cores_and_one_srun_left_unbound_is_split():
@@ -144,3 +146,18 @@ def test_the_start_up_hook_places_a_rank_before_its_first_line_without_torch(tmp
     for s in seen:
         assert not s["torch_loaded"] and s["omp"] == str(len(s["cores"])) == str(s["threads"])
         assert s["placed"].endswith(":even-split")
+
+
+@pytest.mark.parametrize("first", ["gpuscale.runtime", "gpuscale.monitor", "gpuscale.batches", "torch"])
+def test_the_hooks_wait_for_a_gpuscale_module_that_imported_torch(tmp_path, first):
+    """The after-torch hooks import gpuscale modules; when one of those imported torch, they must not meet it half
+    made (an ImportError "partially initialized module"): they run at the next import instead."""
+    code = (f"import {first}, sys, decimal\n"
+            "recorder = sys.modules.get('gpuscale.probe.recorder')\n"
+            "print(recorder is not None and recorder.ACTIVE is not None, 'gpuscale.teardown' in sys.modules)")
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("GPUSCALE_", "SLURM_"))}
+    environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", GPUSCALE_BIND="none", GPUSCALE_PROBE_DIR=str(tmp_path),
+                   PYTHONPATH=os.pathsep.join([SITE_DIR, str(ROOT / "src")]))
+    result = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert result.stdout.split() == ["True", "True"]

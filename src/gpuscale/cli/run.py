@@ -9,7 +9,9 @@ monitoring, restarts), with gpuscale's choices on top:
   its thread pool to them instead of torchrun's blanket OMP_NUM_THREADS=1;
 - on one node a free rendezvous port is found; across nodes give ``--nnodes``, ``--node-rank``,
   ``--master-addr`` (and ``--master-port``, else derived from the SLURM job id or 29500);
-- when a worker fails, the others are stopped and the exit code is the failing worker's.
+- torchrun's own spellings of these options, with underscores, are taken too;
+- when a worker fails, the others are stopped and the exit code is the failing worker's; its error is
+  printed once (`gpuscale.failures`), and the last line names the rank that failed first.
 
 A script that calls `gpuscale.init()` prints, on rank 0, where every rank runs.
 
@@ -22,22 +24,24 @@ throughput and the split of the time (and writes summary.json and timeline.json 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import socket
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from gpuscale.files import make_dir
-from gpuscale.probe import RECORDS, collect, describe, probe_enabled, probe_environ, summary_name
+from gpuscale.pinning import RANK_CORES, rank_cores_text
+from gpuscale.placement import plan_for_workers
+from gpuscale.probe import RECORDS, collect, describe, probe_enabled, probe_environ, read_records, site_environ, summary_name
 from gpuscale.env import check_master_addr, check_one_launcher_per_node, port_from_job_id
-from gpuscale.exits import EXIT_STOPPED
 from gpuscale.slurm.render import TORCHRUN_SIGNALS
-from gpuscale.failures import FAILURE_DIR
+from gpuscale.failures import FAILURE_DIR, note_from_record, quiet_torchrun_logs, read_notes, unseen_tracebacks, verdict
 from gpuscale.runtime import LAUNCH_TIME, OMP_FROM_LAUNCHER
 from gpuscale.topology import allowed_cores
 from gpuscale.cli.verbs import verb_parser
@@ -52,27 +56,64 @@ EPILOG = """examples:
 """
 
 
+USAGE = "gpuscale run [options] [-m] SCRIPT [ARGS ...]"
+NO_SCRIPT = (f"SCRIPT is required: {USAGE}, e.g. gpuscale run --nproc-per-node 2 train.py --epochs 3 "
+             "(see 'gpuscale run --help')")
+TORCHRUN_SPELLINGS = {
+    "--nproc-per-node": ("--nproc_per_node", "--nproc"),  # --nproc: gpuscale study's, no longer a unique abbreviation
+    "--node-rank": ("--node_rank",),
+    "--master-addr": ("--master_addr",),
+    "--master-port": ("--master_port",),
+    "--max-restarts": ("--max_restarts",),
+}
+"""torchrun's spellings of gpuscale run's options, accepted too (and left out of --help)."""
+SIGNALS_OPTION = "--signals-to-handle"
+
+
 def add_parser(subparsers: Any) -> None:
     parser = verb_parser(subparsers, "run", "launch a script on all GPUs/cores of this node (or of many nodes)", __doc__, EPILOG)
-    parser.add_argument("--nproc-per-node", default="auto", metavar="N|gpu|cpu|auto",
-                        help="processes on this node (default auto: one per GPU, else one per usable core)")
-    parser.add_argument("--nnodes", type=int, default=1, help="number of nodes (default 1)")
-    parser.add_argument("--node-rank", type=int, default=0, help="index of this node, 0..nnodes-1 (default 0)")
-    parser.add_argument("--master-addr", default=None, help="host of node 0 (needed with --nnodes > 1)")
-    parser.add_argument("--master-port", type=int, default=None,
-                        help="rendezvous port on node 0 (default: free port on one node; else from the SLURM job id, or 29500)")
+    parser.usage = USAGE
+    _option(parser, "--nproc-per-node", default="auto", metavar="N|gpu|cpu|auto",
+            help="processes on this node (default auto: one per GPU, else one per usable core)")
+    parser.add_argument("--nnodes", type=node_count, default=1, help="number of nodes (default 1)")
+    _option(parser, "--node-rank", type=int, default=0, help="index of this node, 0..nnodes-1 (default 0)")
+    _option(parser, "--master-addr", default=None, help="host of node 0 (needed with --nnodes > 1)")
+    _option(parser, "--master-port", type=int, default=None,
+            help="rendezvous port on node 0 (default: free port on one node; else from the SLURM job id, or 29500)")
     parser.add_argument("--bind", choices=("auto", "none"), default="auto",
                         help="bind each worker to the cores next to its GPU, or disjoint cores on CPU (default auto)")
     parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                         help="how long a collective may wait for a stuck rank before the job fails (default: GPUSCALE_TIMEOUT or 600)")
-    parser.add_argument("--max-restarts", type=int, default=0, help="restart all workers up to K times after a failure (default 0)")
+    _option(parser, "--max-restarts", type=int, default=0, help="restart all workers up to K times after a failure (default 0)")
     parser.add_argument("--summary", default=None, metavar="DIR",
                         help="write what the probe measured (a script without gpuscale.Meter) to DIR/summary.json and DIR/timeline.json "
                         "(DIR/summary-incomplete.json when a rank failed)")
     parser.add_argument("-m", "--module", action="store_true", help="run SCRIPT as a Python module (python -m)")
-    parser.add_argument("script", metavar="SCRIPT", help="training script (or module with -m)")
+    # optional to argparse, so that its absence is one line saying how to call (run() checks it)
+    parser.add_argument("script", nargs="?", metavar="SCRIPT", help="training script (or module with -m)")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="arguments for the script")
     parser.set_defaults(func=run)
+
+
+def _option(parser: argparse.ArgumentParser, name: str, **kwargs: Any) -> None:
+    """`parser.add_argument(name, ...)`, and its TORCHRUN_SPELLINGS as hidden options filling the same value."""
+    action = parser.add_argument(name, **kwargs)
+    for spelling in TORCHRUN_SPELLINGS.get(name, ()):
+        parser.add_argument(spelling, dest=action.dest, type=action.type, metavar=action.metavar,
+                            default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
+def node_count(text: str) -> int:
+    """--nnodes: a number; torchrun's elastic MIN:MAX only when both are the same."""
+    low, _, high = text.partition(":")
+    try:
+        count, most = int(low), int(high or low)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of nodes; give one, e.g. --nnodes 2") from None
+    if most != count:
+        raise argparse.ArgumentTypeError(f"{text} is torchrun's elastic range, which gpuscale run does not take; "
+                                         f"give the number of nodes, e.g. --nnodes {most}")
+    return count
 
 
 def resolve_nproc(value: str, num_gpus: int, num_cores: int) -> int:
@@ -94,8 +135,9 @@ def resolve_nproc(value: str, num_gpus: int, num_cores: int) -> int:
     return count
 
 
-def torchrun_argv(args: argparse.Namespace, nproc: int, environ: dict[str, str]) -> list[str]:
-    """The torch.distributed.run command line for these options. Pure."""
+def torchrun_argv(args: argparse.Namespace, nproc: int, environ: dict[str, str],
+                  parser: argparse.ArgumentParser | None = None) -> list[str]:
+    """The torch.distributed.run command line for these options, for torchrun's `parser` (default: the installed one's)."""
     if args.nnodes < 1:
         raise ValueError(f"--nnodes {args.nnodes} must be at least 1")
     if not 0 <= args.node_rank < args.nnodes:
@@ -106,10 +148,12 @@ def torchrun_argv(args: argparse.Namespace, nproc: int, environ: dict[str, str])
         check_master_addr(args.master_addr, "--master-addr")  # a wildcard names no node: refuse it before torchrun binds
     if args.master_port is not None and not 1 <= args.master_port <= 65535:
         raise ValueError(f"--master-port {args.master_port} is not a TCP port; choose one in 1024-65535")
-    # torchrun passes these signals on to the workers (USR1 too: SLURM's warning before the time limit),
-    # so a script using gpuscale.StopSignal checkpoints and exits; torchrun waits 30 s for it, then kills.
-    argv = ["--nproc-per-node", str(nproc), "--nnodes", str(args.nnodes), "--max-restarts", str(args.max_restarts),
-            "--signals-to-handle", TORCHRUN_SIGNALS]
+    argv = ["--nproc-per-node", str(nproc), "--nnodes", str(args.nnodes), "--max-restarts", str(args.max_restarts)]
+    if handles_signals_option(parser):
+        # torchrun passes these signals on to the workers (USR1 too: SLURM's warning before the time limit),
+        # so a script using gpuscale.StopSignal checkpoints and exits; torchrun waits 30 s for it, then kills.
+        # Before torch 2.10 torchrun has no such option: _launch passes USR1 on itself (_usr1_like_torchrun).
+        argv += [SIGNALS_OPTION, TORCHRUN_SIGNALS]
     if args.nnodes == 1 and args.master_addr is None and args.master_port is None:
         argv.append("--standalone")  # a c10d store on a free port: no collision with other jobs
     else:
@@ -122,37 +166,14 @@ def torchrun_argv(args: argparse.Namespace, nproc: int, environ: dict[str, str])
     return [*argv, "--", args.script, *args.script_args]  # "--": a script named like an option is still the script
 
 
-def first_failure(failures: dict[int, Any], notes: dict[int, dict[str, Any]]) -> int:
-    """The rank that failed first. Pure.
+def handles_signals_option(parser: argparse.ArgumentParser | None = None) -> bool:
+    """Whether torchrun's `parser` (default: the installed torch's) takes --signals-to-handle (torch 2.10 and later)."""
+    if parser is None:
+        from torch.distributed.run import get_args_parser
 
-    torchrun orders failures by whole-second timestamps, and a rank whose collective lost its
-    peer fails within the same second as the peer: on ties it would name rank 0, the victim. The
-    ranks' own notes (precise time, and whether the error is only a lost peer) decide instead: a
-    real failure before a symptom, then the earliest; a rank without a note (killed, os._exit)
-    counts as a real failure at torchrun's time; one ended by SIGTERM, which is how the agent
-    stops the survivors, comes last even with a note (it may have noted its own error first).
-    """
-    def key(rank: int) -> tuple[int, float, int]:
-        note = notes.get(rank)
-        if failures[rank].exitcode == -signal.SIGTERM:
-            # how the agent stops the survivors once one rank failed (even one already on its way out)
-            return 3, float(failures[rank].timestamp), rank
-        if note is None:
-            return 0, float(failures[rank].timestamp), rank
-        return (2 if note.get("symptom") else 0), float(note.get("time", failures[rank].timestamp)), rank
-
-    return min(failures, key=key)
-
-
-def _read_notes(directory: Path) -> dict[int, dict[str, Any]]:
-    notes = {}
-    for path in directory.glob("rank-*.json"):
-        try:
-            note = json.loads(path.read_text())
-            notes[int(note["rank"])] = note
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    return notes
+        parser = get_args_parser()
+    _, unknown = parser.parse_known_args([f"{SIGNALS_OPTION}=SIGTERM", "train.py"])
+    return not unknown
 
 
 def _gpu_count() -> int:
@@ -162,23 +183,29 @@ def _gpu_count() -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Launch SCRIPT on this node's processes through torchrun; the exit code of the job, then its last line."""
+    if args.script is None:
+        raise ValueError(NO_SCRIPT)
     check_one_launcher_per_node(os.environ)
     nproc = resolve_nproc(args.nproc_per_node, _gpu_count(), len(allowed_cores()))
     argv = torchrun_argv(args, nproc, dict(os.environ))
     if not args.module and not os.path.isfile(args.script):
         raise ValueError(f"script {args.script!r} does not exist; give the path of a Python file (or -m for a module)")
+    if args.timeout is not None and not 0 < args.timeout < 1e7:
+        raise ValueError(f"--timeout {args.timeout} must be a positive number of seconds")
+    if args.summary is not None:
+        summary_dir(args.summary)
 
     # What every worker inherits: when it was launched (for the startup time), the binding choice,
     # and whether OMP_NUM_THREADS is ours to size (torchrun would force 1 thread per worker).
     os.environ[LAUNCH_TIME] = repr(time.time())
     os.environ["GPUSCALE_BIND"] = args.bind
     if args.timeout is not None:
-        if not 0 < args.timeout < 1e7:
-            raise ValueError(f"--timeout {args.timeout} must be a positive number of seconds")
         os.environ["GPUSCALE_TIMEOUT"] = repr(args.timeout)
     if "OMP_NUM_THREADS" not in os.environ:
         os.environ["OMP_NUM_THREADS"] = "1"
         os.environ[OMP_FROM_LAUNCHER] = "1"
+    _plan_workers(args, nproc)
     if args.max_restarts > 0:
         # torchrun shares its rendezvous store with the workers and never clears it between restarts, so a restarted
         # rank can read a dead peer's address from the previous attempt: gloo's "Connection refused", then a hang
@@ -187,23 +214,52 @@ def run(args: argparse.Namespace) -> int:
         os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
 
     records = _arm_probe(args)
-    code = 1
+    code, last_line = 1, None
     try:
-        code = _launch(argv, nproc)
-        return code
+        code, last_line = _launch(argv, nproc, _records_path(records))
     finally:
         if records is not None:
             _report_probe(args, records, nproc * args.nnodes, code)
+    if last_line:  # after what the probe measured: the story ends with who failed
+        print(last_line, file=sys.stderr, flush=True)
+    return code
+
+
+def _plan_workers(args: argparse.Namespace, nproc: int) -> None:
+    """Plan the workers' cores once, with torch's view of the GPUs, and hand the plan to them (GPUSCALE_RANK_CORES):
+    gpuscale's start-up hook binds each worker by it before its script runs, whatever the script."""
+    os.environ.pop(RANK_CORES, None)
+    plan = plan_for_workers(nproc, args.nnodes, args.node_rank, args.bind)
+    if plan.source in ("gpu-local", "even-split"):
+        os.environ[RANK_CORES] = rank_cores_text(plan)
+
+
+def summary_dir(path: str) -> Path:
+    """--summary's folder, made now (before any worker starts); one line naming the fix if it cannot be written."""
+    try:
+        folder = make_dir(path)
+    except (FileExistsError, NotADirectoryError) as exc:
+        raise ValueError(f"--summary {path}: {exc.filename} is a file, not a folder; give a folder path") from None
+    except OSError as exc:
+        raise ValueError(f"--summary {path}: cannot make this folder ({exc.strerror}: {exc.filename}); "
+                         "give a folder you can write, e.g. --summary runs/mine") from None
+    try:
+        with tempfile.TemporaryFile(dir=folder):  # the truth of "may I write here" (root's os.access says yes to /sys)
+            pass
+    except OSError as exc:
+        raise ValueError(f"--summary {path}: cannot write in this folder ({exc.strerror}); "
+                         "give a folder you can write, e.g. --summary runs/mine") from None
+    return folder
 
 
 def _arm_probe(args: argparse.Namespace) -> Any:
-    """Load the probe in the workers; the folder its records go to (None: not ours to merge, or off).
+    """Load gpuscale's start-up hook in the workers, and the probe with it; the folder its records go to (None: not
+    ours to merge, or off). The hook places each rank and ends its process group cleanly even with the probe off.
 
     A study cell names the folder itself (and merges after the cell). Across nodes only --summary's
     folder, which every node must see, can hold all ranks' records; node 0 merges them.
     """
-    if args.summary is not None:
-        make_dir(args.summary)
+    os.environ.update(site_environ())  # the start-up hook: placement and a clean exit for every script
     if not probe_enabled():
         return None
     if os.environ.get("GPUSCALE_PROBE_DIR") and args.summary is None:
@@ -217,30 +273,46 @@ def _arm_probe(args: argparse.Namespace) -> Any:
         return None
     else:
         records = tempfile.TemporaryDirectory(prefix="gpuscale-probe-")
-    path = Path(records if isinstance(records, Path) else records.name)
+    path = _records_path(records)
     make_dir(path)
     os.environ.update(probe_environ(path))
     return records
 
 
+def _records_path(records: Any) -> Path | None:
+    """The folder of `_arm_probe`'s records (None when it armed none)."""
+    if records is None:
+        return None
+    return records if isinstance(records, Path) else Path(records.name)
+
+
 def _report_probe(args: argparse.Namespace, records: Any, world_size: int, code: int) -> None:
-    """Merge the ranks' records, print what they measured, write it to --summary."""
-    path = records if isinstance(records, Path) else Path(records.name)
+    """Merge the ranks' records, print what they measured, write it to --summary.
+
+    After a failure the lines say what was measured before it, not again which rank raised what
+    (that is the failure's own story, told last; the file keeps it); without --summary, nothing
+    when no step was measured.
+    """
+    path = _records_path(records)
     try:
         if args.node_rank != 0:
             return
         failure = f"gpuscale run ended with exit code {code}" if code else None
         summary = collect(path, args.summary, world_size=world_size, failure=failure)
-        if summary is not None:
-            where = f"; written to {Path(args.summary) / summary_name(summary)}" if args.summary else ""
-            print(f"gpuscale run: {describe(summary)}{where}", file=sys.stderr, flush=True)
+        if summary is None or (code and not summary["steps"] and args.summary is None):
+            return
+        text = describe({**summary, "complete": True}) if code else describe(summary)
+        if code:
+            text += f"\n  incomplete: the run ended with exit code {code} (how: below)"
+        where = f"; written to {Path(args.summary) / summary_name(summary)}" if args.summary else ""
+        print(f"gpuscale run: {text}{where}", file=sys.stderr, flush=True)
     finally:
         if not isinstance(records, Path):
             records.cleanup()
 
 
-def _launch(argv: list[str], nproc: int) -> int:
-    """torchrun with `argv`; the exit code, with one line on who failed first."""
+def _launch(argv: list[str], nproc: int, records: Path | None) -> tuple[int, str | None]:
+    """torchrun with `argv`: the exit code, and the line that ends the story (who failed first, or the signal), if any."""
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -248,39 +320,50 @@ def _launch(argv: list[str], nproc: int) -> int:
     notes_dir = tempfile.TemporaryDirectory(prefix="gpuscale-failures-")
     os.environ[FAILURE_DIR] = notes_dir.name
     try:
-        torchrun.run(torchrun.parse_args(argv))
+        with quiet_torchrun_logs(), _usr1_like_torchrun(SIGNALS_OPTION not in argv, SignalException):
+            torchrun.run(torchrun.parse_args(argv))
     except SignalException as exc:
         name = signal.Signals(exc.sigval).name
-        print(f"gpuscale run: got {name}; passed it on to the workers (a script using gpuscale.StopSignal "
-              "wrote a checkpoint: run the same command again to resume)", file=sys.stderr)
-        return 128 + int(exc.sigval)
+        return 128 + int(exc.sigval), (f"gpuscale run: got {name}; passed it on to the workers (a script using gpuscale.StopSignal "
+                                       "wrote a checkpoint: run the same command again to resume)")
     except ChildFailedError as exc:
-        if all(failure.exitcode == EXIT_STOPPED for failure in exc.failures.values()):
-            print(f"gpuscale run: every rank stopped on request after writing a checkpoint (exit code {EXIT_STOPPED}); "
-                  "run the same command again to resume", file=sys.stderr)
-            return EXIT_STOPPED
-        notes = _read_notes(Path(notes_dir.name))
-        # the agent SIGTERMs the ranks still running once one has failed: they do not count as a verdict of their own
-        codes = {failure.exitcode for failure in exc.failures.values() if failure.exitcode != -signal.SIGTERM}
-        if len(exc.failures) == nproc and len(codes) == 1 and min(codes) > 0 and not notes:
-            # every rank returned the same status and none reported an exception to gpuscale: most likely the script's own
-            # verdict (gpuscale doctor's 1); anything a rank printed is above
-            exited = sorted(rank for rank, failure in exc.failures.items() if failure.exitcode == min(codes))
-            who = "every rank" if len(exited) == nproc else f"rank(s) {', '.join(map(str, exited))} (the others were then stopped)"
-            print(f"gpuscale run: {who} exited with code {min(codes)}", file=sys.stderr)
-            return min(codes)
-        rank = first_failure(exc.failures, notes)
-        failure = exc.failures[rank]
-        code = failure.exitcode
-        where = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-        note = notes.get(rank, {})
-        said = f": {note['message'].splitlines()[0]}" if note.get("message") else ""
-        print(
-            f"gpuscale run: rank {rank} on {socket.gethostname()} failed first ({where}){said}; the other ranks were stopped.\n"
-            f"{exc.format_msg()}",
-            file=sys.stderr,
-        )
-        return 128 - code if code < 0 else (code or 1)
+        notes = _notes(notes_dir.name, records, exc.failures)
+        code, line = verdict(exc.failures, notes, nproc, socket.gethostname())
+        return code, unseen_tracebacks(exc.failures, notes, socket.gethostname()) + line
     finally:
         notes_dir.cleanup()
-    return 0
+    return 0, None
+
+
+def _notes(directory: str, records: Path | None, failures: dict[int, Any]) -> dict[int, dict[str, Any]]:
+    """What the failed ranks of this node said of their failure: gpuscale's notes, else the probe's record of an exception."""
+    notes = {}
+    for record in read_records(records) if records else []:
+        note = note_from_record(record)
+        if note is not None:
+            notes[note["rank"]] = note
+    notes.update(read_notes(directory))
+    return {rank: note for rank, note in notes.items() if rank in failures}
+
+
+@contextmanager
+def _usr1_like_torchrun(needed: bool, signal_exception: type[Exception]) -> Iterator[None]:
+    """Before torch 2.10 torchrun cannot be told to handle SIGUSR1 (no --signals-to-handle): do what it would.
+
+    Its own handler (for TERM, INT, HUP, QUIT there) raises SignalException in the launcher, and
+    the agent then stops the workers with that very signal, waits for them (30 s), and re-raises.
+    Without this USR1 (SLURM's warning before the time limit) would end the launcher at once, by
+    its default action: no worker would get the USR1 that tells gpuscale.StopSignal to checkpoint.
+    """
+    if not needed or not hasattr(signal, "SIGUSR1"):
+        yield
+        return
+
+    def raise_signal_exception(signum: int, frame: Any) -> None:
+        raise signal_exception(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
+
+    previous = signal.signal(signal.SIGUSR1, raise_signal_exception)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGUSR1, previous)

@@ -26,7 +26,7 @@ from typing import Any, Mapping
 from gpuscale.files import write_run_files
 from gpuscale.probe.merge import merge_records
 
-__all__ = ["SITE_DIR", "RECORDS", "SUMMARY", "INCOMPLETE_SUMMARY", "probe_enabled", "probe_environ", "read_records",
+__all__ = ["SITE_DIR", "RECORDS", "SUMMARY", "INCOMPLETE_SUMMARY", "probe_enabled", "site_environ", "probe_environ", "read_records",
            "summary_name", "collect", "describe"]
 
 SITE_DIR = str(Path(__file__).resolve().parent / "site")
@@ -47,10 +47,16 @@ def probe_enabled(environ: Mapping[str, str] = os.environ) -> bool:
     return value != "0"
 
 
+def site_environ(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """PYTHONPATH with `SITE_DIR` first: gpuscale's start-up hook loads in every process started with it (it places
+    a rank and ends its process group cleanly; it records only where GPUSCALE_PROBE_DIR names a folder)."""
+    path = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != SITE_DIR]
+    return {"PYTHONPATH": os.pathsep.join([SITE_DIR, *path])}
+
+
 def probe_environ(records_dir: str | os.PathLike[str], environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """The variables that load the probe in every worker started with them (PYTHONPATH, GPUSCALE_PROBE_DIR)."""
-    path = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != SITE_DIR]
-    return {"PYTHONPATH": os.pathsep.join([SITE_DIR, *path]), "GPUSCALE_PROBE_DIR": os.fspath(records_dir)}
+    return {**site_environ(environ), "GPUSCALE_PROBE_DIR": os.fspath(records_dir)}
 
 
 def read_records(records_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any, Protocol
 
-from gpuscale.data import batch_len
+from gpuscale.batches import batch_len
 
 __all__ = ["MAX_PASSES", "Pass", "next_pass", "hook_loaders"]
 

@@ -51,9 +51,10 @@ class ClusterSide:
     python: str = "python3"
     """Python interpreter inside the job."""
     max_requeues: int = 10
-    """Times the job requeues itself after SLURM's warning before the time limit (USR1), to resume from
-    the checkpoint it wrote on the way out; 0 never requeues (it still checkpoints). A TERM (scancel,
-    preemption) stops at a checkpoint but never requeues."""
+    """Times the job requeues itself after its step stopped at a checkpoint (on SLURM's warning before the time
+    limit, USR1, passed on only to scripts with a gpuscale.StopSignal), to resume from it; 0 never requeues (it
+    still checkpoints). A TERM (scancel, preemption) stops at a checkpoint but never requeues. 10: each requeue
+    follows a full time slot that ended at a checkpoint, so a job gets at most 11 slots of training."""
 
     def cluster_side(self) -> dict[str, object]:
         """These fields as keyword arguments (to build a `JobSpec` from options)."""

@@ -9,14 +9,17 @@ comment that tells a learner why it is there.
 
 Launch modes (docs/clusters.md, launch modes):
 
-- ``srun``: one task per GPU; each task sets RANK, LOCAL_RANK and WORLD_SIZE from its own
-  SLURM_PROCID, SLURM_LOCALID and SLURM_NTASKS (escaped, so every task expands its own); CPU masks
-  put each task next to its GPU when the job owns whole nodes.
+- ``srun``: one task per GPU; each task sets the variables torchrun gives a worker (RANK, LOCAL_RANK,
+  WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, ..., TORCHELASTIC_RUN_ID) from its own SLURM_PROCID,
+  SLURM_LOCALID, SLURM_NODEID, ... (escaped, so every task expands its own), so a script reads the same
+  names in both modes; CPU masks put each task next to its GPU when the job owns whole nodes.
 - ``torchrun``: one task per node, holding all of the node's CPUs; torchrun starts one worker per
   GPU; across nodes they meet by c10d rendezvous on the first node, whose address is computed in
-  the batch shell (the container has no SLURM tools).
+  the batch shell (the container has no SLURM tools). Options the job's torch may lack are chosen
+  in the job, by the version its own Python has (the submitter's torch says nothing about it).
 
-One GPU on one node is the srun mode with a single task.
+One GPU on one node is the srun mode with a single task. Every training step starts with gpuscale's
+start-up hook first on PYTHONPATH; the stop handling and requeue around it are `slurm.stopping`'s.
 """
 
 from __future__ import annotations
@@ -24,15 +27,27 @@ from __future__ import annotations
 import shlex
 
 from gpuscale._version import __version__
+from gpuscale.env import SRUN_TASK_MARKER
 from gpuscale.slurm.jobspec import CPU_BINDS, MODES, JobSpec
 from gpuscale.slurm.profiles import Profile
+from gpuscale.slurm.stopping import requeue_block, stop_handling
 from gpuscale.slurm.times import format_time
 from gpuscale.slurm.validate import JobPlan, validate_job
 
-__all__ = ["JobSpec", "render_sbatch", "validate_job", "MODES", "CPU_BINDS"]
+__all__ = ["JobSpec", "render_sbatch", "validate_job", "MODES", "CPU_BINDS", "TORCHRUN_SIGNALS", "SIGNALS_FROM_TORCH"]
 
 TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 """Signals torchrun catches and passes on to its workers: its defaults plus USR1, SLURM's warning."""
+
+SIGNALS_FROM_TORCH = (2, 10)
+"""The first torch whose torchrun takes --signals-to-handle. Source: torch/distributed/run.py as shipped in the
+torch wheels on PyPI: absent from 2.6.0, 2.7.0, 2.8.0 and 2.9.0, present in 2.10.0 (pytorch PR #160690, for issue
+#154849). torch 2.9's torchrun refuses it ("unrecognized arguments"); LUMI's containers carry torch 2.6-2.7."""
+
+_TORCH_AT_LEAST = ('import sys, importlib.metadata as m; v = m.version("torch").split("."); '
+                   f"(int(v[0]), int(v[1])) >= {SIGNALS_FROM_TORCH} and print(*sys.argv[1:])")
+"""Prints its arguments where the job's own Python has torch SIGNALS_FROM_TORCH or newer, read from the installed
+package's metadata (milliseconds: torch is not imported); nothing for an older torch or none."""
 
 
 _RESERVED = frozenset("! case coproc do done elif else esac fi for function if in select then time until while { } [[ ]]".split())
@@ -52,29 +67,47 @@ _PROBE_SITE = "import sys, os, importlib.util as u; print(os.path.join(os.path.d
 the names come as arguments, so the snippet holds no quote of its own."""
 
 
-def _probe_exports(job: JobSpec) -> str:
-    """Shell that loads the probe in the processes started after it (the job's Python finds its folder)."""
-    site = f"$({_q(job.python)} -c {_q(_PROBE_SITE)} gpuscale probe site)"
-    return (f"export GPUSCALE_PROBE_DIR={_q(job.probe_dir or '')} "
-            f'PYTHONPATH="{site}${{PYTHONPATH:+:$PYTHONPATH}}"; ')
+def _startup_hook(job: JobSpec) -> str:
+    """Shell that puts gpuscale's start-up hook first on PYTHONPATH for the processes started after it (the job's
+    own Python finds its folder); a study's probe also records into GPUSCALE_PROBE_DIR. A job Python without
+    gpuscale leaves PYTHONPATH as it was (an empty entry would put the current directory on it)."""
+    record = f"export GPUSCALE_PROBE_DIR={_q(job.probe_dir)}; " if job.probe_dir else ""
+    site = f"$({_q(job.python)} -c {_q(_PROBE_SITE)} gpuscale probe site 2>/dev/null)"
+    return f'{record}hook={site} && export PYTHONPATH="$hook${{PYTHONPATH:+:$PYTHONPATH}}"; '
+
+
+def _srun_task_exports(plan: JobPlan) -> str:
+    """What torchrun gives a worker, from SLURM's per-task variables: a script reads the same names in both modes.
+    The marker tells gpuscale (env.detect_env) that srun, not torchrun, started and placed this task."""
+    pairs = [("RANK", '"$SLURM_PROCID"'), ("LOCAL_RANK", '"$SLURM_LOCALID"'), ("WORLD_SIZE", '"$SLURM_NTASKS"'),
+             ("LOCAL_WORLD_SIZE", str(plan.tasks_per_node)), ("GROUP_RANK", '"$SLURM_NODEID"'),
+             ("GROUP_WORLD_SIZE", '"$SLURM_NNODES"'), ("ROLE_RANK", '"$SLURM_PROCID"'), ("ROLE_WORLD_SIZE", '"$SLURM_NTASKS"'),
+             ("ROLE_NAME", "default"), ("TORCHELASTIC_RUN_ID", '"$SLURM_JOB_ID"'), (SRUN_TASK_MARKER, "1")]
+    return "export " + " ".join(f"{name}={value}" for name, value in pairs)
+
+
+def _torchrun_command(job: JobSpec, plan: JobPlan, program: list[str]) -> str:
+    """torchrun starting `program` on every GPU of this node. It ignores USR1 (which would end a torchrun older
+    than SIGNALS_FROM_TORCH: SLURM hands a step's signal to every process in it); from that version on,
+    --signals-to-handle makes it catch USR1 too and pass it on to its workers."""
+    rendezvous = (
+        ["--standalone", "--nnodes=1"]
+        if job.nodes == 1
+        else ['--nnodes="$SLURM_NNODES"', '--rdzv-id="$SLURM_JOB_ID"', "--rdzv-backend=c10d", '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"']
+    )
+    signals = f"$({_q(job.python)} -c {_q(_TORCH_AT_LEAST)} --signals-to-handle={TORCHRUN_SIGNALS} 2>/dev/null)"
+    launcher = [_q(job.python), "-m", "torch.distributed.run", *rendezvous, f"--nproc-per-node={plan.gpus_per_node}",
+                '${signals:+"$signals"}']
+    return f'trap "" USR1; signals={signals}; exec ' + " ".join(launcher) + " " + " ".join(_q(p) for p in program[1:])
 
 
 def _python_command(job: JobSpec, plan: JobPlan, program: list[str] | None = None) -> str:
-    """The program each task runs (default: the training script), as one shell string."""
-    probe = _probe_exports(job) if job.probe_dir and program is None else ""
+    """The program each task runs (default: the training script, behind gpuscale's start-up hook), as one shell string."""
+    hook = _startup_hook(job) if program is None else ""
     program = program or [job.python, job.script, *job.script_args]
     if job.mode == "torchrun":
-        rendezvous = (
-            ["--standalone", "--nnodes=1"]
-            if job.nodes == 1
-            else ["--nnodes=$SLURM_NNODES", "--rdzv-id=$SLURM_JOB_ID", "--rdzv-backend=c10d", '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"']
-        )
-        # --signals-to-handle: torchrun passes USR1 (SLURM's warning before the time limit) on to its workers, as TERM.
-        launcher = [_q(job.python), "-m", "torch.distributed.run", *rendezvous, f"--nproc-per-node={plan.gpus_per_node}",
-                    f"--signals-to-handle={TORCHRUN_SIGNALS}"]
-        return probe + "exec " + " ".join(launcher) + " " + " ".join(_q(p) for p in program[1:])
-    ranks = 'export RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" WORLD_SIZE="$SLURM_NTASKS"'
-    return f"{probe}{ranks}; exec " + " ".join(_q(p) for p in program)
+        return hook + _torchrun_command(job, plan, program)
+    return f"{hook}{_srun_task_exports(plan)}; exec " + " ".join(_q(p) for p in program)
 
 
 def render_sbatch(profile: Profile, job: JobSpec) -> str:
@@ -84,7 +117,7 @@ def render_sbatch(profile: Profile, job: JobSpec) -> str:
     """
     plan = validate_job(profile, job)
     blocks = (_header(profile, job, plan), _sbatch_options(profile, job, plan), ["", "set -euo pipefail", ""],
-              _site_setup(profile), _rendezvous(), _environment(profile, job), _venv(job), [*_STOP_HANDLING, ""],
+              _site_setup(profile), _rendezvous(), _environment(profile, job), _venv(job), [*stop_handling(), ""],
               _launch(profile, job, plan))
     return "\n".join(line for block in blocks for line in block) + "\n"
 
@@ -197,24 +230,27 @@ def _launch(profile: Profile, job: JobSpec, plan: JobPlan) -> list[str]:
     training in the background, and the requeue that follows a stop."""
     cores_per_rank = plan.cpus_per_task if job.mode == "srun" else max(1, plan.cpus_per_task // plan.gpus_per_node)
     lines = [
-        f"# Each rank gets {cores_per_rank} core(s); gpuscale.init() binds it there and gives its data loader",
+        f"# Each rank gets {cores_per_rank} core(s); gpuscale binds it there and gives its data loader",
         f"# {max(0, cores_per_rank - 1)} worker(s) on a GPU (one core stays with the process feeding the GPU).",
     ]
     srun = ["srun", "--kill-on-bad-exit=1"]
     if job.mode == "torchrun":
-        if not any(name == "OMP_NUM_THREADS" for name, _ in job.env):
-            lines += [
-                "# torchrun would pin every worker to 1 thread; this tells gpuscale.init() the 1 is a placeholder,",
-                "# so each worker sizes its thread pool to its own cores.",
-                "export OMP_NUM_THREADS=1 GPUSCALE_OMP_FROM_LAUNCHER=1",
-            ]
+        lines += _torchrun_exports(profile, job)
         srun.append("--ntasks-per-node=1")
-        lines.append("# One task per node; torchrun inside it starts one worker per GPU. --kill-on-bad-exit ends")
-        lines.append("# the whole step when one node fails, so no rank waits forever for a dead peer.")
+        lines += [
+            "# One task per node; torchrun inside it starts one worker per GPU. --kill-on-bad-exit ends",
+            "# the whole step when one node fails, so no rank waits forever for a dead peer.",
+            "# SLURM hands USR1 to every process of the step. torchrun ignores it (trap): before torch 2.10 it",
+            "# would end torchrun. From 2.10, --signals-to-handle (put in where the job's torch has it, read",
+            "# from the job Python's package metadata) has torchrun pass it on to its workers too.",
+        ]
     else:
-        lines.append("# One task per GPU. Each task sets its own RANK/LOCAL_RANK/WORLD_SIZE from SLURM's per-task")
-        lines.append("# variables (single quotes: expanded by the task, not by this shell). --kill-on-bad-exit ends")
-        lines.append("# the whole step when one task fails, so no rank waits forever for a dead peer.")
+        lines += [
+            "# One task per GPU. Each task sets what torchrun would give a worker (RANK, LOCAL_RANK, WORLD_SIZE,",
+            "# LOCAL_WORLD_SIZE, GROUP_RANK, ...) from SLURM's per-task variables (single quotes: expanded by the",
+            "# task, not by this shell); GPUSCALE_SRUN_TASK tells gpuscale that srun placed it. --kill-on-bad-exit",
+            "# ends the whole step when one task fails, so no rank waits forever for a dead peer.",
+        ]
         if plan.masks:
             lines.append("# CPU masks in GPU order: task i runs on the cores next to GPU i.")
             lines.append(f"CPU_MASKS={','.join(plan.masks)}")
@@ -232,10 +268,30 @@ def _launch(profile: Profile, job: JobSpec, plan: JobPlan) -> list[str]:
             + ' || { echo "gpuscale: doctor found a problem (see above); the training was not started" >&2; exit 1; }',
             "",
         ]
+    lines += ["# gpuscale's start-up hook: loaded first in every rank, it binds the rank to its cores and sizes its",
+              "# thread pools before the script runs (and in a study records its steps)."]
     if job.probe_dir:
-        lines += ["# gpuscale's probe: put first on PYTHONPATH, it loads in every rank of the training and records its",
-                  "# optimizer steps, samples and data waits into GPUSCALE_PROBE_DIR (the script stays as it is)."]
-    return lines + [_step_command(profile, job, plan, srun, None) + " &", *_requeue_block(job.max_requeues)]
+        lines.append("# This is a study's cell: the records go to GPUSCALE_PROBE_DIR (the script stays as it is).")
+    return lines + [_step_command(profile, job, plan, srun, None) + " &", *requeue_block(job.max_requeues)]
+
+
+def _torchrun_exports(profile: Profile, job: JobSpec) -> list[str]:
+    """What torchrun and its workers need from this shell, unless the user's --env already says it."""
+    mine = {name for name, _ in job.env}
+    lines = []
+    if "OMP_NUM_THREADS" not in mine:
+        lines += [
+            "# torchrun would pin every worker to 1 thread; this tells gpuscale.init() the 1 is a placeholder,",
+            "# so each worker sizes its thread pool to its own cores.",
+            "export OMP_NUM_THREADS=1 GPUSCALE_OMP_FROM_LAUNCHER=1",
+        ]
+    if "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" not in mine:
+        lines += [
+            "# How long torchrun lets its workers stop after it passed a signal on, before it kills them (torch",
+            "# 2.12 and later; before, 30 s): as long as SLURM's warning, so a checkpoint is not cut short.",
+            f"export TORCH_ELASTIC_SHUTDOWN_TIMEOUT={profile.warn_before_end_s}",
+        ]
+    return lines
 
 
 def _doctor_program(profile: Profile, job: JobSpec, plan: JobPlan) -> list[str]:
@@ -258,67 +314,6 @@ def _step_command(profile: Profile, job: JobSpec, plan: JobPlan, srun: list[str]
         container = profile.container
         assert container is not None
         binds = ["--bind", _q(",".join(container.binds))] if container.binds else []
-        activate = f"{container.activate} && " if container.activate else ""
-        return " ".join([*srun, container.exec, *binds, _q(plan.image), "bash", "-c", _q(activate + inner)])
+        inner = f"{container.activate} && {{ {inner}; }}" if container.activate else inner  # nothing runs if it fails
+        return " ".join([*srun, container.exec, *binds, _q(plan.image), "bash", "-c", _q(inner)])
     return " ".join([*srun, "bash", "-c", _q(inner)])
-
-
-_STOP_HANDLING = [
-    "# Stopping in time. SLURM sends USR1 before the time limit (and TERM on scancel or preemption). The",
-    "# step runs in the background so this shell can react: it passes USR1 on to every task (srun forwards",
-    "# it), gpuscale.StopSignal in the script ends the current step and writes a checkpoint, and after USR1",
-    "# the job requeues itself below to resume from that checkpoint.",
-    'stop_signal=""',
-    'step_pid=""',
-    "# shellcheck disable=SC2329  # called by the traps below",
-    "on_stop() {",
-    '    stop_signal=$1',
-    '    if [ -n "$step_pid" ]; then kill -USR1 "$step_pid" 2>/dev/null || true; fi',
-    "}",
-    "trap 'on_stop USR1' USR1",
-    "trap 'on_stop TERM' TERM",
-    "wait_for_step() {",
-    "    local code again",
-    "    while :; do",
-    '        code=0; wait "$step_pid" || code=$?',
-    "        # A trapped signal ends `wait` early (128+n) while the step still runs: wait again.",
-    '        if [ "$code" -gt 128 ]; then',
-    '            if kill -0 "$step_pid" 2>/dev/null; then continue; fi',
-    '            again=0; wait "$step_pid" || again=$?',
-    '            if [ "$again" -ne 127 ]; then code=$again; fi',
-    "        fi",
-    '        return "$code"',
-    "    done",
-    "}",
-]
-
-
-def _requeue_block(max_requeues: int) -> list[str]:
-    """Shell lines after the step: wait for it, requeue if it was told to stop, exit with its code."""
-    lines = ["step_pid=$!", "status=0", "wait_for_step || status=$?"]
-    if not max_requeues:
-        return [*lines, 'if [ -n "$stop_signal" ]; then echo "gpuscale: $stop_signal received; not requeued (--max-requeues 0)" >&2; fi',
-                'exit "$status"']
-    return [
-        *lines,
-        "# Only SLURM's warning (USR1) requeues. TERM comes from scancel too, and a job someone cancelled must",
-        "# stay cancelled (and a preempting SLURM with PreemptMode=REQUEUE requeues the job by itself).",
-        'if [ "$stop_signal" = TERM ]; then',
-        '    echo "gpuscale: TERM received, step ended with $status; not requeued (scancel or preemption); submit the job '
-        'again to resume from its checkpoint" >&2',
-        '    stop_signal=""',
-        "fi",
-        'if [ -n "$stop_signal" ]; then',
-        "    restarts=${SLURM_RESTART_COUNT:-0}",
-        f'    if [ "$restarts" -lt {max_requeues} ]; then',
-        '        echo "gpuscale: $stop_signal received, step ended with $status; requeueing job $SLURM_JOB_ID '
-        f'(restart $((restarts + 1)) of at most {max_requeues}) to resume from its checkpoint" >&2',
-        '        scontrol requeue "$SLURM_JOB_ID" || echo "gpuscale: could not requeue job $SLURM_JOB_ID (cancelled or timed out?); '
-        'submit it again to resume from its checkpoint" >&2',
-        "    else",
-        f'        echo "gpuscale: $stop_signal received; job already requeued {max_requeues} times, not again; '
-        'submit it again to resume from its checkpoint" >&2',
-        "    fi",
-        "fi",
-        'exit "$status"',
-    ]

@@ -36,19 +36,33 @@ export MIOPEN_USER_DB_PATH="/tmp/${USER}-miopen-cache-${SLURM_JOB_ID}"
 # Which cores sit next to which GPU on these nodes: torchrun's workers bind themselves by it.
 export GPUSCALE_GPU_CORES='49-55;57-63;17-23;25-31;1-7;9-15;33-39;41-47'
 
-# Stopping in time. SLURM sends USR1 before the time limit (and TERM on scancel or preemption). The
-# step runs in the background so this shell can react: it passes USR1 on to every task (srun forwards
-# it), gpuscale.StopSignal in the script ends the current step and writes a checkpoint, and after USR1
-# the job requeues itself below to resume from that checkpoint.
-stop_signal=""
+# Stopping in time. SLURM sends USR1 before the time limit (and TERM on scancel, preemption or at the limit).
+# USR1's default action ends a process, so it goes on to the step only if the script stops at a checkpoint
+# on it: gpuscale.StopSignal says so by creating GPUSCALE_STOP_MARKER, in a folder of this job's own on this
+# node's /tmp (the ranks here share it). The step runs in the background so this shell can react.
+stop_dir=$(mktemp -d "/tmp/gpuscale-$SLURM_JOB_ID.XXXXXX")
+trap 'rm -rf "$stop_dir"' EXIT
+export GPUSCALE_STOP_MARKER="$stop_dir/stops-at-checkpoint"
+warned=""
+cancelled=""
+passed_on=""
 step_pid=""
 # shellcheck disable=SC2329  # called by the traps below
-on_stop() {
-    stop_signal=$1
-    if [ -n "$step_pid" ]; then kill -USR1 "$step_pid" 2>/dev/null || true; fi
+on_signal() {
+    if [ "$1" = TERM ]; then cancelled=1; else warned=1; fi
+    if [ -n "$passed_on" ] || [ -z "$step_pid" ]; then return; fi
+    if [ -e "$GPUSCALE_STOP_MARKER" ]; then
+        # USR1, even for TERM: srun turns a TERM into a KILL of every task; SLURM hands USR1 to every process of
+        # the step. Once only: a second signal would cut torchrun's own shutdown short.
+        echo "gpuscale: $1 received; passed on to the step, which stops at its next checkpoint" >&2
+        kill -USR1 "$step_pid" 2>/dev/null || true
+        passed_on=1
+    elif [ "$1" = USR1 ]; then
+        echo "gpuscale: the script does not stop at a checkpoint on SLURM's warning (no gpuscale.StopSignal): it runs on to its time limit and is not requeued" >&2
+    fi
 }
-trap 'on_stop USR1' USR1
-trap 'on_stop TERM' TERM
+trap 'on_signal USR1' USR1
+trap 'on_signal TERM' TERM
 wait_for_step() {
     local code again
     while :; do
@@ -63,32 +77,41 @@ wait_for_step() {
     done
 }
 
-# Each rank gets 7 core(s); gpuscale.init() binds it there and gives its data loader
+# Each rank gets 7 core(s); gpuscale binds it there and gives its data loader
 # 6 worker(s) on a GPU (one core stays with the process feeding the GPU).
 # torchrun would pin every worker to 1 thread; this tells gpuscale.init() the 1 is a placeholder,
 # so each worker sizes its thread pool to its own cores.
 export OMP_NUM_THREADS=1 GPUSCALE_OMP_FROM_LAUNCHER=1
+# How long torchrun lets its workers stop after it passed a signal on, before it kills them (torch
+# 2.12 and later; before, 30 s): as long as SLURM's warning, so a checkpoint is not cut short.
+export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=120
 # One task per node; torchrun inside it starts one worker per GPU. --kill-on-bad-exit ends
 # the whole step when one node fails, so no rank waits forever for a dead peer.
+# SLURM hands USR1 to every process of the step. torchrun ignores it (trap): before torch 2.10 it
+# would end torchrun. From 2.10, --signals-to-handle (put in where the job's torch has it, read
+# from the job Python's package metadata) has torchrun pass it on to its workers too.
 # shellcheck disable=SC2016  # the single quotes are deliberate: each task expands its own variables
 # Python runs inside the container; its environment is activated in there.
-srun --kill-on-bad-exit=1 --ntasks-per-node=1 singularity exec --bind /var/spool/slurmd,/opt/cray,/usr/lib64/libcxi.so.1 /scratch/p/pytorch.sif bash -c '$WITH_CONDA && exec python3 -m torch.distributed.run --nnodes=$SLURM_NNODES --rdzv-id=$SLURM_JOB_ID --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --nproc-per-node=8 --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 train.py --epochs 3' &
+# gpuscale's start-up hook: loaded first in every rank, it binds the rank to its cores and sizes its
+# thread pools before the script runs (and in a study records its steps).
+srun --kill-on-bad-exit=1 --ntasks-per-node=1 singularity exec --bind /var/spool/slurmd,/opt/cray,/usr/lib64/libcxi.so.1 /scratch/p/pytorch.sif bash -c '$WITH_CONDA && { hook=$(python3 -c '"'"'import sys, os, importlib.util as u; print(os.path.join(os.path.dirname(u.find_spec(sys.argv[1]).origin), *sys.argv[2:]))'"'"' gpuscale probe site 2>/dev/null) && export PYTHONPATH="$hook${PYTHONPATH:+:$PYTHONPATH}"; trap "" USR1; signals=$(python3 -c '"'"'import sys, importlib.metadata as m; v = m.version("torch").split("."); (int(v[0]), int(v[1])) >= (2, 10) and print(*sys.argv[1:])'"'"' --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 2>/dev/null); exec python3 -m torch.distributed.run --nnodes="$SLURM_NNODES" --rdzv-id="$SLURM_JOB_ID" --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --nproc-per-node=8 ${signals:+"$signals"} train.py --epochs 3; }' &
 step_pid=$!
 status=0
 wait_for_step || status=$?
-# Only SLURM's warning (USR1) requeues. TERM comes from scancel too, and a job someone cancelled must
-# stay cancelled (and a preempting SLURM with PreemptMode=REQUEUE requeues the job by itself).
-if [ "$stop_signal" = TERM ]; then
-    echo "gpuscale: TERM received, step ended with $status; not requeued (scancel or preemption); submit the job again to resume from its checkpoint" >&2
-    stop_signal=""
-fi
-if [ -n "$stop_signal" ]; then
-    restarts=${SLURM_RESTART_COUNT:-0}
-    if [ "$restarts" -lt 10 ]; then
-        echo "gpuscale: $stop_signal received, step ended with $status; requeueing job $SLURM_JOB_ID (restart $((restarts + 1)) of at most 10) to resume from its checkpoint" >&2
-        scontrol requeue "$SLURM_JOB_ID" || echo "gpuscale: could not requeue job $SLURM_JOB_ID (cancelled or timed out?); submit it again to resume from its checkpoint" >&2
-    else
-        echo "gpuscale: $stop_signal received; job already requeued 10 times, not again; submit it again to resume from its checkpoint" >&2
-    fi
+# Stopped at a checkpoint: 75 from the ranks (srun passes it on), or their note beside the marker
+# (torchrun reports its workers' 75 as a failure, 1).
+stopped=""
+if [ "$status" -eq 75 ] || [ -e "$GPUSCALE_STOP_MARKER.stopped" ]; then stopped=1; status=75; fi
+# Only a step that stopped at a checkpoint is requeued, and never after TERM: scancel sends it, and a job
+# someone cancelled must stay cancelled (a preempting SLURM with PreemptMode=REQUEUE requeues it by itself).
+if [ -n "$stopped" ] && [ -n "$cancelled" ]; then
+    echo "gpuscale: TERM received, the step stopped at a checkpoint; not requeued (scancel, preemption or the time limit); submit the job again to resume from its checkpoint" >&2
+elif [ -n "$stopped" ] && [ "${SLURM_RESTART_COUNT:-0}" -lt 10 ]; then
+    echo "gpuscale: the step stopped at a checkpoint; requeueing job $SLURM_JOB_ID (restart $((${SLURM_RESTART_COUNT:-0} + 1)) of at most 10) to resume from it" >&2
+    scontrol requeue "$SLURM_JOB_ID" || echo "gpuscale: could not requeue job $SLURM_JOB_ID (cancelled or timed out?); submit it again to resume from its checkpoint" >&2
+elif [ -n "$stopped" ]; then
+    echo "gpuscale: the step stopped at a checkpoint; job already requeued 10 times, not again; submit it again to resume from its checkpoint" >&2
+elif [ -n "$warned" ] && [ -n "$passed_on" ]; then
+    echo "gpuscale: the step ended with $status after SLURM's warning without stopping at a checkpoint; not requeued" >&2
 fi
 exit "$status"

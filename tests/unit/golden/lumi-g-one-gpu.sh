@@ -32,19 +32,33 @@ export TOKENIZERS_PARALLELISM=false
 export MIOPEN_CUSTOM_CACHE_DIR="/tmp/${USER}-miopen-cache-${SLURM_JOB_ID}"
 export MIOPEN_USER_DB_PATH="/tmp/${USER}-miopen-cache-${SLURM_JOB_ID}"
 
-# Stopping in time. SLURM sends USR1 before the time limit (and TERM on scancel or preemption). The
-# step runs in the background so this shell can react: it passes USR1 on to every task (srun forwards
-# it), gpuscale.StopSignal in the script ends the current step and writes a checkpoint, and after USR1
-# the job requeues itself below to resume from that checkpoint.
-stop_signal=""
+# Stopping in time. SLURM sends USR1 before the time limit (and TERM on scancel, preemption or at the limit).
+# USR1's default action ends a process, so it goes on to the step only if the script stops at a checkpoint
+# on it: gpuscale.StopSignal says so by creating GPUSCALE_STOP_MARKER, in a folder of this job's own on this
+# node's /tmp (the ranks here share it). The step runs in the background so this shell can react.
+stop_dir=$(mktemp -d "/tmp/gpuscale-$SLURM_JOB_ID.XXXXXX")
+trap 'rm -rf "$stop_dir"' EXIT
+export GPUSCALE_STOP_MARKER="$stop_dir/stops-at-checkpoint"
+warned=""
+cancelled=""
+passed_on=""
 step_pid=""
 # shellcheck disable=SC2329  # called by the traps below
-on_stop() {
-    stop_signal=$1
-    if [ -n "$step_pid" ]; then kill -USR1 "$step_pid" 2>/dev/null || true; fi
+on_signal() {
+    if [ "$1" = TERM ]; then cancelled=1; else warned=1; fi
+    if [ -n "$passed_on" ] || [ -z "$step_pid" ]; then return; fi
+    if [ -e "$GPUSCALE_STOP_MARKER" ]; then
+        # USR1, even for TERM: srun turns a TERM into a KILL of every task; SLURM hands USR1 to every process of
+        # the step. Once only: a second signal would cut torchrun's own shutdown short.
+        echo "gpuscale: $1 received; passed on to the step, which stops at its next checkpoint" >&2
+        kill -USR1 "$step_pid" 2>/dev/null || true
+        passed_on=1
+    elif [ "$1" = USR1 ]; then
+        echo "gpuscale: the script does not stop at a checkpoint on SLURM's warning (no gpuscale.StopSignal): it runs on to its time limit and is not requeued" >&2
+    fi
 }
-trap 'on_stop USR1' USR1
-trap 'on_stop TERM' TERM
+trap 'on_signal USR1' USR1
+trap 'on_signal TERM' TERM
 wait_for_step() {
     local code again
     while :; do
@@ -59,29 +73,33 @@ wait_for_step() {
     done
 }
 
-# Each rank gets 7 core(s); gpuscale.init() binds it there and gives its data loader
+# Each rank gets 7 core(s); gpuscale binds it there and gives its data loader
 # 6 worker(s) on a GPU (one core stays with the process feeding the GPU).
-# One task per GPU. Each task sets its own RANK/LOCAL_RANK/WORLD_SIZE from SLURM's per-task
-# variables (single quotes: expanded by the task, not by this shell). --kill-on-bad-exit ends
-# the whole step when one task fails, so no rank waits forever for a dead peer.
+# One task per GPU. Each task sets what torchrun would give a worker (RANK, LOCAL_RANK, WORLD_SIZE,
+# LOCAL_WORLD_SIZE, GROUP_RANK, ...) from SLURM's per-task variables (single quotes: expanded by the
+# task, not by this shell); GPUSCALE_SRUN_TASK tells gpuscale that srun placed it. --kill-on-bad-exit
+# ends the whole step when one task fails, so no rank waits forever for a dead peer.
 # shellcheck disable=SC2016  # the single quotes are deliberate: each task expands its own variables
-srun --kill-on-bad-exit=1 bash -c 'export RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" WORLD_SIZE="$SLURM_NTASKS"; exec python3 train.py' &
+# gpuscale's start-up hook: loaded first in every rank, it binds the rank to its cores and sizes its
+# thread pools before the script runs (and in a study records its steps).
+srun --kill-on-bad-exit=1 bash -c 'hook=$(python3 -c '"'"'import sys, os, importlib.util as u; print(os.path.join(os.path.dirname(u.find_spec(sys.argv[1]).origin), *sys.argv[2:]))'"'"' gpuscale probe site 2>/dev/null) && export PYTHONPATH="$hook${PYTHONPATH:+:$PYTHONPATH}"; export RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" WORLD_SIZE="$SLURM_NTASKS" LOCAL_WORLD_SIZE=1 GROUP_RANK="$SLURM_NODEID" GROUP_WORLD_SIZE="$SLURM_NNODES" ROLE_RANK="$SLURM_PROCID" ROLE_WORLD_SIZE="$SLURM_NTASKS" ROLE_NAME=default TORCHELASTIC_RUN_ID="$SLURM_JOB_ID" GPUSCALE_SRUN_TASK=1; exec python3 train.py' &
 step_pid=$!
 status=0
 wait_for_step || status=$?
-# Only SLURM's warning (USR1) requeues. TERM comes from scancel too, and a job someone cancelled must
-# stay cancelled (and a preempting SLURM with PreemptMode=REQUEUE requeues the job by itself).
-if [ "$stop_signal" = TERM ]; then
-    echo "gpuscale: TERM received, step ended with $status; not requeued (scancel or preemption); submit the job again to resume from its checkpoint" >&2
-    stop_signal=""
-fi
-if [ -n "$stop_signal" ]; then
-    restarts=${SLURM_RESTART_COUNT:-0}
-    if [ "$restarts" -lt 10 ]; then
-        echo "gpuscale: $stop_signal received, step ended with $status; requeueing job $SLURM_JOB_ID (restart $((restarts + 1)) of at most 10) to resume from its checkpoint" >&2
-        scontrol requeue "$SLURM_JOB_ID" || echo "gpuscale: could not requeue job $SLURM_JOB_ID (cancelled or timed out?); submit it again to resume from its checkpoint" >&2
-    else
-        echo "gpuscale: $stop_signal received; job already requeued 10 times, not again; submit it again to resume from its checkpoint" >&2
-    fi
+# Stopped at a checkpoint: 75 from the ranks (srun passes it on), or their note beside the marker
+# (torchrun reports its workers' 75 as a failure, 1).
+stopped=""
+if [ "$status" -eq 75 ] || [ -e "$GPUSCALE_STOP_MARKER.stopped" ]; then stopped=1; status=75; fi
+# Only a step that stopped at a checkpoint is requeued, and never after TERM: scancel sends it, and a job
+# someone cancelled must stay cancelled (a preempting SLURM with PreemptMode=REQUEUE requeues it by itself).
+if [ -n "$stopped" ] && [ -n "$cancelled" ]; then
+    echo "gpuscale: TERM received, the step stopped at a checkpoint; not requeued (scancel, preemption or the time limit); submit the job again to resume from its checkpoint" >&2
+elif [ -n "$stopped" ] && [ "${SLURM_RESTART_COUNT:-0}" -lt 10 ]; then
+    echo "gpuscale: the step stopped at a checkpoint; requeueing job $SLURM_JOB_ID (restart $((${SLURM_RESTART_COUNT:-0} + 1)) of at most 10) to resume from it" >&2
+    scontrol requeue "$SLURM_JOB_ID" || echo "gpuscale: could not requeue job $SLURM_JOB_ID (cancelled or timed out?); submit it again to resume from its checkpoint" >&2
+elif [ -n "$stopped" ]; then
+    echo "gpuscale: the step stopped at a checkpoint; job already requeued 10 times, not again; submit it again to resume from its checkpoint" >&2
+elif [ -n "$warned" ] && [ -n "$passed_on" ]; then
+    echo "gpuscale: the step ended with $status after SLURM's warning without stopping at a checkpoint; not requeued" >&2
 fi
 exit "$status"

@@ -5,7 +5,8 @@ PYTHONPATH, so each rank's interpreter imports this module at start-up, before t
 does three things for any script, gpuscale's or not, and must cost nothing measurable:
 
 1. before the script's first line, it places the rank (`gpuscale.pinning`: its cores, its thread
-   pools) and, under torchrun, has it end with its launcher (`gpuscale.lifeline`); neither imports torch;
+   pools), has a rank that only lost its peer say so in one line (`gpuscale.failures`) and, under
+   torchrun, has it end with its launcher (`gpuscale.lifeline`); none of them imports torch;
 2. once the script's own ``import torch`` has finished, it registers the exit handler that ends a
    process group the script left open without gloo's abort at exit (`gpuscale.teardown`), and,
    where a records folder is named, lets `gpuscale.probe.recorder` hook torch to measure the run;
@@ -56,6 +57,12 @@ def _before_the_script():
         place_this_rank()
     except Exception as exc:  # e.g. a contradiction in the launcher's variables: gpuscale.init() would say it
         _say("this rank was not placed on its cores", exc)
+    try:
+        from gpuscale.failures import one_line_for_a_lost_peer
+
+        one_line_for_a_lost_peer()  # a rank that only lost its peer: one line, not a second traceback
+    except Exception as exc:
+        _say("a rank that loses its peer will print its whole traceback", exc)
     if "TORCHELASTIC_RUN_ID" in os.environ and not os.environ.get("GPUSCALE_SRUN_TASK"):
         try:
             import signal
@@ -84,6 +91,31 @@ def _after_torch():
         _say("no clean end of the process group at exit", exc)
 
 
+def _gpuscale_half_imported():
+    """True while a gpuscale module is being imported (the one that imported torch, say): the hooks import
+    gpuscale modules themselves and must not meet one half made."""
+    return any(name.partition(".")[0] == "gpuscale" and getattr(getattr(module, "__spec__", None), "_initializing", False)
+               for name, module in list(sys.modules.items()))
+
+
+class _WhenGpuscaleIsImported:
+    """A meta-path finder that finds nothing itself: at the first import after gpuscale's modules are whole,
+    it runs the after-torch hooks (a gpuscale module imported torch first, so they had to wait)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if not _gpuscale_half_imported():
+            sys.meta_path.remove(self)
+            _after_torch()
+        return None
+
+
+def _after_torch_once_gpuscale_is_imported():
+    if _gpuscale_half_imported():
+        sys.meta_path.insert(0, _WhenGpuscaleIsImported())
+    else:
+        _after_torch()
+
+
 class _AfterTorch:
     """A meta-path finder that finds nothing itself: it wraps the loader of `torch` so that the
     probe installs its hooks right after torch's own import has finished."""
@@ -99,7 +131,7 @@ class _AfterTorch:
 
         def exec_module(module):
             exec_torch(module)
-            _after_torch()
+            _after_torch_once_gpuscale_is_imported()
 
         spec.loader.exec_module = exec_module
         return spec

@@ -1,0 +1,108 @@
+"""The batch script's stop handling: SLURM's warning, scancel, and the requeue of a job that stopped at a checkpoint.
+
+Shell lines only, pure like `slurm.render`, which places them around the training step (docs/reliability.md,
+signals, time limits and requeue):
+
+- SLURM warns the batch shell with USR1 before the time limit. USR1's default action ends a process, so the
+  shell passes it on to the step only when the script stops at a checkpoint on it: `gpuscale.StopSignal`
+  says so by creating the file GPUSCALE_STOP_MARKER names, in a folder of this job's own on the batch node
+  (whose /tmp the ranks there share). A script without it runs on to its time limit.
+- The job requeues itself only after the step stopped at a checkpoint: exit code 75 (srun passes its tasks'
+  codes on), or the note the ranks leave beside the marker (torchrun turns its workers' 75 into a 1).
+- TERM (scancel, preemption, the time limit) is passed on the same way but never requeues: a job someone
+  cancelled stays cancelled.
+"""
+
+from __future__ import annotations
+
+from gpuscale.exits import EXIT_STOPPED, STOP_MARKER, stopped_marker
+
+__all__ = ["stop_handling", "requeue_block"]
+
+_MARKER = "$" + STOP_MARKER
+
+_NO_STOP_SIGNAL = ("gpuscale: the script does not stop at a checkpoint on SLURM's warning (no gpuscale.StopSignal): "
+                   "it runs on to its time limit and is not requeued")
+
+
+def stop_handling() -> list[str]:
+    """The lines before the step: the marker's folder, the traps, and the wait that a trapped signal cannot cut short."""
+    return [
+        "# Stopping in time. SLURM sends USR1 before the time limit (and TERM on scancel, preemption or at the limit).",
+        "# USR1's default action ends a process, so it goes on to the step only if the script stops at a checkpoint",
+        "# on it: gpuscale.StopSignal says so by creating GPUSCALE_STOP_MARKER, in a folder of this job's own on this",
+        "# node's /tmp (the ranks here share it). The step runs in the background so this shell can react.",
+        'stop_dir=$(mktemp -d "/tmp/gpuscale-$SLURM_JOB_ID.XXXXXX")',
+        "trap 'rm -rf \"$stop_dir\"' EXIT",
+        f'export {STOP_MARKER}="$stop_dir/stops-at-checkpoint"',
+        'warned=""',
+        'cancelled=""',
+        'passed_on=""',
+        'step_pid=""',
+        "# shellcheck disable=SC2329  # called by the traps below",
+        "on_signal() {",
+        '    if [ "$1" = TERM ]; then cancelled=1; else warned=1; fi',
+        '    if [ -n "$passed_on" ] || [ -z "$step_pid" ]; then return; fi',
+        f'    if [ -e "{_MARKER}" ]; then',
+        "        # USR1, even for TERM: srun turns a TERM into a KILL of every task; SLURM hands USR1 to every process of",
+        "        # the step. Once only: a second signal would cut torchrun's own shutdown short.",
+        '        echo "gpuscale: $1 received; passed on to the step, which stops at its next checkpoint" >&2',
+        '        kill -USR1 "$step_pid" 2>/dev/null || true',
+        "        passed_on=1",
+        '    elif [ "$1" = USR1 ]; then',
+        f'        echo "{_NO_STOP_SIGNAL}" >&2',
+        "    fi",
+        "}",
+        "trap 'on_signal USR1' USR1",
+        "trap 'on_signal TERM' TERM",
+        "wait_for_step() {",
+        "    local code again",
+        "    while :; do",
+        '        code=0; wait "$step_pid" || code=$?',
+        "        # A trapped signal ends `wait` early (128+n) while the step still runs: wait again.",
+        '        if [ "$code" -gt 128 ]; then',
+        '            if kill -0 "$step_pid" 2>/dev/null; then continue; fi',
+        '            again=0; wait "$step_pid" || again=$?',
+        '            if [ "$again" -ne 127 ]; then code=$again; fi',
+        "        fi",
+        '        return "$code"',
+        "    done",
+        "}",
+    ]
+
+
+def requeue_block(max_requeues: int) -> list[str]:
+    """The lines after the step: wait for it, requeue it if it stopped at a checkpoint (not after TERM), exit."""
+    lines = [
+        "step_pid=$!",
+        "status=0",
+        "wait_for_step || status=$?",
+        f"# Stopped at a checkpoint: {EXIT_STOPPED} from the ranks (srun passes it on), or their note beside the marker",
+        f"# (torchrun reports its workers' {EXIT_STOPPED} as a failure, 1).",
+        'stopped=""',
+        f'if [ "$status" -eq {EXIT_STOPPED} ] || [ -e "{stopped_marker(_MARKER)}" ]; then '
+        f"stopped=1; status={EXIT_STOPPED}; fi",
+    ]
+    resume = "submit the job again to resume from its checkpoint"
+    if not max_requeues:
+        return [*lines, 'if [ -n "$stopped" ]; then echo "gpuscale: the step stopped at a checkpoint; not requeued '
+                f'(--max-requeues 0); {resume}" >&2; fi', 'exit "$status"']
+    return [
+        *lines,
+        "# Only a step that stopped at a checkpoint is requeued, and never after TERM: scancel sends it, and a job",
+        "# someone cancelled must stay cancelled (a preempting SLURM with PreemptMode=REQUEUE requeues it by itself).",
+        'if [ -n "$stopped" ] && [ -n "$cancelled" ]; then',
+        f'    echo "gpuscale: TERM received, the step stopped at a checkpoint; not requeued (scancel, preemption or the time limit); {resume}" >&2',
+        'elif [ -n "$stopped" ] && [ "${SLURM_RESTART_COUNT:-0}" -lt ' + f"{max_requeues} ]; then",
+        '    echo "gpuscale: the step stopped at a checkpoint; requeueing job $SLURM_JOB_ID '
+        f'(restart $((${{SLURM_RESTART_COUNT:-0}} + 1)) of at most {max_requeues}) to resume from it" >&2',
+        '    scontrol requeue "$SLURM_JOB_ID" || echo "gpuscale: could not requeue job $SLURM_JOB_ID (cancelled or timed out?); '
+        f'{resume.replace("the job", "it")}" >&2',
+        'elif [ -n "$stopped" ]; then',
+        f'    echo "gpuscale: the step stopped at a checkpoint; job already requeued {max_requeues} times, not again; '
+        f'{resume.replace("the job", "it")}" >&2',
+        'elif [ -n "$warned" ] && [ -n "$passed_on" ]; then',
+        '    echo "gpuscale: the step ended with $status after SLURM\'s warning without stopping at a checkpoint; not requeued" >&2',
+        "fi",
+        'exit "$status"',
+    ]

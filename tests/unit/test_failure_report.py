@@ -1,0 +1,130 @@
+"""A failing rank's report (gpuscale.failures.report_failure) is said once: not again by Python on the way out,
+not again by a second rank of the node that failed the same way.
+
+The first tests run a real interpreter that reports an exception as gpuscale.init() does and lets it
+go on uncaught, and read what that process printed.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from gpuscale.env import DistEnv
+from gpuscale.failures import FAILURE_DIR, read_notes, report_failure
+
+HOST = socket.gethostname()
+BATCH = "global batch 33 does not divide among 2 ranks; use a global batch of 32 or 34"
+GLOO = "[pair.cc:553] Connection closed by peer [127.0.0.1]:1770. This is typically caused by a remote worker crashing."
+
+
+def rank_env(rank: int, world_size: int = 2) -> DistEnv:
+    return DistEnv(rank=rank, local_rank=rank, world_size=world_size, local_world_size=world_size, node_rank=0, num_nodes=1,
+                   master_addr="127.0.0.1", master_port=29500, launcher="torchrun")
+
+
+def raise_reported(raised: str, tmp_path) -> subprocess.CompletedProcess[str]:
+    """A process that raises `raised` in rank 1, reports it as gpuscale.init() does, and lets it go on, uncaught.
+
+    An excepthook installed first stands for the probe's (which notes the exception in the rank's record):
+    it must still see the exception, whatever is printed.
+    """
+    code = textwrap.dedent(f"""
+        import sys
+        from pathlib import Path
+        from gpuscale.env import DistEnv
+        from gpuscale.failures import report_failure
+
+        previous = sys.excepthook
+        def probe_hook(kind, value, tb):
+            Path({str(tmp_path / "seen")!r}).write_text(kind.__name__)
+            previous(kind, value, tb)
+        sys.excepthook = probe_hook
+
+        env = DistEnv(rank=1, local_rank=1, world_size=2, local_world_size=2, node_rank=0, num_nodes=1,
+                      master_addr="127.0.0.1", master_port=29500, launcher="torchrun")
+        try:
+            raise {raised}
+        except BaseException as exc:
+            report_failure(env, exc)
+            raise
+    """)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+
+
+def test_a_usage_error_is_one_line_and_no_traceback(tmp_path):
+    result = raise_reported(f"ValueError({BATCH!r})", tmp_path=tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [f"[gpuscale] rank 1/2 on {HOST} failed: {BATCH}"]
+    assert (tmp_path / "seen").read_text() == "ValueError"  # the probe's hook still saw it
+
+
+def test_an_error_is_printed_once_with_its_traceback(tmp_path):
+    result = raise_reported("RuntimeError('boom')", tmp_path=tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"[gpuscale] rank 1/2 on {HOST} failed:\nTraceback (most recent call last):\n")
+    assert result.stderr.count("Traceback") == 1 and result.stderr.count("RuntimeError: boom") == 1
+    assert (tmp_path / "seen").read_text() == "RuntimeError"
+
+
+def test_a_rank_that_lost_its_peer_says_one_line(tmp_path):
+    result = raise_reported(f"RuntimeError({GLOO!r})", tmp_path=tmp_path)
+    assert result.returncode == 1
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"[gpuscale] rank 1/2 on {HOST} stopped: a peer rank failed first (")
+
+
+def test_one_process_leaves_a_usage_error_to_python():
+    """With one process nobody else says it: Python's traceback, as without gpuscale."""
+    code = textwrap.dedent(f"""
+        from gpuscale.env import DistEnv
+        from gpuscale.failures import report_failure
+        env = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0, num_nodes=1,
+                      master_addr="127.0.0.1", master_port=29500, launcher="single")
+        try:
+            raise ValueError({BATCH!r})
+        except ValueError as exc:
+            report_failure(env, exc)
+            raise
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.count("Traceback") == 1 and result.stderr.rstrip().endswith(f"ValueError: {BATCH}")
+
+
+def test_the_same_error_on_two_ranks_is_printed_by_the_first_only(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(FAILURE_DIR, str(tmp_path))
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # report_failure installs its hook: put the original back after
+    for rank in (1, 0):
+        report_failure(rank_env(rank), ValueError(BATCH))
+    assert capsys.readouterr().err.splitlines() == [f"[gpuscale] rank 1/2 on {HOST} failed: {BATCH}"]
+    notes = read_notes(tmp_path)
+    assert notes[1]["repeat_of"] is None and notes[0]["repeat_of"] == 1
+    assert [json.loads((tmp_path / f"rank-{r}.json").read_text())["message"] for r in (0, 1)] == [BATCH, BATCH]
+    # a different error, a peer's symptom, and the same error after a restart (--max-restarts) are each said
+    report_failure(rank_env(0), ValueError("something else"))
+    report_failure(rank_env(0), RuntimeError(GLOO))
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    report_failure(rank_env(0), ValueError(BATCH))
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == f"[gpuscale] rank 0/2 on {HOST} failed: something else"
+    assert "a peer rank failed first" in err[1] and err[2] == f"[gpuscale] rank 0/2 on {HOST} failed: {BATCH}" and len(err) == 3
+    assert sorted(p.name for p in tmp_path.iterdir() if ".rank-" in p.name) == []  # no claim left half-made
+
+
+@pytest.mark.parametrize("directory", [None, "under a file"])
+def test_without_a_shared_folder_every_rank_says_it(tmp_path, monkeypatch, capsys, directory):
+    if directory is None:
+        monkeypatch.delenv(FAILURE_DIR, raising=False)
+    else:  # a folder nobody can make: the claim fails, and so does the note
+        (tmp_path / "afile").write_text("")
+        monkeypatch.setenv(FAILURE_DIR, str(tmp_path / "afile" / "failures"))
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)
+    for rank in (1, 0):
+        report_failure(rank_env(rank), ValueError(BATCH))
+    assert len(capsys.readouterr().err.splitlines()) == 2
