@@ -52,8 +52,9 @@ def add_cluster_options(parser: Any, profile_required: bool = True) -> None:
     parser.add_argument("--cpus-per-gpu", type=int, default=None, help="pass --cpus-per-gpu to SLURM (refused on some clusters)")
     parser.add_argument("--python", default="python3", help="Python interpreter in the job (default python3)")
     parser.add_argument("--max-requeues", type=int, default=10, metavar="N",
-                        help="requeue the job at most N times after SLURM's warning before the time limit (USR1), "
-                        "to resume from the checkpoint it wrote (default 10; 0: never)")
+                        help="requeue the job at most N times after the script stopped at a checkpoint on SLURM's warning "
+                        "before the time limit (gpuscale.StopSignal; exit 75), to resume from it (default 10; 0: never). "
+                        "A script without a StopSignal is never warned nor requeued: it runs to its time limit")
 
 
 def add_job_options(parser: argparse.ArgumentParser) -> None:
