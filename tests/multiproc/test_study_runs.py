@@ -164,7 +164,7 @@ def test_a_script_that_writes_no_summary_gets_told_what_is_missing(tmp_path):
 
 def test_a_gpuscale_script_that_takes_no_step_and_writes_no_summary_is_told_both_ways(tmp_path):
     script = tmp_path / "imports_only.py"
-    script.write_text("import argparse\nimport gpuscale\np = argparse.ArgumentParser()\np.add_argument('--scaling')\n"
+    script.write_text("import argparse\nimport gpuscale\nimport torch\np = argparse.ArgumentParser()\np.add_argument('--scaling')\n"
                       "p.add_argument('--out')\np.parse_args()\n")
     result = run(gpuscale_cmd("study", "--nproc", "1", "--scaling", "weak", "--out", str(tmp_path / "s"), "--", str(script)), timeout=120)
     assert result.returncode == 1

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-import gpuscale
 from gpuscale.slurm.profiles import load_profile, parse_time, profile_from_dict
 from gpuscale.slurm.render import JobSpec, render_sbatch
 
@@ -92,7 +91,10 @@ def _task_sees(tmp_path, python: str, **job) -> dict:
 
 
 def test_every_training_step_starts_with_gpuscales_hook_and_a_study_also_records(tmp_path):
-    site = os.path.join(os.path.dirname(gpuscale.__file__), "probe", "site")
+    # the gpuscale the job's Python finds with the task's environment (an editable install, or this checkout)
+    where = subprocess.run([sys.executable, "-c", "import gpuscale; print(gpuscale.__file__)"], capture_output=True, text=True,
+                           env={"PATH": os.environ["PATH"], "PYTHONPATH": "/their/own"}, check=True).stdout.strip()
+    site = os.path.join(os.path.dirname(where), "probe", "site")
     assert os.path.isfile(os.path.join(site, "sitecustomize.py"))
     plain = _task_sees(tmp_path, sys.executable)
     assert plain["PYTHONPATH"] == f"{site}:/their/own" and "GPUSCALE_PROBE_DIR" not in plain
