@@ -98,7 +98,7 @@ def one_line_for_a_lost_peer() -> None:
     previous = sys.excepthook
 
     def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
-        if not is_peer_symptom(value) or getattr(value, _REPORTED, False):
+        if not _a_collective_lost_its_peer(value) or getattr(value, _REPORTED, False):
             previous(kind, value, tb)
             return
         who = f"[gpuscale] rank {os.environ.get('RANK', '?')}/{os.environ.get('WORLD_SIZE', '?')} on {socket.gethostname()}"
@@ -111,6 +111,16 @@ def one_line_for_a_lost_peer() -> None:
             sys.stderr = stderr
 
     sys.excepthook = hook
+
+
+def _a_collective_lost_its_peer(exc: BaseException) -> bool:
+    """`is_peer_symptom`, and surely from a collective of a job of several ranks: raised by torch (its
+    distributed errors) or by gloo (its "[.../pair.cc:N]" source location). A failed download's "Connection
+    reset by peer" or a closed pipe's "Broken pipe" in a script keeps its traceback."""
+    if not is_peer_symptom(exc) or os.environ.get("WORLD_SIZE", "1") in ("", "0", "1"):
+        return False
+    from_torch = type(exc).__module__.startswith("torch")
+    return from_torch or re.match(r"^\[[^\]]*\.(?:cc|cpp|h):\d+\]", str(exc)) is not None
 
 
 def _said_before(env: DistEnv, exc: BaseException) -> int | None:

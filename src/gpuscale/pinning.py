@@ -17,7 +17,8 @@ thread count must be in the environment before that.
    rank may use fewer cores than there are local ranks (someone bound each process already);
 4. GPUSCALE_GPU_CORES, the cluster profile's GPU-to-cores map (gpuscale's batch scripts export it);
 5. the cores next to each local rank's GPU from sysfs (here: the node's GPUs in PCI bus order,
-   read without any GPU library; `gpuscale.init()` asks torch instead);
+   read without any GPU library, where no visibility variable restricts them; otherwise the hook
+   leaves the rank to `gpuscale.init()`, which asks torch);
 6. an even split of the allowed cores.
 
 Thread pools: OMP_NUM_THREADS is set to the rank's core count unless the user set it (the
@@ -38,6 +39,7 @@ nodes, SLURM's own binding, and AMD GPUs. Use one or the other: under a torchrun
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 
 from gpuscale.env import DistEnv, detect_env, visible_devices
@@ -45,7 +47,7 @@ from gpuscale.topology import (BindingPlan, allowed_cores, format_cpulist, gpu_l
                                parse_gpu_core_map, pci_gpus, plan_binding, set_affinity)
 
 __all__ = ["RANK_CORES", "GPU_CORES", "PLACED", "OMP_FROM_LAUNCHER", "plan_node", "rank_cores_text",
-           "placed_source", "place_this_rank", "size_thread_pools", "sysfs_gpu_cores"]
+           "placed_source", "place_this_rank", "size_thread_pools", "sysfs_gpu_cores", "gpus_known_only_to_torch"]
 
 RANK_CORES = "GPUSCALE_RANK_CORES"
 """`gpuscale run`'s plan for its workers: how it was made, then one core list per local rank ("gpu-local:0-3;4-7")."""
@@ -132,16 +134,19 @@ def _by_visible_gpu(per_gpu: list[list[int] | None], env: DistEnv, environ: Mapp
 
 def sysfs_gpu_cores(env: DistEnv, environ: Mapping[str, str]) -> list[list[int] | None] | None:
     """The cores next to each local rank's GPU, from the node's GPUs in PCI bus order (sysfs); None where
-    that cannot be known before torch starts: no GPU, GPUs hidden (CUDA_VISIBLE_DEVICES=""), named by
-    UUID, or fewer than the local ranks (then they train on CPU, or share GPUs: no GPU decides)."""
+    that cannot be known before torch starts: no GPU, GPUs restricted by a visibility variable (see
+    `gpus_known_only_to_torch`), or fewer than the local ranks (then they train on CPU, or share GPUs)."""
     gpus = pci_gpus()
-    visible = visible_devices(environ)
-    if not gpus or visible == [] or (visible and not all(v.isdigit() for v in visible)):
+    if not gpus or visible_devices(environ) is not None or len(gpus) < env.local_world_size:
         return None
-    usable = len(visible) if visible else len(gpus)
-    if usable < env.local_world_size or (visible and max(int(v) for v in visible) >= len(gpus)):
-        return None
-    return _by_visible_gpu([gpu_local_cores(address) for address in gpus], env, environ, "sysfs")
+    return [gpu_local_cores(address) for address in gpus[:env.local_world_size]]
+
+
+def gpus_known_only_to_torch(environ: Mapping[str, str]) -> bool:
+    """True on a GPU node whose GPUs a visibility variable restricts (SLURM's CUDA_VISIBLE_DEVICES=0,1 may
+    number the job's own GPUs, not the node's): only torch can tell which PCI device each is, so the
+    start-up hook leaves the binding to `gpuscale.init()`."""
+    return bool(pci_gpus()) and bool(visible_devices(environ))
 
 
 def placed_source(environ: Mapping[str, str] = os.environ) -> str | None:
@@ -170,8 +175,13 @@ def place_this_rank(environ: MutableMapping[str, str] = os.environ) -> BindingPl
     bind = environ.get("GPUSCALE_BIND", "auto")
     if bind not in ("auto", "none"):
         raise ValueError(f"GPUSCALE_BIND={bind!r} is not one of 'auto', 'none'")
+    if not (environ.get(RANK_CORES) or environ.get(GPU_CORES)) and env.launcher != "slurm" \
+            and gpus_known_only_to_torch(environ):
+        return None
     plan = plan_node(env, bind, environ, allowed_cores(), lambda: sysfs_gpu_cores(env, environ))
     cores = plan.for_rank(env.local_rank)
+    if plan.note and env.local_rank == 0:
+        print(f"gpuscale: CPU binding: {plan.note}", file=sys.stderr, flush=True)
     if plan.source in ("gpu-local", "even-split"):
         set_affinity(cores)
     if bind != "none":

@@ -74,7 +74,7 @@ def plan_cores(env: DistEnv, device: torch.device, bind: str) -> BindingPlan:
                      lambda: _gpu_cores_for_local_ranks(env) if device.type == "cuda" else None)
 
 
-def plan_for_workers(nproc: int, nnodes: int, node_rank: int, bind: str) -> BindingPlan:
+def plan_for_workers(nproc: int, nnodes: int, node_rank: int, bind: str, use_gpus: bool = True) -> BindingPlan:
     """The cores of each of the `nproc` workers a launcher (`gpuscale run`) is about to start on this node.
 
     The same decision as a worker's own, made once with torch's view of the GPUs (worker i uses GPU i
@@ -84,7 +84,7 @@ def plan_for_workers(nproc: int, nnodes: int, node_rank: int, bind: str) -> Bind
     env = DistEnv(rank=node_rank * nproc, local_rank=0, world_size=nproc * nnodes, local_world_size=nproc,
                   node_rank=node_rank, num_nodes=nnodes, master_addr="127.0.0.1", master_port=29500, launcher="torchrun")
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    device = torch.device("cuda" if gpus >= nproc else "cpu")
+    device = torch.device("cuda" if use_gpus and gpus >= nproc else "cpu")  # --nproc-per-node cpu: CPU workers
     environ = {k: v for k, v in os.environ.items() if k != RANK_CORES}  # the launcher decides afresh
     here = tuple(allowed_cores())
     return plan_node(env, bind, environ, here, lambda: _gpu_cores_for_local_ranks(env) if device.type == "cuda" else None)

@@ -65,7 +65,8 @@ def end_at_exit(pid: int, failed: Callable[[], bool]) -> None:
     A rank that ends normally first meets the others at a barrier, at most EXIT_BARRIER_S: collectives
     it started and never waited for (gloo runs them in order, before the barrier) are then done on
     every rank before any rank destroys its group; without it the same race aborted 3 of 5 runs. A
-    rank that failed (an uncaught exception: `failed()`) waits for nobody. A peer that is gone, or
+    rank that raised an uncaught exception (`failed()`) waits for nobody; one that ends with
+    ``sys.exit(2)`` cannot be told from a finished one and waits at most EXIT_BARRIER_S. A peer that is gone, or
     still busy when the time is up, only ends the wait: ranks of a script may end at different
     times. A NCCL group is left to torch: destroying a communicator whose peers are gone can block,
     and NCCL has no gloo worker threads to race with.

@@ -128,3 +128,28 @@ def test_without_a_shared_folder_every_rank_says_it(tmp_path, monkeypatch, capsy
     for rank in (1, 0):
         report_failure(rank_env(rank), ValueError(BATCH))
     assert len(capsys.readouterr().err.splitlines()) == 2
+
+
+def test_only_a_collective_that_lost_its_peer_is_cut_to_one_line(monkeypatch, capsys):
+    """The start-up hook's excepthook, installed in every rank of any script: gloo's lost peer in a job of two
+    ranks is one line; a download's "Connection reset by peer", or any error of a single process, keeps its traceback."""
+    import sys
+
+    from gpuscale.failures import one_line_for_a_lost_peer
+
+    seen = []
+    monkeypatch.setattr(sys, "excepthook", lambda kind, value, tb: (seen.append(value), print("TRACEBACK", file=sys.stderr)))
+    one_line_for_a_lost_peer()
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    gloo = RuntimeError("[/src/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:6034")
+    download = ConnectionResetError(104, "Connection reset by peer")
+    for exc, one_line in ((gloo, True), (download, False)):
+        sys.excepthook(type(exc), exc, None)
+        err = capsys.readouterr().err
+        assert ("TRACEBACK" not in err and "rank 0/2" in err and "Connection closed by peer" in err) if one_line \
+            else err == "TRACEBACK\n", err
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    sys.excepthook(type(gloo), gloo, None)
+    assert capsys.readouterr().err == "TRACEBACK\n"
+    assert seen == [gloo, download, gloo]  # the hooks below still see every exception

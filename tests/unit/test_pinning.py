@@ -91,11 +91,13 @@ def test_gpus_are_found_in_sysfs_in_bus_order_without_their_other_functions(tmp_
                                                                      "0000:c1:00.0": [4, 5, 6, 7]}[address])
     env, environ = _env(0, 2)
     assert pinning.sysfs_gpu_cores(env, environ) == [[0, 1, 2, 3], [4, 5, 6, 7]]
-    assert pinning.sysfs_gpu_cores(env, {**environ, "CUDA_VISIBLE_DEVICES": "1,0"}) == [[4, 5, 6, 7], [0, 1, 2, 3]]
-    # hidden, named by UUID, or fewer GPUs than ranks: not knowable before torch starts
-    assert pinning.sysfs_gpu_cores(env, {**environ, "CUDA_VISIBLE_DEVICES": ""}) is None
-    assert pinning.sysfs_gpu_cores(env, {**environ, "CUDA_VISIBLE_DEVICES": "GPU-5e3a"}) is None
+    # restricted (SLURM numbers a job's own GPUs from 0), hidden, or fewer GPUs than ranks: not knowable
+    # before torch starts, and on such a GPU node the hook leaves the binding to gpuscale.init()
+    for visible in ("1,0", "", "GPU-5e3a"):
+        assert pinning.sysfs_gpu_cores(env, {**environ, "CUDA_VISIBLE_DEVICES": visible}) is None
     assert pinning.sysfs_gpu_cores(*_env(0, 3)) is None
+    assert pinning.gpus_known_only_to_torch({"CUDA_VISIBLE_DEVICES": "0,1"}) and not pinning.gpus_known_only_to_torch({})
+    assert pinning.place_this_rank({**environ, "CUDA_VISIBLE_DEVICES": "0,1"}) is None
     plan = pinning.plan_node(env, "auto", environ, range(8), lambda: pinning.sysfs_gpu_cores(env, environ))
     assert plan.source == "gpu-local" and plan.cores == ((0, 1, 2, 3), (4, 5, 6, 7))
 
@@ -161,3 +163,24 @@ def test_the_hooks_wait_for_a_gpuscale_module_that_imported_torch(tmp_path, firs
     result = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stderr == "", result.stderr
     assert result.stdout.split() == ["True", "True"]
+
+
+def test_a_child_of_a_rank_ignores_slurms_warning_and_keeps_its_cores(tmp_path):
+    """SLURM hands USR1 to every process of the step: a rank's spawned DataLoader worker or subprocess must not
+    die of it (the rank stops at its checkpoint); it keeps the cores it inherits instead of being placed anew."""
+    script = tmp_path / "parent.py"
+    script.write_text("import os, subprocess, sys\n"
+                      "print(os.environ['GPUSCALE_PLACED'].split(':')[0] == str(os.getpid()))\n"
+                      "code = 'import os, signal; print(signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN, "
+                      "sorted(os.sched_getaffinity(0)))'\n"
+                      "print(subprocess.run([sys.executable, '-c', code], capture_output=True, text=True).stdout.strip())\n"
+                      "import signal; print(signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL, sorted(os.sched_getaffinity(0)))\n")
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("GPUSCALE_", "SLURM_", "OMP_"))}
+    environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", GROUP_RANK="0", TORCHELASTIC_RUN_ID="t",
+                   CUDA_VISIBLE_DEVICES="", PYTHONPATH=os.pathsep.join([SITE_DIR, str(ROOT / "src")]))
+    result = subprocess.run([sys.executable, str(script)], env=environ, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    placed, child, parent = result.stdout.splitlines()
+    assert placed == "True"
+    assert child.split(" ", 1)[0] == "True" and parent.split(" ", 1)[0] == "True"  # the rank itself keeps USR1's default
+    assert child.split(" ", 1)[1] == parent.split(" ", 1)[1]  # the child's cores are its rank's

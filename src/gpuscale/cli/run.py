@@ -229,7 +229,7 @@ def _plan_workers(args: argparse.Namespace, nproc: int) -> None:
     """Plan the workers' cores once, with torch's view of the GPUs, and hand the plan to them (GPUSCALE_RANK_CORES):
     gpuscale's start-up hook binds each worker by it before its script runs, whatever the script."""
     os.environ.pop(RANK_CORES, None)
-    plan = plan_for_workers(nproc, args.nnodes, args.node_rank, args.bind)
+    plan = plan_for_workers(nproc, args.nnodes, args.node_rank, args.bind, use_gpus=args.nproc_per_node != "cpu")
     if plan.source in ("gpu-local", "even-split"):
         os.environ[RANK_CORES] = rank_cores_text(plan)
 

@@ -272,18 +272,20 @@ class Recorder:
         if self._handling_signal:
             return
         self._handling_signal = True
-        name = signal.Signals(signum).name
-        mine = signal.getsignal(signum) == self.on_signal
-        if os.getpid() == self.pid:
-            self.signal = name
-            if mine:
-                self.write("signal")
-            else:  # called on by a handler the script installed later: the process may go on
-                self.write(None)
-        if mine:  # take the signal's default course, so the exit status is what it would have been
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-        self._handling_signal = False
+        try:
+            name = signal.Signals(signum).name
+            mine = signal.getsignal(signum) == self.on_signal
+            if os.getpid() == self.pid:
+                self.signal = name
+                if mine:
+                    self.write("signal")
+                else:  # called on by a handler the script installed later: the process may go on
+                    self.write(None)
+            if mine:  # take the signal's default course, so the exit status is what it would have been
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+        finally:
+            self._handling_signal = False
 
 
 def _gradient_bytes(optimizer: Any) -> int | None:

@@ -102,10 +102,21 @@ class _WhenGpuscaleIsImported:
     """A meta-path finder that finds nothing itself: at the first import after gpuscale's modules are whole,
     it runs the after-torch hooks (a gpuscale module imported torch first, so they had to wait)."""
 
+    def __init__(self):
+        import threading
+
+        self.lock = threading.Lock()
+        self.done = False
+
     def find_spec(self, name, path=None, target=None):
-        if not _gpuscale_half_imported():
-            sys.meta_path.remove(self)
-            _after_torch()
+        # It stays on sys.meta_path (removing itself here would make importlib skip the next finder for
+        # this very import); once done it only returns None.
+        if self.done or _gpuscale_half_imported():
+            return None
+        with self.lock:
+            if not self.done:
+                self.done = True
+                _after_torch()
         return None
 
 
@@ -145,10 +156,22 @@ def _run_next_sitecustomize():
         spec.loader.exec_module(module)
 
 
+def _in_a_child_of_a_rank():
+    """A process a rank started (a DataLoader worker started with "spawn", a subprocess): SLURM hands the
+    warning before the time limit (USR1) to every process of the step, and USR1's default would kill it,
+    turning the rank's planned stop at a checkpoint into a crashed loader. It ignores USR1; its rank stops."""
+    import signal
+
+    if signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL:
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
+
 if _a_rank():
     _before_the_script()
     if "torch" in sys.modules:  # imported by something before us (another site hook): hook it now
         _after_torch()
     else:
         sys.meta_path.insert(0, _AfterTorch())
+elif "RANK" in os.environ and os.environ.get("GPUSCALE_PROBE_OWNER"):
+    _in_a_child_of_a_rank()
 _run_next_sitecustomize()
