@@ -27,6 +27,7 @@ from gpuscale.env import (
     visible_devices,
 )
 from gpuscale.slurm.profiles import load_profile
+from lumi import lumi_g_for_other_tests
 from gpuscale.slurm.render import JobSpec, render_sbatch
 
 # --------------------------------------------------------------------------------------------------
@@ -477,7 +478,7 @@ def _srun_task_environment(tmp_path, task_env: dict[str, str]) -> dict[str, str]
     dump.write_text("import json, os, sys\njson.dump(dict(os.environ), open(sys.argv[1], 'w'))\n")
     job = JobSpec(script=str(dump), script_args=(str(tmp_path / "env.json"),), mode="srun", nodes=2, gpus_per_node=8,
                   python=sys.executable)
-    line = next(line for line in render_sbatch(load_profile("lumi-g"), job).splitlines() if line.startswith("srun "))
+    line = next(line for line in render_sbatch(lumi_g_for_other_tests(), job).splitlines() if line.startswith("srun "))
     argv = shlex.split(line.rstrip(" &"))
     command = argv[argv.index("-c") + 1]
     result = subprocess.run(["bash", "-c", command], env={"PATH": os.environ["PATH"], **task_env},

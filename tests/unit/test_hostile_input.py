@@ -145,7 +145,7 @@ def _check_usable(profile) -> None:
     for part in profile.partitions.values():
         assert parse_time(part.max_time) > 0
     with refused_in_one_line():  # e.g. a default 30-minute job over a 10-minute partition
-        render_sbatch(profile, JobSpec(script="train.py", gpus_per_node=1, mode="srun"))
+        render_sbatch(profile, JobSpec(script="train.py", gpus_per_node=1, mode="srun", account="project_1", no_container=True))
 
 
 @MANY
@@ -335,14 +335,14 @@ def _execute(job: dict, workdir: Path) -> tuple[subprocess.CompletedProcess, Pat
     gpus = 1 if job["profile"] == "local" or job["mode"] == "srun" else 8
     spec = JobSpec(script=job["script"], script_args=job["script_args"], mode=job["mode"], nodes=job["nodes"],
                    gpus_per_node=gpus if job["mode"] == "torchrun" else 1, env=job["env"], venv=venv, container=job["container"],
-                   python=job["python"], account="project_1", time="30")
+                   no_container=job["container"] is None, python=job["python"], account="project_1", time="30")
     cwd = workdir / "cwd"
     cwd.mkdir()
     script = workdir / "job.sh"
     script.write_text(render_sbatch(load_profile(job["profile"]), spec))
     env = {"PATH": f"{stub_dir}:{os.environ['PATH']}", "HOME": str(workdir), "USER": "tester", "LC_ALL": "C.UTF-8",
            "STUB_DIR": str(stub_dir), "STUB_ENV_NAMES": json.dumps([n for n, _ in job["env"]] + ["GS_VENV_ACTIVATED"]),
-           "VAR": "EXPANDED", "X": "EXPANDED", "WITH_CONDA": "true", "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node[1-2]",
+           "VAR": "EXPANDED", "X": "EXPANDED", "WITH_CONDA": "true", "SLURM_JOB_ID": "4242", "SLURM_JOB_ACCOUNT": "project_1", "SLURM_JOB_NODELIST": "node[1-2]",
            "SLURM_NNODES": str(job["nodes"]), "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NTASKS": "1"}
     result = subprocess.run(["bash", str(script)], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
     return result, stub_dir, spec
@@ -367,7 +367,7 @@ def test_rendered_script_runs_the_script_with_its_arguments_verbatim_and_nothing
     if spec.container:
         container = json.loads((stub_dir / "singularity.json").read_text())
         assert container["image"] == spec.container and container["program"] == ["bash", "-c"]
-        assert container["binds"] == ",".join(load_profile("lumi-g").container.binds)
+        assert container["binds"] == ",".join(load_profile("lumi-g").container_for(spec.container).binds)
     assert not (stub_dir / "scontrol.log").exists()  # no requeue: the step ended by itself
 
 
@@ -398,7 +398,8 @@ def test_hostile_scripts_pass_shellcheck(tmp_path):
     def render(job):
         venv = None if job["venv"] is None else f"/opt/venvs/{job['venv']}"  # relative: test_a_venv_path_starting_with_a_dash
         spec = JobSpec(script=job["script"], script_args=job["script_args"], mode=job["mode"], gpus_per_node=1, env=job["env"],
-                       venv=venv, container=job["container"], python=job["python"], account="project_1")
+                       venv=venv, container=job["container"], no_container=job["container"] is None, python=job["python"],
+                       account="project_1")
         paths.append(tmp_path / f"job{len(paths)}.sh")
         paths[-1].write_text(render_sbatch(load_profile(job["profile"]), spec))
 

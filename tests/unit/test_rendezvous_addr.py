@@ -100,7 +100,8 @@ def fake_scontrol(tmp_path):
 @pytest.mark.parametrize("profile", ["local", "lumi-g", "generic-nvidia"])
 def test_batch_scripts_meet_on_the_first_node_of_the_job(fake_scontrol, profile, mode):
     """The rendered script's own lines compute MASTER_ADDR: run them with a job's node list."""
-    text = render_sbatch(load_profile(profile), JobSpec(script="train.py", nodes=2, gpus_per_node=1, mode=mode))
+    keeps = {"account": "project_1", "container": "/scratch/project_1/torch.sif"} if profile == "lumi-g" else {}
+    text = render_sbatch(load_profile(profile), JobSpec(script="train.py", nodes=2, gpus_per_node=1, mode=mode, **keeps))
     assert not re.search(r"0\.0\.0\.0|\[::\]|\*:\$|\blocalhost\b", text)
     lines = text.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("MASTER_ADDR="))

@@ -15,17 +15,25 @@ import pytest
 
 from gpuscale.slurm.profiles import load_profile, parse_time, profile_from_dict
 from gpuscale.slurm.render import JobSpec, render_sbatch
+from lumi import AI_FACTORY_IMAGE, OLD_IMAGE, lumi_g_for_other_tests
 
 GOLDEN = Path(__file__).with_name("golden")
 LUMI_MASKS = ("0x00fe000000000000,0xfe00000000000000,0x0000000000fe0000,0x00000000fe000000,"
               "0x00000000000000fe,0x000000000000fe00,0x000000fe00000000,0x0000fe0000000000")
 
 CASES = {
-    "lumi-g-one-gpu": JobSpec(script="train.py", nodes=1, gpus_per_node=1, mode="srun", account="project_465000"),
-    "lumi-g-1node-torchrun": JobSpec(script="train.py", nodes=1, mode="torchrun", account="project_465000"),
-    "lumi-g-1node-srun": JobSpec(script="train.py", nodes=1, gpus_per_node=8, mode="srun", account="project_465000"),
+    # no container: a module's Python and a virtual environment on the project's file system
+    "lumi-g-one-gpu": JobSpec(script="train.py", nodes=1, gpus_per_node=1, mode="srun", account="project_465000",
+                              modules=("cray-python",), venv="/project/project_465000/venvs/torch"),
+    # the LUMI AI guide's images: singularity run, LUMI's bindings module
+    "lumi-g-1node-torchrun": JobSpec(script="train.py", nodes=1, mode="torchrun", account="project_465000",
+                                     container=AI_FACTORY_IMAGE),
+    "lumi-g-1node-srun": JobSpec(script="train.py", nodes=1, gpus_per_node=8, mode="srun", account="project_465000",
+                                 container=AI_FACTORY_IMAGE),
+    # an earlier LUMI image: $WITH_CONDA, binds by hand, its RCCL variables
     "lumi-g-2nodes-torchrun": JobSpec(script="train.py", script_args=("--epochs", "3"), nodes=2, mode="torchrun",
-                                      account="project_465000", reservation="course", container="/scratch/p/pytorch.sif"),
+                                      account="project_465000", reservation="course", container=OLD_IMAGE),
+    # a user's own image: the hand binds, no variables
     "lumi-g-2nodes-srun": JobSpec(script="train.py", nodes=2, mode="srun", account="project_465000",
                                   container="/scratch/p/pytorch.sif", env=(("HF_HOME", "/scratch/p/hf cache"),)),
     # a study cell of a script without gpuscale.Meter: the probe loads in every rank, inside the container
@@ -106,7 +114,7 @@ def test_every_training_step_starts_with_gpuscales_hook_and_a_study_also_records
     bare.chmod(0o755)
     assert _task_sees(tmp_path, str(bare))["PYTHONPATH"] == "/their/own"
     # the doctor step is gpuscale's own: no hook there
-    doctor, training = _step_commands(render_sbatch(load_profile("lumi-g"), JobSpec(script="t.py", mode="srun", doctor=True)))
+    doctor, training = _step_commands(render_sbatch(lumi_g_for_other_tests(), JobSpec(script="t.py", mode="srun", doctor=True)))
     assert "gpuscale probe site" not in doctor and "gpuscale probe site" in training
 
 
@@ -117,6 +125,7 @@ def test_lumi_srun_one_node_has_what_the_course_asks_for():
     assert "#SBATCH --mem-per-gpu=60G" in text
     assert f"CPU_MASKS={LUMI_MASKS}" in text and '--cpu-bind=v,mask_cpu:"$CPU_MASKS"' in text
     assert 'export RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID"' in text  # inside single quotes: per task
+    assert 'singularity run "$IMAGE" bash -c' in text and "module load lumi-aif-singularity-bindings" in text
     assert "LOCAL_WORLD_SIZE=8 GROUP_RANK=\"$SLURM_NODEID\"" in text and "GPUSCALE_SRUN_TASK=1; exec python3 train.py" in text
     assert "--cpus-per-gpu" not in text
 
@@ -128,14 +137,14 @@ def test_lumi_torchrun_one_task_all_cores_and_rendezvous_across_nodes():
     assert "--rdzv-backend=c10d" in two and '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"' in two
     assert 'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)' in two
     # the address is computed by the batch shell, before (outside) the container starts
-    assert two.index("MASTER_ADDR=$(scontrol") < two.index("singularity exec")
+    assert two.index("MASTER_ADDR=$(scontrol") < two.index("\nsrun ") < two.index("singularity exec --bind")
     assert "'$WITH_CONDA && " in two
 
 
 def test_partial_node_gets_small_g_and_no_masks():
-    text = render_sbatch(load_profile("lumi-g"), JobSpec(script="t.py", gpus_per_node=2, mode="srun"))
+    text = render_sbatch(lumi_g_for_other_tests(), JobSpec(script="t.py", gpus_per_node=2, mode="srun"))
     assert "#SBATCH --partition=small-g" in text and "mask_cpu" not in text
-    text = render_sbatch(load_profile("lumi-g"), JobSpec(script="t.py", gpus_per_node=2, mode="srun", exclusive=True))
+    text = render_sbatch(lumi_g_for_other_tests(), JobSpec(script="t.py", gpus_per_node=2, mode="srun", exclusive=True))
     assert "#SBATCH --exclusive" in text and "CPU_MASKS=0x00fe000000000000,0xfe00000000000000\n" in text
 
 
@@ -154,7 +163,7 @@ def test_partial_node_gets_small_g_and_no_masks():
 ])
 def test_validation_names_the_problem_and_the_fix(job, message):
     with pytest.raises(ValueError, match=None) as info:
-        render_sbatch(load_profile("lumi-g"), job)
+        render_sbatch(lumi_g_for_other_tests(), job)
     assert message in str(info.value)
 
 

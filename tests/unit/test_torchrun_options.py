@@ -19,6 +19,7 @@ import pytest
 from torch.distributed.run import get_args_parser
 
 from gpuscale.slurm.profiles import load_profile
+from lumi import lumi_g_for_other_tests
 from gpuscale.slurm.render import TORCHRUN_SIGNALS, JobSpec, render_sbatch
 
 TORCH_2_6_OPTIONS = frozenset({
@@ -32,6 +33,10 @@ TORCH_2_6_OPTIONS = frozenset({
 })
 """torchrun's option strings in torch 2.6.0: get_args_parser() of torch/distributed/run.py in pytorch v2.6.0 (as
 shipped in the torch 2.6.0 wheel on PyPI). --signals-to-handle is not among them; it came with torch 2.10.0."""
+
+def _profile(name: str):
+    return lumi_g_for_other_tests() if name == "lumi-g" else load_profile(name)
+
 
 CASES = {
     "lumi-g one node": ("lumi-g", JobSpec(script="train.py", nodes=1, mode="torchrun", account="p")),
@@ -74,7 +79,7 @@ def _torchrun_argvs(tmp_path: Path, profile: str, job: JobSpec, torch_version: s
            "MASTER_ADDR": "n1", "MASTER_PORT": "13456", "WITH_CONDA": "true", "ARGV_OUT": str(out)}
     if torch_version:
         env["PYTHONPATH"] = str(_fake_torch(tmp_path / "fake", torch_version))
-    for line in render_sbatch(load_profile(profile), job).splitlines():
+    for line in render_sbatch(_profile(profile), job).splitlines():
         if line.startswith("srun "):
             argv = shlex.split(line.split(" || ")[0].rstrip(" &"))
             result = subprocess.run(["bash", "-c", argv[argv.index("-c") + 1]], env=env, capture_output=True, text=True, timeout=60)
@@ -104,7 +109,7 @@ def test_torchrun_lines_parse_with_the_jobs_torch(tmp_path, case, torch_version)
             assert set(options) <= TORCH_2_6_OPTIONS, f"torch {torch_version} has no {set(options) - TORCH_2_6_OPTIONS}"
         else:
             assert args.signals_to_handle == TORCHRUN_SIGNALS and "SIGUSR1" in args.signals_to_handle.split(",")
-        assert args.nproc_per_node == str(job.gpus_per_node or load_profile(profile).gpus_per_node)
+        assert args.nproc_per_node == str(job.gpus_per_node or _profile(profile).gpus_per_node)
         if job.nodes > 1:
             assert (args.nnodes, args.rdzv_id, args.rdzv_backend, args.rdzv_endpoint) == ("2", "123456", "c10d", "n1:13456")
         else:
@@ -124,9 +129,9 @@ def test_torchrun_lets_its_workers_stop_as_long_as_slurms_warning(monkeypatch):
     environment; an older torch ignores the variable (it kills them after 30 s)."""
     from torch.distributed.launcher.api import LaunchConfig
 
-    text = render_sbatch(load_profile("lumi-g"), JobSpec(script="t.py", mode="torchrun"))
+    text = render_sbatch(lumi_g_for_other_tests(), JobSpec(script="t.py", mode="torchrun"))
     (line,) = [line for line in text.splitlines() if line.startswith("export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=")]
     monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", line.split("=", 1)[1])
     assert LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=1).shutdown_timeout == load_profile("lumi-g").warn_before_end_s
     mine = JobSpec(script="t.py", mode="torchrun", env=(("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "600"),))
-    assert render_sbatch(load_profile("lumi-g"), mine).count("TORCH_ELASTIC_SHUTDOWN_TIMEOUT") == 1  # the user's stands
+    assert render_sbatch(lumi_g_for_other_tests(), mine).count("TORCH_ELASTIC_SHUTDOWN_TIMEOUT") == 1  # the user's stands

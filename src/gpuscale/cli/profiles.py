@@ -53,7 +53,20 @@ def run(args: argparse.Namespace) -> int:
         for index, cores in enumerate(profile.gpu_cores):
             print(f"  GPU {index}       cores {cores}  mask {profile.cpu_masks(profile.gpus_per_node)[index]}")
     if profile.container:
-        print(f"  container   {profile.container.exec} (binds {', '.join(profile.container.binds) or 'none'}), activate {profile.container.activate}")
+        print(f"  container   {profile.container.exec} (binds {', '.join(profile.container.binds) or 'none'}), "
+              f"activate {profile.container.activate or 'nothing'}" + (f", default image {profile.container.image}" if profile.container.image else ""))
+    for pattern in profile.containers:
+        setup = profile.container_for(pattern, pattern=pattern)
+        needs = [f"start with {setup.exec}"] + ([f"activate {setup.activate}"] if setup.activate else [])
+        needs += [f"module use {' '.join(setup.module_use)}"] if setup.module_use else []
+        needs += [f"module load {' '.join(setup.modules)}"] if setup.modules else []
+        needs += [f"bind {','.join(setup.binds)}"] if setup.binds else []
+        needs += [f"{k}={v}" for k, v in setup.env.items()]
+        print(f"  image       {pattern}: {'; '.join(needs)}")
+    requires = [what for what, on in (("--account", profile.require_account),
+                                      ("a software environment (--container, --module, --venv or --no-container)", profile.require_software)) if on]
+    if requires:
+        print(f"  requires    {' and '.join(requires)}")
     for name, value in {**profile.env, **profile.env_shell}.items():
         print(f"  env         {name}={value}")
     if profile.forbid_cpus_per_gpu:

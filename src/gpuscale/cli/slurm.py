@@ -1,18 +1,22 @@
 """`gpuscale slurm script`: write the SLURM batch script for a training script and a cluster profile.
 
-    gpuscale slurm script --profile lumi-g --nodes 1 --gpus-per-node 8 --mode srun -- train.py --epochs 3
-    gpuscale slurm script --profile lumi-g --nodes 2 --mode torchrun --account project_465000 -- train.py
+    gpuscale slurm script --profile lumi-g --account project_465000 --container $SIF --mode srun -- train.py --epochs 3
+    gpuscale slurm script --profile lumi-g --account project_465000 --container $SIF --nodes 2 -- train.py
 
 Modes: ``srun`` starts one task per GPU (ranks from SLURM's per-task variables, CPU masks next to
 each GPU on whole nodes); ``torchrun`` starts one task per node and torchrun inside it (c10d
 rendezvous on the first node across nodes). One GPU on one node is ``--gpus-per-node 1``.
 Everything is checked before a script is written: GPUs per node, the partition's time limit,
-CPU masks on shared nodes, options the cluster refuses, the script's path.
+CPU masks on shared nodes, options the cluster refuses, the script's path, and what the profile
+requires: an account, and a software environment (--container IMAGE, --module NAME, --venv DIR, or
+--no-container). The profile says how each image starts, which modules it needs loaded, which host
+paths are bound into it and which environment it needs.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 from typing import Any
@@ -25,11 +29,12 @@ from gpuscale.secrets import is_secret_name
 from gpuscale.cli.verbs import verb_parser
 
 EPILOG = """examples:
-  gpuscale slurm script --profile lumi-g --nodes 1 --gpus-per-node 8 --mode srun -- train.py
-  gpuscale slurm script --profile lumi-g --nodes 2 --mode torchrun --account project_465000 -- train.py --epochs 3
+  gpuscale slurm script --profile lumi-g --account project_465000 --container $SIF --gpus-per-node 8 --mode srun -- train.py
+  gpuscale slurm script --profile lumi-g --account project_465000 --container $SIF --nodes 2 -- train.py --epochs 3
   gpuscale slurm script --profile generic-nvidia --set gpus_per_node=4 --set cpus_per_node=32 -- train.py
   gpuscale slurm script --profile local --nodes 2 --gpus-per-node 1 --mode srun -- examples/dogs_vs_cats.py
-  gpuscale slurm submit --doctor --profile lumi-g --nodes 2 -- train.py      # preflight checks in the job first
+  gpuscale slurm submit --doctor --profile lumi-g --account project_465000 --container $SIF --nodes 2 -- train.py
+                                            # preflight checks in the job first
 """
 
 
@@ -39,12 +44,18 @@ def add_cluster_options(parser: Any, profile_required: bool = True) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a single-valued profile key, e.g. gpus_per_node=4 (repeatable)")
     parser.add_argument("--mode", choices=MODES, default="torchrun", help="torchrun: one task per node; srun: one task per GPU")
     parser.add_argument("--time", default="00:30:00", help="time limit, e.g. 30, 01:00:00, 1-00:00:00 (default 00:30:00)")
-    parser.add_argument("--account", default=None, help="project to charge")
+    parser.add_argument("--account", default=None,
+                        help="project to charge (default: $SBATCH_ACCOUNT, as sbatch reads it; LUMI refuses jobs without one)")
     parser.add_argument("--partition", default=None, help="partition (default: the profile's full- or partial-node one)")
     parser.add_argument("--reservation", default=None, help="reservation (courses often have one)")
     parser.add_argument("--mem-per-gpu", default=None, help="memory per GPU, e.g. 60G (default: the profile's)")
     parser.add_argument("--job-name", default="gpuscale", help="job name (default gpuscale)")
-    parser.add_argument("--container", default=None, help="container image to run Python in")
+    parser.add_argument("--container", default=None, metavar="IMAGE",
+                        help="container image to run Python in; the profile says how each image starts and what it needs")
+    parser.add_argument("--no-container", action="store_true",
+                        help="run the host's Python, no container (where the profile asks for a software environment)")
+    parser.add_argument("--module", action="append", default=[], metavar="NAME",
+                        help="load this module in the job before srun (repeatable, loaded in order)")
     parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="export a variable in the job (repeatable)")
     parser.add_argument("--venv", default=None, help="virtual environment to activate in the job")
     parser.add_argument("--exclusive", action="store_true", help="ask for whole nodes")
@@ -95,8 +106,8 @@ def cluster_options(args: argparse.Namespace) -> ClusterOptions:
     """The cluster options (`add_cluster_options`) of parsed arguments, as typed values."""
     return ClusterOptions(
         profile=args.profile, overrides=tuple(_pairs(args.set, "--set")), mode=args.mode, time=args.time,
-        account=args.account, partition=args.partition, reservation=args.reservation, mem_per_gpu=args.mem_per_gpu,
-        job_name=args.job_name, container=args.container, env=tuple(_pairs(args.env, "--env")), venv=args.venv,
+        account=args.account or os.environ.get("SBATCH_ACCOUNT") or None, partition=args.partition, reservation=args.reservation, mem_per_gpu=args.mem_per_gpu,
+        job_name=args.job_name, container=args.container, no_container=args.no_container, modules=tuple(args.module), env=tuple(_pairs(args.env, "--env")), venv=args.venv,
         exclusive=args.exclusive, cpu_bind=args.cpu_bind, cpus_per_gpu=args.cpus_per_gpu, python=args.python,
         max_requeues=args.max_requeues,
     )

@@ -3,7 +3,7 @@
 `gpuscale slurm script|submit` and a study's SLURM launcher share these options; the CLI parses
 them (`gpuscale.cli.slurm.cluster_options`), a notebook builds them directly:
 
-    options = ClusterOptions(profile="lumi-g", account="project_465000", time="01:00:00")
+    options = ClusterOptions(profile="lumi-g", account="project_465000", container="/path/to/image.sif", time="01:00:00")
     profile, job = cluster_job(options, ["train.py", "--epochs", "3"], nodes=2, gpus_per_node=8, output="%x-%j.out")
 """
 

@@ -37,6 +37,11 @@ class ClusterSide:
     """Job name (%x in the output pattern)."""
     container: str | None = None
     """Container image to run Python in (default: the profile's, if any)."""
+    no_container: bool = False
+    """Run the host's Python, no container (the profile's default image is not used): an explicit choice where the
+    profile requires a software environment."""
+    modules: tuple[str, ...] = ()
+    """Modules to load in the batch shell before srun (`module load NAME`, in order), e.g. a site's PyTorch module."""
     env: tuple[tuple[str, str], ...] = ()
     """Extra environment variables, exported in the job (values quoted)."""
     venv: str | None = None

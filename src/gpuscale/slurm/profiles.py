@@ -19,7 +19,15 @@ Schema (top level, then tables):
     partial_node_partition = "small-g"   # used otherwise
     gpu_cores = ["49-55", ...]           # optional: cores next to each GPU, in GPU order
     [partitions.NAME]  whole_node = true|false, max_time = "D-HH:MM:SS", max_nodes = N (optional)
+    require_account = true               # refuse a job without --account (LUMI's SLURM refuses such jobs)
+    require_software = true              # refuse a job that names no software environment: --container IMAGE,
+                                         #   --module NAME, --venv DIR, or --no-container (the host's python3)
     [container]        exec = "singularity exec", activate = "$WITH_CONDA", binds = [...], image = "..."
+                       (how to start any image; `image` is the default image, if the site has one)
+    [containers."PATTERN"]               # what one family of images needs, matched on the image's file name
+                       exec = "...", activate = "...", binds = [...],      (exec/activate replace [container]'s,
+                       module_use = [...], modules = [...],                 binds add to them; modules are loaded
+                       env = { NAME = "value" }                             before srun; env is exported for it)
     [env]              NAME = "literal value"         (quoted in the script)
     [env_shell]        NAME = "shell ${EXPRESSION}"   (expanded by the batch shell: trusted profile text)
     setup = ["module load ...", ...]     # optional shell lines run first (trusted profile text)
@@ -31,6 +39,10 @@ Schema (top level, then tables):
                                          #   checkpoints and requeues itself (default 120; SLURM may send it 60 s early)
 
 Unknown keys are errors that name the valid ones, so a typo never silently does nothing.
+
+Container images: what one family of images needs lives in a ``[containers."PATTERN"]`` table, matched on
+the image's file name (`gpuscale.slurm.containers`); `Profile.container_for` resolves an image to a
+`ContainerSetup`.
 """
 
 from __future__ import annotations
@@ -49,11 +61,13 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
+from gpuscale.slurm.containers import (Container, ContainerImage, ContainerSetup, check_containers, container_from_dict,
+                                        images_from_dict, resolve)
 from gpuscale.slurm.times import format_time, parse_time
-from gpuscale.slurm.values import ENV_NAME, MEMORY, SBATCH_SAFE
+from gpuscale.slurm.values import ENV_NAME, MEMORY, SBATCH_SAFE, check_keys
 from gpuscale.topology import parse_cpulist
 
-__all__ = ["Profile", "Partition", "Container", "load_profile", "list_profiles", "parse_override", "parse_time", "format_time",
+__all__ = ["Profile", "Partition", "Container", "ContainerImage", "ContainerSetup", "load_profile", "list_profiles", "parse_override", "parse_time", "format_time",
            "profile_dirs"]
 
 BUILTIN_DIR = Path(__file__).with_name("profiles")
@@ -89,20 +103,6 @@ class Partition:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Container:
-    """How to start Python inside the cluster's container image."""
-
-    exec: str = "singularity exec"
-    """Command that runs a program in an image: `<exec> [--bind ...] IMAGE program`."""
-    activate: str | None = None
-    """Shell text run inside the container first (LUMI: $WITH_CONDA), expanded there."""
-    binds: tuple[str, ...] = ()
-    """Host paths the container needs (network libraries, SLURM's spool for RCCL)."""
-    image: str | None = None
-    """Default image, if the site has one; --container overrides it."""
-
-
-@dataclass(frozen=True, kw_only=True)
 class Profile:
     """A cluster's nodes, partitions, software start-up and environment (see the module docstring)."""
 
@@ -118,6 +118,9 @@ class Profile:
     forbid_cpus_per_gpu: bool = False
     gpu_cores: tuple[str, ...] | None = None
     container: Container | None = None
+    containers: dict[str, ContainerImage] = field(default_factory=dict)
+    require_account: bool = False
+    require_software: bool = False
     env: dict[str, str] = field(default_factory=dict)
     env_shell: dict[str, str] = field(default_factory=dict)
     setup: tuple[str, ...] = ()
@@ -142,8 +145,9 @@ class Profile:
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{where}: {key}={value!r} must be a positive whole number")
-        if not isinstance(self.forbid_cpus_per_gpu, bool):
-            raise ValueError(f"{where}: forbid_cpus_per_gpu={self.forbid_cpus_per_gpu!r} must be true or false")
+        for key in ("forbid_cpus_per_gpu", "require_account", "require_software"):
+            if not isinstance(getattr(self, key), bool):
+                raise ValueError(f"{where}: {key}={getattr(self, key)!r} must be true or false")
         if self.mem_per_gpu is not None and not (isinstance(self.mem_per_gpu, str) and MEMORY.match(self.mem_per_gpu)):
             raise ValueError(f"{where}: mem_per_gpu={self.mem_per_gpu!r} is not a SLURM size; write e.g. \"60G\" or \"4000M\"")
         if not self.partitions:
@@ -175,14 +179,19 @@ class Profile:
         warn = self.warn_before_end_s
         if not isinstance(warn, int) or isinstance(warn, bool) or not 0 <= warn <= 65535:  # sbatch --signal's range
             raise ValueError(f"{where}: warn_before_end_s={warn!r} must be a whole number of seconds in 0..65535")
-        if self.container is not None:
-            _check_container(self.container, where)
+        check_containers(self.container, self.containers, where)
         for table in ("env", "env_shell"):
             for key, value in getattr(self, table).items():
                 if not isinstance(key, str) or not ENV_NAME.match(key):
                     raise ValueError(f"{where}: [{table}] key {key!r} is not a valid environment variable name")
                 if not isinstance(value, str):
                     raise ValueError(f"{where}: [{table}] {_show(key)} = {value!r} must be a string, e.g. NAME = \"...\"")
+
+    def container_for(self, image: str, pattern: str | None = None) -> ContainerSetup:
+        """How `image` starts here: [container]'s settings, with those of the first [containers."PATTERN"] table
+        whose pattern matches the image's file name (exec and activate replaced, binds added); or those of the
+        table `pattern` names, to show it."""
+        return resolve(self.container or Container(), self.containers, image, pattern)
 
     def partition_for(self, gpus_per_node: int) -> str:
         """The default partition for a job using `gpus_per_node` GPUs on each node."""
@@ -233,31 +242,14 @@ def _check_cpulist(cores: Any, where: str) -> None:
         raise ValueError(f"{where}: gpu_cores entry {cores!r} names no cores; {hint}")
 
 
-def _check_container(container: Container, where: str) -> None:
-    if not isinstance(container.exec, str) or not container.exec.strip():
-        raise ValueError(f"{where} [container]: exec={container.exec!r} must be a command, e.g. exec = \"singularity exec\"")
-    for key in ("activate", "image"):
-        if getattr(container, key) is not None and not isinstance(getattr(container, key), str):
-            raise ValueError(f"{where} [container]: {key}={getattr(container, key)!r} must be a string")
-    if not all(isinstance(b, str) for b in container.binds):
-        raise ValueError(f"{where} [container]: binds must be a list of paths, e.g. binds = [\"/opt/cray\"]")
-
-
 _TOP_KEYS = {f.name for f in fields(Profile)} - {"name", "source"}
 _PARTITION_KEYS = {f.name for f in fields(Partition)}
-_CONTAINER_KEYS = {f.name for f in fields(Container)}
-
-
-def _check_keys(found: dict[str, Any], valid: set[str], where: str) -> None:
-    unknown = sorted(set(found) - valid)
-    if unknown:
-        raise ValueError(f"{where}: unknown key {unknown[0]!r}; valid keys are: {', '.join(sorted(valid))}")
 
 
 def profile_from_dict(name: str, data: dict[str, Any], source: str = "<dict>") -> Profile:
     """Build and validate a Profile from parsed TOML."""
     where = _where(name, source)
-    _check_keys(data, _TOP_KEYS, where)
+    check_keys(data, _TOP_KEYS, where)
     required = {"description", "gpu_vendor", "gpus_per_node", "cpus_per_node", "full_node_partition", "partial_node_partition", "partitions"}
     missing = sorted(required - set(data))
     if missing:
@@ -268,21 +260,13 @@ def profile_from_dict(name: str, data: dict[str, Any], source: str = "<dict>") -
     for part_name, part in data["partitions"].items():
         if not isinstance(part, dict):
             raise ValueError(f"{where}: {_table(part_name)} must be a table")
-        _check_keys(part, _PARTITION_KEYS, f"{where} {_table(part_name)}")
+        check_keys(part, _PARTITION_KEYS, f"{where} {_table(part_name)}")
         if "whole_node" not in part or "max_time" not in part:
             raise ValueError(f"{where} {_table(part_name)}: needs whole_node and max_time")
         partitions[part_name] = Partition(**part)
-    container = None
-    if "container" in data:
-        if not isinstance(data["container"], dict):
-            raise ValueError(f"{where}: container must be a table: [container] with exec, activate, binds, image")
-        _check_keys(data["container"], _CONTAINER_KEYS, f"{where} [container]")
-        raw = dict(data["container"])
-        if not isinstance(raw.get("binds", []), list):
-            raise ValueError(f"{where} [container]: binds must be a list of paths, e.g. binds = [\"/opt/cray\"]")
-        raw["binds"] = tuple(raw.get("binds", ()))
-        container = Container(**raw)
-    values = {k: v for k, v in data.items() if k not in ("partitions", "container")}
+    container = container_from_dict(data["container"], where) if "container" in data else None
+    containers = images_from_dict(data.get("containers", {}), where)
+    values = {k: v for k, v in data.items() if k not in ("partitions", "container", "containers")}
     for key in ("gpu_cores", "setup"):
         if key in values and values[key] is not None:
             if not isinstance(values[key], list) or not all(isinstance(v, str) for v in values[key]):
@@ -298,7 +282,7 @@ def profile_from_dict(name: str, data: dict[str, Any], source: str = "<dict>") -
             if isinstance(value, bool) or not isinstance(value, (str, int, float)):
                 raise ValueError(f"{where}: [{table}] {_show(key)} = {value!r} must be a string, e.g. NAME = \"...\"")
         values[table] = {str(k): str(v) for k, v in values[table].items()}
-    return Profile(name=name, source=source, partitions=partitions, container=container, **values)
+    return Profile(name=name, source=source, partitions=partitions, container=container, containers=containers, **values)
 
 
 def load_profile(name_or_path: str, overrides: dict[str, Any] | None = None) -> Profile:
@@ -325,7 +309,7 @@ def load_profile(name_or_path: str, overrides: dict[str, Any] | None = None) -> 
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"profile {_show(str(path))} is not valid TOML: {exc}") from None
     if overrides:
-        tables = {"partitions", "container", "env", "env_shell", "gpu_cores", "setup"} & set(overrides)
+        tables = {"partitions", "container", "containers", "env", "env_shell", "gpu_cores", "setup"} & set(overrides)
         if tables:
             raise ValueError(
                 f"--set cannot change {sorted(tables)[0]!r} (only single values); copy the profile "

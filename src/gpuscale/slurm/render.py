@@ -117,7 +117,7 @@ def render_sbatch(profile: Profile, job: JobSpec) -> str:
     """
     plan = validate_job(profile, job)
     blocks = (_header(profile, job, plan), _sbatch_options(profile, job, plan), ["", "set -euo pipefail", ""],
-              _site_setup(profile), _rendezvous(), _environment(profile, job), _venv(job), [*stop_handling(), ""],
+              _software(profile, job, plan), _rendezvous(), _environment(profile, job, plan), _venv(job), [*stop_handling(), ""],
               _launch(profile, job, plan))
     return "\n".join(line for block in blocks for line in block) + "\n"
 
@@ -171,11 +171,28 @@ def _sbatch_options(profile: Profile, job: JobSpec, plan: JobPlan) -> list[str]:
     ]
 
 
-def _site_setup(profile: Profile) -> list[str]:
-    """The profile's own set-up lines (modules and the like)."""
-    if not profile.setup:
-        return []
-    return ["# Site set-up from the profile (modules and the like).", *profile.setup, ""]
+def _software(profile: Profile, job: JobSpec, plan: JobPlan) -> list[str]:
+    """The profile's own set-up lines, the modules the container image needs, the modules asked for, and the image."""
+    lines = []
+    if profile.setup:
+        lines += ["# Site set-up from the profile (modules and the like).", *profile.setup, ""]
+    image = plan.container
+    modules = []
+    if image and (image.module_use or image.modules):
+        modules.append(f"# What images named {image.pattern} need on {profile.name}, as its documentation loads it.")
+        modules += [f"module use {_q(path)}" for path in image.module_use]
+        modules += [f"module load {_q(name)}" for name in image.modules]
+    if job.modules:
+        modules.append("# Modules asked for with --module, in order.")
+        modules += [f"module load {_q(name)}" for name in job.modules]
+    if modules:
+        # Lmod's shell function reads variables that may be unset; a module that fails to load still ends the job (-e).
+        lines += [modules[0], "set +u  # the module command reads variables that may be unset", *modules[1:], "set -u", ""]
+    if image:
+        lines += [f"# Python runs in this container image (started with {image.exec}"
+                  + (", then activated inside it" if image.activate else "") + ").",
+                  f"IMAGE={_q(image.image)}", ""]
+    return lines
 
 
 def _rendezvous() -> list[str]:
@@ -191,14 +208,19 @@ def _rendezvous() -> list[str]:
     ]
 
 
-def _environment(profile: Profile, job: JobSpec) -> list[str]:
-    """The profile's environment, its GPU-to-core map for torchrun's workers, and the user's --env."""
+def _environment(profile: Profile, job: JobSpec, plan: JobPlan) -> list[str]:
+    """The profile's environment, the container image's, its GPU-to-core map for torchrun's workers, and the user's
+    --env (last, so it wins)."""
     lines = []
     env_lines = [f"export {name}={_q(value)}" for name, value in sorted(profile.env.items())]
     env_lines += [f'export {name}="{value}"' for name, value in sorted(profile.env_shell.items())]
     if env_lines:
-        lines.append(f"# Environment every job on {profile.name} needs (network, caches, tokenizers).")
+        lines.append(f"# Environment every job on {profile.name} needs (caches, tokenizers).")
         lines += env_lines
+        lines.append("")
+    if plan.container and plan.container.env:
+        lines.append(f"# Environment images named {plan.container.pattern} need (it belongs to the image, not to every job).")
+        lines += [f"export {name}={_q(value)}" for name, value in sorted(plan.container.env.items())]
         lines.append("")
     if profile.gpu_cores and job.mode == "torchrun":
         lines += [
@@ -258,8 +280,6 @@ def _launch(profile: Profile, job: JobSpec, plan: JobPlan) -> list[str]:
         elif job.cpu_bind == "none":
             srun.append("--cpu-bind=none")
     lines.append("# shellcheck disable=SC2016  # the single quotes are deliberate: each task expands its own variables")
-    if plan.image:
-        lines.append("# Python runs inside the container; its environment is activated in there.")
     if job.doctor:
         lines += [
             "# Preflight: gpuscale doctor on every rank, launched exactly like the training (same tasks, GPUs, cores).",
@@ -310,10 +330,9 @@ def _doctor_program(profile: Profile, job: JobSpec, plan: JobPlan) -> list[str]:
 def _step_command(profile: Profile, job: JobSpec, plan: JobPlan, srun: list[str], program: list[str] | None) -> str:
     """One srun line that runs `program` (default: the training) on every task, in the container if there is one."""
     inner = _python_command(job, plan, program)
-    if plan.image:
-        container = profile.container
-        assert container is not None
-        binds = ["--bind", _q(",".join(container.binds))] if container.binds else []
-        inner = f"{container.activate} && {{ {inner}; }}" if container.activate else inner  # nothing runs if it fails
-        return " ".join([*srun, container.exec, *binds, _q(plan.image), "bash", "-c", _q(inner)])
+    image = plan.container
+    if image:
+        binds = ["--bind", _q(",".join(image.binds))] if image.binds else []
+        inner = f"{image.activate} && {{ {inner}; }}" if image.activate else inner  # nothing runs if it fails
+        return " ".join([*srun, image.exec, *binds, '"$IMAGE"', "bash", "-c", _q(inner)])
     return " ".join([*srun, "bash", "-c", _q(inner)])

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpuscale.slurm.jobspec import CPU_BINDS, MODES, JobSpec
-from gpuscale.slurm.profiles import Partition, Profile
+from gpuscale.slurm.profiles import ContainerSetup, Partition, Profile
 from gpuscale.slurm.times import parse_time
 from gpuscale.slurm.values import ENV_NAME, MEMORY, SBATCH_SAFE
 
@@ -28,13 +28,16 @@ class JobPlan:
     cpus_per_task: int
     masks: list[str] | None
     mem_per_gpu: str | None
-    image: str | None
+    container: ContainerSetup | None
+    """The image Python runs in and how it starts (None: the host's Python)."""
     time_s: int
 
 
 def validate_job(profile: Profile, job: JobSpec) -> JobPlan:
     """Check the job against the profile before anything is submitted; ValueError says what and how to fix."""
     _check_choices(job)
+    _check_account(profile, job)
+    _check_software(profile, job)
     gpus = _gpus_per_node(profile, job)
     partition = _partition(profile, job, gpus)
     part = profile.partitions[partition]
@@ -45,11 +48,12 @@ def validate_job(profile: Profile, job: JobSpec) -> JobPlan:
     cpus_per_task = _cpus_per_task(profile, job, gpus)
     mem = _mem_per_gpu(profile, job)
     image = _image(profile, job)
+    container = profile.container_for(image) if image else None
     _check_env_names(job)
     _check_max_requeues(job)
     _check_warning_fits(profile, job, time_s)
     _check_sbatch_values(job, partition)
-    return JobPlan(partition, gpus, tasks, cpus_per_task, masks, mem, image, time_s)
+    return JobPlan(partition, gpus, tasks, cpus_per_task, masks, mem, container, time_s)
 
 
 def _check_choices(job: JobSpec) -> None:
@@ -60,6 +64,32 @@ def _check_choices(job: JobSpec) -> None:
         raise ValueError(f"--cpu-bind {job.cpu_bind!r} is not one of {', '.join(CPU_BINDS)}")
     if not isinstance(job.nodes, int) or job.nodes < 1:
         raise ValueError(f"--nodes {job.nodes} must be at least 1")
+
+
+def _check_account(profile: Profile, job: JobSpec) -> None:
+    """An account where the profile requires one (LUMI's SLURM refuses a job that names no project)."""
+    if profile.require_account and not job.account:
+        raise ValueError(f"{profile.name} needs the project to charge: add --account PROJECT (e.g. --account project_465000123), "
+                         "or export SBATCH_ACCOUNT")
+
+
+def _check_software(profile: Profile, job: JobSpec) -> None:
+    """A software environment where the profile requires one (a container image, modules, a virtual environment or
+    an explicit --no-container); --container and --no-container do not go together; module names are one word each."""
+    if job.no_container and job.container:
+        raise ValueError(f"--container {job.container} and --no-container contradict each other; keep one")
+    for module in job.modules:
+        if not module or not module.isprintable() or any(c.isspace() for c in module):
+            raise ValueError(f"--module {module!r} must be one module name without spaces, e.g. --module PyTorch/2.7.1; repeat --module for several")
+    default_image = profile.container.image if profile.container else None
+    named = job.container or (default_image and not job.no_container) or job.modules or job.venv or job.no_container
+    if profile.require_software and not named:
+        known = [p for p in profile.containers if p != "*"]
+        images = f" (images it knows: {', '.join(known)})" if known else ""
+        raise ValueError(
+            f"{profile.name} runs Python from a software environment, and none was named (the host's python3 has no torch): "
+            f"add --container IMAGE.sif{images}, --module NAME, --venv DIR, or --no-container to use the host's python3 as it is"
+        )
 
 
 def _gpus_per_node(profile: Profile, job: JobSpec) -> int:
@@ -156,6 +186,8 @@ def _mem_per_gpu(profile: Profile, job: JobSpec) -> str | None:
 
 def _image(profile: Profile, job: JobSpec) -> str | None:
     """The container image (default: the profile's); --container needs a profile with a [container] table."""
+    if job.no_container:
+        return None
     image = job.container or (profile.container.image if profile.container else None)
     if job.container and profile.container is None:
         raise ValueError(f"--container needs a profile with a [container] table; {profile.name} has none")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["ENV_NAME", "SBATCH_SAFE", "MEMORY"]
+__all__ = ["ENV_NAME", "SBATCH_SAFE", "MEMORY", "check_keys"]
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 """An environment variable's name."""
@@ -18,3 +18,10 @@ SBATCH_SAFE = re.compile(r"^[A-Za-z0-9_.,:%@/+=-]+\Z")
 """A value for an #SBATCH line (partition, account, ...): sbatch splits the line itself, so no spaces, quotes or newlines."""
 MEMORY = re.compile(r"^[0-9]+[KMGT]?\Z")
 """A SLURM memory size: a number with an optional K, M, G or T."""
+
+
+def check_keys(found: dict, valid: set[str], where: str) -> None:
+    """Refuse a table's unknown key, naming the valid ones: a typo in a profile never silently does nothing."""
+    unknown = sorted(set(found) - valid)
+    if unknown:
+        raise ValueError(f"{where}: unknown key {unknown[0]!r}; valid keys are: {', '.join(sorted(valid))}")

@@ -18,6 +18,15 @@
 
 set -euo pipefail
 
+# What images named lumi-multitorch-* need on lumi-g, as its documentation loads it.
+set +u  # the module command reads variables that may be unset
+module use /appl/local/laifs/modules
+module load lumi-aif-singularity-bindings
+set -u
+
+# Python runs in this container image (started with singularity run).
+IMAGE=/appl/local/laifs/containers/lumi-multitorch-u24r70f21m50t210-20260415_130625/lumi-multitorch-full-u24r70f21m50t210-20260415_130625.sif
+
 # Rank 0's host is the first node of the job; the address is computed here, outside any
 # container (which has no SLURM tools). The port comes from the job id, so two jobs sharing
 # a node never collide on the default port 29500.
@@ -25,12 +34,12 @@ MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)
 MASTER_PORT=$((10000 + SLURM_JOB_ID % 10000))
 export MASTER_ADDR MASTER_PORT
 
-# Environment every job on lumi-g needs (network, caches, tokenizers).
-export NCCL_NET_GDR_LEVEL=PHB
-export NCCL_SOCKET_IFNAME=hsn0,hsn1,hsn2,hsn3
+# Environment every job on lumi-g needs (caches, tokenizers).
 export TOKENIZERS_PARALLELISM=false
+export HF_HOME="${HF_HOME:-/scratch/${SLURM_JOB_ACCOUNT}/${USER}/hf-home}"
 export MIOPEN_CUSTOM_CACHE_DIR="/tmp/${USER}-miopen-cache-${SLURM_JOB_ID}"
 export MIOPEN_USER_DB_PATH="/tmp/${USER}-miopen-cache-${SLURM_JOB_ID}"
+export TORCH_HOME="${TORCH_HOME:-/scratch/${SLURM_JOB_ACCOUNT}/${USER}/torch-home}"
 
 # Which cores sit next to which GPU on these nodes: torchrun's workers bind themselves by it.
 export GPUSCALE_GPU_CORES='49-55;57-63;17-23;25-31;1-7;9-15;33-39;41-47'
@@ -92,7 +101,7 @@ export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=120
 # shellcheck disable=SC2016  # the single quotes are deliberate: each task expands its own variables
 # gpuscale's start-up hook: loaded first in every rank, it binds the rank to its cores and sizes its
 # thread pools before the script runs (and in a study records its steps).
-srun --kill-on-bad-exit=1 --ntasks-per-node=1 bash -c 'hook=$(python3 -c '"'"'import sys, os, importlib.util as u; print(os.path.join(os.path.dirname(u.find_spec(sys.argv[1]).origin), *sys.argv[2:]))'"'"' gpuscale probe site 2>/dev/null) && export PYTHONPATH="$hook${PYTHONPATH:+:$PYTHONPATH}"; trap "" USR1; signals=$(python3 -c '"'"'import sys, importlib.metadata as m; v = m.version("torch").split("."); (int(v[0]), int(v[1])) >= (2, 10) and print(*sys.argv[1:])'"'"' --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 2>/dev/null); exec python3 -m torch.distributed.run --standalone --nnodes=1 --nproc-per-node=8 ${signals:+"$signals"} train.py' &
+srun --kill-on-bad-exit=1 --ntasks-per-node=1 singularity run "$IMAGE" bash -c 'hook=$(python3 -c '"'"'import sys, os, importlib.util as u; print(os.path.join(os.path.dirname(u.find_spec(sys.argv[1]).origin), *sys.argv[2:]))'"'"' gpuscale probe site 2>/dev/null) && export PYTHONPATH="$hook${PYTHONPATH:+:$PYTHONPATH}"; trap "" USR1; signals=$(python3 -c '"'"'import sys, importlib.metadata as m; v = m.version("torch").split("."); (int(v[0]), int(v[1])) >= (2, 10) and print(*sys.argv[1:])'"'"' --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 2>/dev/null); exec python3 -m torch.distributed.run --standalone --nnodes=1 --nproc-per-node=8 ${signals:+"$signals"} train.py' &
 step_pid=$!
 status=0
 wait_for_step || status=$?

@@ -18,6 +18,9 @@
 
 set -euo pipefail
 
+# Python runs in this container image (started with singularity exec).
+IMAGE=/scratch/p/pytorch.sif
+
 # Rank 0's host is the first node of the job; the address is computed here, outside any
 # container (which has no SLURM tools). The port comes from the job id, so two jobs sharing
 # a node never collide on the default port 29500.
@@ -25,12 +28,12 @@ MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)
 MASTER_PORT=$((10000 + SLURM_JOB_ID % 10000))
 export MASTER_ADDR MASTER_PORT
 
-# Environment every job on lumi-g needs (network, caches, tokenizers).
-export NCCL_NET_GDR_LEVEL=PHB
-export NCCL_SOCKET_IFNAME=hsn0,hsn1,hsn2,hsn3
+# Environment every job on lumi-g needs (caches, tokenizers).
 export TOKENIZERS_PARALLELISM=false
+export HF_HOME="${HF_HOME:-/scratch/${SLURM_JOB_ACCOUNT}/${USER}/hf-home}"
 export MIOPEN_CUSTOM_CACHE_DIR="/tmp/${USER}-miopen-cache-${SLURM_JOB_ID}"
 export MIOPEN_USER_DB_PATH="/tmp/${USER}-miopen-cache-${SLURM_JOB_ID}"
+export TORCH_HOME="${TORCH_HOME:-/scratch/${SLURM_JOB_ACCOUNT}/${USER}/torch-home}"
 
 # Environment asked for with --env.
 export HF_HOME='/scratch/p/hf cache'
@@ -85,10 +88,9 @@ wait_for_step() {
 # CPU masks in GPU order: task i runs on the cores next to GPU i.
 CPU_MASKS=0x00fe000000000000,0xfe00000000000000,0x0000000000fe0000,0x00000000fe000000,0x00000000000000fe,0x000000000000fe00,0x000000fe00000000,0x0000fe0000000000
 # shellcheck disable=SC2016  # the single quotes are deliberate: each task expands its own variables
-# Python runs inside the container; its environment is activated in there.
 # gpuscale's start-up hook: loaded first in every rank, it binds the rank to its cores and sizes its
 # thread pools before the script runs (and in a study records its steps).
-srun --kill-on-bad-exit=1 --cpu-bind=v,mask_cpu:"$CPU_MASKS" singularity exec --bind /var/spool/slurmd,/opt/cray,/usr/lib64/libcxi.so.1 /scratch/p/pytorch.sif bash -c '$WITH_CONDA && { hook=$(python3 -c '"'"'import sys, os, importlib.util as u; print(os.path.join(os.path.dirname(u.find_spec(sys.argv[1]).origin), *sys.argv[2:]))'"'"' gpuscale probe site 2>/dev/null) && export PYTHONPATH="$hook${PYTHONPATH:+:$PYTHONPATH}"; export RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" WORLD_SIZE="$SLURM_NTASKS" LOCAL_WORLD_SIZE=8 GROUP_RANK="$SLURM_NODEID" GROUP_WORLD_SIZE="$SLURM_NNODES" ROLE_RANK="$SLURM_PROCID" ROLE_WORLD_SIZE="$SLURM_NTASKS" ROLE_NAME=default TORCHELASTIC_RUN_ID="$SLURM_JOB_ID" GPUSCALE_SRUN_TASK=1; exec python3 train.py; }' &
+srun --kill-on-bad-exit=1 --cpu-bind=v,mask_cpu:"$CPU_MASKS" singularity exec --bind /var/spool/slurmd,/opt/cray,/usr/lib64/libcxi.so.1,/usr/lib64/libjansson.so.4,/pfs,/scratch,/projappl,/project,/flash,/appl "$IMAGE" bash -c 'hook=$(python3 -c '"'"'import sys, os, importlib.util as u; print(os.path.join(os.path.dirname(u.find_spec(sys.argv[1]).origin), *sys.argv[2:]))'"'"' gpuscale probe site 2>/dev/null) && export PYTHONPATH="$hook${PYTHONPATH:+:$PYTHONPATH}"; export RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" WORLD_SIZE="$SLURM_NTASKS" LOCAL_WORLD_SIZE=8 GROUP_RANK="$SLURM_NODEID" GROUP_WORLD_SIZE="$SLURM_NNODES" ROLE_RANK="$SLURM_PROCID" ROLE_WORLD_SIZE="$SLURM_NTASKS" ROLE_NAME=default TORCHELASTIC_RUN_ID="$SLURM_JOB_ID" GPUSCALE_SRUN_TASK=1; exec python3 train.py' &
 step_pid=$!
 status=0
 wait_for_step || status=$?

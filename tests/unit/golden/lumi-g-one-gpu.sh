@@ -18,6 +18,11 @@
 
 set -euo pipefail
 
+# Modules asked for with --module, in order.
+set +u  # the module command reads variables that may be unset
+module load cray-python
+set -u
+
 # Rank 0's host is the first node of the job; the address is computed here, outside any
 # container (which has no SLURM tools). The port comes from the job id, so two jobs sharing
 # a node never collide on the default port 29500.
@@ -25,12 +30,16 @@ MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)
 MASTER_PORT=$((10000 + SLURM_JOB_ID % 10000))
 export MASTER_ADDR MASTER_PORT
 
-# Environment every job on lumi-g needs (network, caches, tokenizers).
-export NCCL_NET_GDR_LEVEL=PHB
-export NCCL_SOCKET_IFNAME=hsn0,hsn1,hsn2,hsn3
+# Environment every job on lumi-g needs (caches, tokenizers).
 export TOKENIZERS_PARALLELISM=false
+export HF_HOME="${HF_HOME:-/scratch/${SLURM_JOB_ACCOUNT}/${USER}/hf-home}"
 export MIOPEN_CUSTOM_CACHE_DIR="/tmp/${USER}-miopen-cache-${SLURM_JOB_ID}"
 export MIOPEN_USER_DB_PATH="/tmp/${USER}-miopen-cache-${SLURM_JOB_ID}"
+export TORCH_HOME="${TORCH_HOME:-/scratch/${SLURM_JOB_ACCOUNT}/${USER}/torch-home}"
+
+# The Python environment the script needs.
+# shellcheck source=/dev/null
+source -- /project/project_465000/venvs/torch/bin/activate
 
 # Stopping in time. SLURM sends USR1 before the time limit (and TERM on scancel, preemption or at the limit).
 # USR1's default action ends a process, so it goes on to the step only if the script stops at a checkpoint
