@@ -40,7 +40,7 @@ EPILOG = """examples:
   gpuscale run --nproc-per-node 2 -m gpuscale env
   gpuscale env --json
   gpuscale run --nproc-per-node 2 -m gpuscale doctor           # placement, versions, all-reduce bandwidth
-  gpuscale slurm script --profile lumi-g --nodes 1 --gpus-per-node 8 --mode srun -- train.py
+  gpuscale slurm script --profile lumi-g --account project_465000 --container $SIF --mode srun -- train.py
   gpuscale profiles lumi-g
   gpuscale consolidate runs/mine/checkpoints/step-000001000 model.pt
   gpuscale lint train.py                                     # multi-GPU mistakes in a training script

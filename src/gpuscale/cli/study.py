@@ -2,7 +2,7 @@
 
     gpuscale study --nproc 1,2 --scaling weak,strong --out runs/study -- examples/dogs_vs_cats.py --epochs 2
     gpuscale study --launcher slurm --profile lumi-g --nproc 1,2,4,8 --nodes 1,2 --account project_465000 \\
-        --out runs/lumi -- examples/vit.py
+        --container $SIF --out runs/lumi -- examples/vit.py
 
 Any script can be studied as it is. Each cell (a scaling and a shape, e.g. weak-1x2: weak scaling,
 1 node x 2 processes) fills the templates in the script's arguments ({out}, {scaling},
