@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from gpuscale import wrapped
 from gpuscale.batches import batch_len
+from gpuscale.batches import to_device as move_to_device
 from gpuscale.sample_seeds import SeededSamples
 from gpuscale.runtime import Runtime, current
 
@@ -166,8 +167,11 @@ class ShardedLoader:
     `load_state_dict()` the next pass resumes with the next batch.
     """
 
-    def __init__(self, loader: DataLoader, sampler: Sampler[int], plan: BatchPlan, train: bool) -> None:
+    def __init__(self, loader: DataLoader, sampler: Sampler[int], plan: BatchPlan, train: bool,
+                 device: torch.device | None = None) -> None:
         self.loader, self.sampler, self.plan, self.train = loader, sampler, plan, train
+        self.device = device
+        """Where each batch is moved before it is handed out (None: left where the collate function made it)."""
         self.epoch = 0
         self.batches_done = 0
 
@@ -205,7 +209,7 @@ class ShardedLoader:
             self.sampler.start_index = self.batches_done * self.plan.per_device_batch
         for batch in self.loader:
             self.batches_done += 1
-            yield batch
+            yield batch if self.device is None else move_to_device(batch, self.device)
         if isinstance(self.sampler, ResumableDistributedSampler):
             self.sampler.start_index = 0
         self.epoch += 1
@@ -279,6 +283,7 @@ def make_loader(
     collate_fn: Callable[[list[Any]], Any] | None = None,
     even: bool = False,
     seed_samples: bool | None = None,
+    to_device: bool = True,
     rt: Runtime | None = None,
 ) -> ShardedLoader:
     """A loader of this rank's shard with the plan's per-device batch.
@@ -291,6 +296,11 @@ def make_loader(
     with `loader.masked()` to skip the padding (see `EvalShardSampler`).
     num_workers: default from the cores this rank is bound to (`default_num_workers`).
     pin_memory: page-locked batches for faster, asynchronous copies to the GPU (default: on GPUs).
+    to_device: hand out each batch on the rank's device (`rt.device`), as Accelerate's and Lightning's loaders do, so a
+    first GPU run does not fail on a forgotten ``.to(device)``: every tensor in the batch (tuples, lists, named tuples,
+    dicts, transformers' BatchEncoding) is copied asynchronously from pinned memory, which overlaps the computation.
+    A ``.to(device)`` of your own then costs nothing. False leaves batches where the collate function made them
+    (the CPU). On a CPU rank nothing moves either way. `masked()`'s mask stays a CPU tensor.
     seed_samples (train=True only): seed the random generators from (seed, epoch, sample index)
     before each sample, so random transforms in the dataset resume exactly from a checkpoint
     (`gpuscale.sample_seeds`). Default: on when workers load the samples, whose generators no
@@ -327,4 +337,4 @@ def make_loader(
             f"each rank gets {math.ceil(len(dataset) / world)} samples, fewer than one batch of "
             f"{plan.per_device_batch}; use a smaller batch or more data"
         )
-    return ShardedLoader(loader, sampler, plan, train)
+    return ShardedLoader(loader, sampler, plan, train, device=rt.device if to_device and rt.device.type != "cpu" else None)

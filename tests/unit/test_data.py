@@ -533,3 +533,53 @@ def test_sample_seeds_differ_for_neighbours_and_fit_63_bits():
     assert len(seeds) == 900
     assert all(0 <= s < 2**63 for s in seeds)
     assert sample_seed(1, 2, 3) == sample_seed(1, 2, 3)
+
+
+# --------------------------------------------------------------------------------------------------
+# Batches arrive on the rank's device (the meta device stands in for a GPU: tensors really move there)
+
+
+class Reviews(Dataset):
+    """Samples as a tokenised text dataset gives them: a dict of tensors, a label and the text."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, index):
+        return {"input_ids": torch.full((4,), index), "label": index % 2, "text": f"review {index}"}
+
+
+def test_batches_arrive_on_the_ranks_device_with_their_structure():
+    gpu = SimpleNamespace(world_size=1, rank=0, cores=(0,), device=torch.device("meta"))
+    batches = list(make_loader(Reviews(), plan_batch(4, 1), rt=gpu, num_workers=0, pin_memory=False))
+    assert len(batches) == 2
+    for batch in batches:
+        assert set(batch) == {"input_ids", "label", "text"}
+        assert batch["input_ids"].device.type == "meta" and batch["input_ids"].shape == (4, 4)
+        assert batch["label"].device.type == "meta"
+        assert len(batch["text"]) == 4 and all(text.startswith("review ") for text in batch["text"])  # strings stay
+    kept = next(iter(make_loader(Reviews(), plan_batch(4, 1), rt=gpu, num_workers=0, pin_memory=False, to_device=False)))
+    assert kept["input_ids"].device.type == "cpu"
+    on_cpu = next(iter(make_loader(Reviews(), plan_batch(4, 1), rt=rt(), num_workers=0)))
+    assert on_cpu["input_ids"].device.type == "cpu"
+
+
+def test_to_device_keeps_each_container_type_and_lets_an_object_move_itself():
+    from collections import namedtuple
+
+    from gpuscale.batches import to_device
+
+    Pair = namedtuple("Pair", "x y")
+
+    class Encoding:  # like transformers' BatchEncoding: moves itself with .to(device)
+        def __init__(self, ids):
+            self.ids = ids
+
+        def to(self, device):
+            return Encoding(self.ids.to(device))
+
+    meta = torch.device("meta")
+    moved = to_device([Pair(torch.ones(2), (torch.zeros(1), "a", 3)), {"e": Encoding(torch.ones(3))}], meta)
+    assert isinstance(moved, list) and isinstance(moved[0], Pair) and isinstance(moved[0].y, tuple)
+    assert moved[0].x.device == meta and moved[0].y[0].device == meta and moved[0].y[1:] == ("a", 3)
+    assert isinstance(moved[1]["e"], Encoding) and moved[1]["e"].ids.device == meta
