@@ -70,3 +70,27 @@ def test_gpu_defaults_fuse_the_optimizer_under_ddp_and_take_the_same_steps(tmp_p
     fused = _accumulate(tmp_path / "fused", "--strategy", "ddp", "--precision", "fp32", "--clip", "0.5", "--compile", "inductor")
     assert fused["fused"] and fused["compiled"] and not plain["fused"] and not plain["compiled"]
     assert fused["losses"] == pytest.approx(plain["losses"], rel=1e-4)
+
+
+def test_doctor_reads_nccls_version_and_transport_from_its_own_log():
+    """One rank per GPU (a one-rank NCCL group on a one-GPU machine): the network section is read from NCCL's own log,
+    which went to a file, not to the terminal."""
+    import os
+    import socket
+
+    num_gpus = torch.cuda.device_count()
+    launch = ["run", "--nproc-per-node", "gpu", "-m", "gpuscale"] if num_gpus > 1 else []
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NCCL_DEBUG")}
+    result = subprocess.run([sys.executable, "-m", "gpuscale", *launch, "doctor", "--json", "--max-size", "1M"],
+                            capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    assert result.returncode in (0, 1), result.stderr[-4000:]
+    data = json.loads(result.stdout)
+    library = "RCCL" if torch.version.hip else "NCCL"
+    version = ".".join(map(str, torch.cuda.nccl.version()))
+    nodes = data["network"]["nodes"]
+    assert len(nodes) == 1 and nodes[0]["line"].startswith(f"{socket.gethostname()}: {library} {version} "), nodes
+    rank0 = data["network"]["ranks"]["0"]
+    assert rank0["error"] is None and rank0["init"]["library"] == library and rank0["init"]["version"] == version
+    assert rank0["init"]["network"], rank0  # the network NCCL chose: IB, Socket, an OFI plugin's ...
+    assert [f["level"] for f in data["findings"] if f["area"] == "network"] == ["info"]  # one node
+    assert "NCCL INFO" not in result.stdout + result.stderr

@@ -23,6 +23,13 @@ def test_doctor_under_gpuscale_run_prints_the_table_and_bandwidth_and_passes():
     assert sizes == ["4 KiB", "16 KiB", "64 KiB", "256 KiB", "1 MiB", "4 MiB"]
     assert "info  bandwidth    busbw peak" in result.stdout
     assert "  FAIL  " not in result.stdout and "doctor passed" in result.stdout
+    # the network section: one line for this one node, gloo's address by torch's rule (what the host name resolves to)
+    host = socket.gethostname()
+    network = result.stdout.split("network (gloo's address by torch's rule, one line per node):\n")[1].split("\n\n")[0].splitlines()
+    first_address = socket.getaddrinfo(host, None, socket.AF_UNSPEC, socket.SOCK_STREAM)[0][4][0]
+    assert network == [f"  {host}: gloo over TCP on {network[0].split(' on ')[1].split()[0]} {first_address} "
+                       f"(host name {host} resolves to it)"], network
+    assert "info  network      one node: gloo's traffic stays on this host" in result.stdout
 
 
 def test_two_ranks_forced_onto_one_core_fail_and_say_so():
@@ -46,6 +53,8 @@ def test_doctor_json_carries_every_rank_and_correct_sums():
     assert all(row["correct"] and row["busbw_gbps"] > 0 for row in data["bandwidth"])
     assert [f["level"] for f in data["findings"] if f["area"] == "bandwidth"] == ["fail"]
     assert data["passed"] is False
+    assert [n["host"] for n in data["network"]["nodes"]] == [socket.gethostname()] and data["network"]["ranks"] is None
+    assert all(r["gloo"]["devices"][0]["address"] for r in data["ranks"])
 
 
 def test_doctor_alone_checks_the_rendezvous_port():

@@ -11,7 +11,10 @@ Every rank joins (`gpuscale.init()`, so with exactly the binding and device the 
 describes itself (`facts`), and rank 0 judges the whole world (`checks`): ranks that disagree on
 the world size, two ranks on one GPU, ranks sharing cores, a rank bound far from its GPU, a GPU no
 rank uses; torch, NCCL/RCCL (and DeepSpeed) versions; the network interface across nodes,
-MIOpen's cache on AMD, tokenizers and threads; the rendezvous port. Then all ranks all-reduce
+MIOpen's cache on AMD, tokenizers and threads; the rendezvous port. Then the network each node
+really uses (`network`): on GPUs NCCL's/RCCL's own init log, captured around a small all-reduce
+(`nccl_capture`) and parsed (`ncclog`: IB, OFI with its plugin and provider, or the socket
+fallback); on CPU the address gloo binds, by torch's rule (`gloonet`). Then all ranks all-reduce
 messages of 4 KiB to 256 MiB and rank 0 reports algbw and busbw (`bandwidth`) against the
 profile's link bandwidth. The exit code is 1 on every rank when anything failed, 0 otherwise.
 """

@@ -286,10 +286,10 @@ def check_environment(facts: Sequence[Facts]) -> list[Finding]:
         uses_gpu = any(f.get("gpu") for f in facts)
         name = "NCCL_SOCKET_IFNAME" if uses_gpu else "GLOO_SOCKET_IFNAME"
         spec = env0.get(name)
-        if not spec:
-            found.append(Finding("warn", "environment", f"{len(hosts)} nodes and {name} is not set: the library picks an "
-                                 "interface itself, possibly a slow management network",
-                                 f"set {name} to the fast interfaces (LUMI: hsn0,hsn1,hsn2,hsn3); the cluster profile's [env] does"))
+        if not spec:  # no longer a warning: the network check reads which interface and transport were really chosen
+            found.append(Finding("info", "environment", f"{len(hosts)} nodes and {name} is not set: the library picks the "
+                                 "interface itself (the network lines say which it chose; LUMI's AI Factory images want it unset)",
+                                 None))
         else:
             missing = sorted(h for h, here in hosts.items() if not _interface_matches(spec, here[0].get("interfaces") or []))
             if missing:

@@ -1,4 +1,4 @@
-"""What one rank can say about itself, as a plain dict for `gpuscale.doctor.checks`.
+"""What one rank can say about itself, as a plain dict for `gpuscale.doctor.checks` and `gpuscale.doctor.network`.
 
 Read after `gpuscale.init()`, so the cores are the ones the rank really runs on (its affinity
 now, whoever set it: gpuscale, srun's --cpu-bind, taskset) and the device is the one it trains on.
@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from gpuscale.doctor.gloonet import gloo_endpoint
 from gpuscale.env import relevant_environment, visible_devices
 from gpuscale.topology import allowed_cores, numa_node_of_pci, parse_cpulist
 from gpuscale.runtime import Runtime
@@ -102,6 +103,7 @@ def rank_facts(rt: Runtime, environ_at_start: Mapping[str, str]) -> dict[str, An
         "has_tokenizers": importlib.util.find_spec("tokenizers") is not None,
         "interfaces": sorted(p.name for p in SYSFS_NET.iterdir()) if SYSFS_NET.is_dir() else [],
         "environ": relevant_environment(environ_at_start),
+        "gloo": gloo_endpoint(environ_at_start, rt.host),
         "pid": os.getpid(),
     }
     if rt.device.type == "cuda":

@@ -12,7 +12,7 @@ from gpuscale.doctor.checks import Finding, worst
 from gpuscale.log import format_table
 from gpuscale.topology import format_cpulist
 
-__all__ = ["placement_table", "format_text", "as_json", "exit_code"]
+__all__ = ["placement_table", "network_section", "format_text", "as_json", "exit_code"]
 
 _MARK = {"fail": "FAIL", "warn": "warn", "ok": "ok", "info": "info"}
 
@@ -40,9 +40,18 @@ def exit_code(findings: Sequence[Finding]) -> int:
     return 1 if worst(findings) == "fail" else 0
 
 
+def network_section(network: Sequence[dict[str, Any]] | None) -> list[str]:
+    """'network (...):' and one line per node, as `gpuscale.doctor.network.node_lines` wrote them ([] if none)."""
+    if not network:
+        return []
+    source = "gloo's address by torch's rule" if all(n.get("transport") == "gloo" for n in network) else "NCCL/RCCL's own log"
+    return ["", f"network ({source}, one line per node):", *(f"  {n['line']}" for n in network)]
+
+
 def format_text(facts: Sequence[dict[str, Any]], findings: Sequence[Finding], sweep: list[dict[str, Any]] | None,
-                backend: str | None, now: datetime.datetime | None = None) -> str:
-    """The whole report: header, placement table, checks, bandwidth table, environment, summary."""
+                backend: str | None, now: datetime.datetime | None = None,
+                network: Sequence[dict[str, Any]] | None = None) -> str:
+    """The whole report: header, placement table, checks, network lines, bandwidth table, environment, summary."""
     first = facts[0]
     hosts = sorted({f["host"] for f in facts})
     now = now or datetime.datetime.now(datetime.timezone.utc)
@@ -60,6 +69,7 @@ def format_text(facts: Sequence[dict[str, Any]], findings: Sequence[Finding], sw
         lines.append(f"  {_MARK[f.level]:<4}  {f.area:<11}  {f.message}")
         if f.fix and f.level in ("fail", "warn"):
             lines.append(f"  {'':<4}  {'':<11}  fix: {f.fix}")
+    lines += network_section(network)
     if sweep:
         lines += ["", f"all-reduce bandwidth ({backend}, {len(facts)} ranks, float32; busbw = algbw x 2(N-1)/N):"]
         lines.append(format_table(("size", "time", "repeats", "algbw GB/s", "busbw GB/s"), [
@@ -76,7 +86,9 @@ def format_text(facts: Sequence[dict[str, Any]], findings: Sequence[Finding], sw
 
 
 def as_json(facts: Sequence[dict[str, Any]], findings: Sequence[Finding], sweep: list[dict[str, Any]] | None,
-            backend: str | None) -> dict[str, Any]:
+            backend: str | None, network: Sequence[dict[str, Any]] | None = None,
+            nccl: dict[int, Any] | None = None) -> dict[str, Any]:
+    """The report as one object; 'network' holds the node lines and, on GPUs, each rank's parsed NCCL log."""
     return {
         "gpuscale": __version__,
         "passed": exit_code(findings) == 0,
@@ -85,4 +97,5 @@ def as_json(facts: Sequence[dict[str, Any]], findings: Sequence[Finding], sweep:
         "ranks": sorted(facts, key=lambda f: f["rank"]),
         "findings": [f.as_dict() for f in findings],
         "bandwidth": sweep,
+        "network": {"nodes": list(network or []), "ranks": {str(r): v for r, v in sorted((nccl or {}).items())} or None},
     }
