@@ -353,3 +353,69 @@ def test_lint_paths_collects_unparsable_files_when_asked(tmp_path):
     errors: list[str] = []
     assert [f.rule for f in lint_paths([tmp_path], errors=errors)] == ["GS103"]
     assert len(errors) == 1 and "broken.py:1: not valid Python" in errors[0]
+
+
+SPLIT_SCRIPT = """\
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.utils.data import TensorDataset, random_split
+from transformers import set_seed
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+seed_offset = rank
+data = TensorDataset(torch.randn(8, 2))
+{before}
+train, val = random_split(data, [6, 2]{generator})
+{after}
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("before, generator, after, flagged", [
+    ("torch.manual_seed(0)", "", "", False),
+    ("set_seed(42)", "", "", False),
+    ("", ", generator=torch.Generator().manual_seed(42)", "", False),
+    ("", ", torch.Generator().manual_seed(42)", "", False),
+    ("", "", "", True),
+    ("torch.manual_seed(0 + rank)", "", "", True),
+    ("torch.manual_seed(1337 + seed_offset)", "", "", True),
+    ("", ", generator=torch.Generator().manual_seed(rank)", "", True),
+    ("np.random.seed(0)", "", "", True),
+    ("", "", "torch.manual_seed(0)", True),
+    ("if rank == 0:\n    torch.manual_seed(0)", "", "", True),
+])
+def test_a_split_is_seeded_only_by_a_seed_that_is_the_same_on_every_rank_and_comes_first(before, generator, after, flagged):
+    findings = lint_source(SPLIT_SCRIPT.format(before=before, generator=generator, after=after))
+    assert [f.rule for f in findings] == (["GS114"] if flagged else [])
+
+
+SPAWN_GLOBALS = """\
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.utils.data import DataLoader, Dataset
+class Squares(Dataset):
+    def __len__(self):
+        return 8
+    def __getitem__(self, i):
+        return i * i * scale
+def worker(rank=0):
+    dist.init_process_group("gloo")
+    for batch in DataLoader(Squares(), num_workers=2):
+        print(rank, batch)
+    dist.destroy_process_group()
+if __name__ == "__main__":
+    scale = 2
+    {start}
+"""
+
+
+@pytest.mark.parametrize("start, flagged", [
+    ("worker()", False),  # torchrun: every rank runs this block
+    ("mp.set_start_method('fork')\n    worker()", False),
+    ("mp.set_start_method('spawn')\n    worker()", True),  # DataLoader workers import the script as __mp_main__
+    ("mp.spawn(worker, nprocs=2)", True),
+])
+def test_main_only_globals_matter_only_where_processes_are_spawned(start, flagged):
+    findings = lint_source(SPAWN_GLOBALS.format(start=start), rules=select_rules(["GS115"]))
+    assert [(f.line, f.rule) for f in findings] == ([(8, "GS115")] if flagged else [])

@@ -15,6 +15,8 @@ checked for the mistakes that make N GPUs train wrong or slow:
     GS110  hard-coded MASTER_PORT             GS111  hard-coded GPU index ("cuda:0")
     GS112  init_process_group() without destroy_process_group()
     GS113  DeepSpeed config batch sizes that disagree with the DataLoader
+    GS114  random_split / shuffle unseeded (or seeded per rank) before sharding: validation leaks into training
+    GS115  a function run by mp.spawn reads a global set only under if __name__ == "__main__"
 
 Each finding prints as `path:line:col: GS1xx what is wrong`, then why it matters and the fix (the
 gpuscale call that does it right). Folders are linted recursively (*.py).

@@ -8,8 +8,8 @@ one GPU: what is wrong, why it matters, and the gpuscale call that does it right
     for finding in lint_paths(["train.py"]):
         print(finding.format())
 
-Rules (each a small function in rules_data, rules_ranks, rules_setup, rules_deepspeed; table in
-`gpuscale.lint.rules`):
+Rules (each a small function in rules_data, rules_metrics, rules_ranks, rules_setup, rules_deepspeed,
+rules_seeds, rules_spawn; table in `gpuscale.lint.rules`):
 
     GS101  DataLoader without a DistributedSampler: every rank reads (or evaluates) the whole dataset
     GS102  DistributedSampler, but set_epoch() never called: the same shuffle every epoch
@@ -17,17 +17,35 @@ Rules (each a small function in rules_data, rules_ranks, rules_setup, rules_deep
     GS104  standard-library INFO logging on every rank (gpuscale.get_logger filters by rank itself)
     GS105  torch.save / save_pretrained (without is_main_process=) on every rank
     GS106  the DDP wrapper's state_dict() saved: every key starts with 'module.'
-    GS107  accuracy-like counters of one rank's shard, never reduced over the ranks
+    GS107  accuracy of one rank's shard, never reduced over the ranks, reported as the dataset's
     GS108  parameters unfrozen (requires_grad = True) after DDP/FSDP/DeepSpeed/gpuscale wrapped the model
     GS109  batch // world_size (or int(batch / world_size)): the remainder silently dropped
     GS110  hard-coded MASTER_PORT, or a tcp://host:PORT init_method
     GS111  hard-coded GPU index: "cuda:0", .cuda(0), set_device(0), device_ids=[0]
     GS112  init_process_group() without destroy_process_group()
     GS113  DeepSpeed config batch sizes that disagree with the DataLoader's per-rank batch
+    GS114  random_split / train_test_split, or a shuffle that decides each rank's samples, seeded
+           differently on every rank (unseeded, or seed + rank): validation leaks into training
+    GS115  a function run by mp.spawn's children reads a global assigned only under
+           `if __name__ == "__main__":` (the children import the script as __mp_main__: NameError)
 
-A script is distributed when it calls init_process_group, DistributedDataParallel, FSDP /
-fully_shard, deepspeed.initialize, gpuscale.init / setup / wrap, accelerate's Accelerator,
-DistributedSampler, horovod's init or torch.multiprocessing.spawn; other scripts get no findings.
+A script is distributed when it calls init_process_group, DistributedDataParallel (under any import
+alias), FSDP / fully_shard, deepspeed.initialize, gpuscale.init / setup / wrap, accelerate's
+Accelerator, DistributedSampler, horovod's init or torch.multiprocessing.spawn, or reads the
+launcher's RANK, LOCAL_RANK or WORLD_SIZE (HF's Trainer starts the group itself); other scripts get
+no findings.
+
+How far the rules follow a value: a loader or a counter is followed through assignments, into the
+script's own functions and classes it is handed to (`Trainer(model, val_loader)`, then
+`self.val_loader`), and from a function's return value to its callers (`gpuscale.lint.calls`
+resolves calls by name). GS107 points at the line that reports the unreduced number (rank 0's
+print or log first), and is silent for a counter over a loader without a DistributedSampler (that
+number is the whole dataset's). GS103 is silent in a script that replaces the built-in print (the
+torchvision references' setup_for_distributed); a print or INFO log that includes the rank is a
+deliberate line from each rank.
+
+Measured on tests/unit/lint_corpus/realistic (realistic DDP scripts with hand-written truths; the
+figures are in README.md and checked by tests/unit/test_lint_precision.py).
 
 Rank guards are understood generously (see `gpuscale.lint.guards`): an enclosing `if` or
 conditional whose test mentions the rank or the main process, an earlier `if not is_main: return`,

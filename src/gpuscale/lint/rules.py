@@ -1,13 +1,14 @@
 """The rule table: id, title, why it matters and the fix, next to the function that checks it.
 
 Every rule is only active in a distributed script (`Script.is_distributed`): one that starts a
-process group, wraps a model for data parallelism (DDP, FSDP, DeepSpeed), or uses gpuscale,
-Accelerate or Horovod to do so. A single-process script has none of these mistakes.
+process group, wraps a model for data parallelism (DDP, FSDP, DeepSpeed), uses gpuscale,
+Accelerate or Horovod to do so, or reads the launcher's RANK / WORLD_SIZE. A single-process script
+has none of these mistakes.
 """
 
 from __future__ import annotations
 
-from gpuscale.lint import rules_data, rules_deepspeed, rules_ranks, rules_setup
+from gpuscale.lint import rules_data, rules_deepspeed, rules_metrics, rules_ranks, rules_seeds, rules_setup, rules_spawn
 from gpuscale.lint.findings import Rule
 
 RULES: tuple[Rule, ...] = (
@@ -41,11 +42,12 @@ RULES: tuple[Rule, ...] = (
          "save gpuscale.full_state_dict(model) (or gpuscale.unwrap(model).state_dict(), model.module.state_dict())",
          rules_ranks.check_wrapper_state_dict),
     Rule("GS107", "metric of one rank's shard",
-         "each rank counts only the samples of its own shard, and nothing in the script sums the counts over the "
-         "ranks: the accuracy printed is rank 0's, not the dataset's",
+         "each rank counts only the samples of its own shard (its loader has a DistributedSampler, or is sharded by "
+         "a library), and nothing sums the counts over the ranks: the accuracy printed is rank 0's shard's, not the "
+         "dataset's",
          "sum the counts over ranks: gpuscale.Average().update(correct, count).compute(), "
          "gpuscale.all_reduce_sum([correct, total]), or torch.distributed.all_reduce",
-         rules_data.check_metrics_reduced),
+         rules_metrics.check_metrics_reduced),
     Rule("GS108", "parameters unfrozen after wrapping",
          "DDP, FSDP and DeepSpeed fix the set of trainable parameters when they wrap the model: gradients of "
          "parameters unfrozen later are never synchronised, and the ranks' weights drift apart",
@@ -81,6 +83,20 @@ RULES: tuple[Rule, ...] = (
          "gpuscale.setup(model, ..., plan=gpuscale.plan_batch(...), strategy='deepspeed') fills both from one plan; "
          "or set train_micro_batch_size_per_gpu to the loader's batch_size",
          rules_deepspeed.check_deepspeed_batch),
+    Rule("GS114", "split or shuffled differently on every rank",
+         "every rank draws its own random split (or order) when the generator is unseeded or seeded with the rank: "
+         "a sample held out for validation on one rank is trained on by another, and the shards overlap and miss "
+         "samples",
+         "seed it the same on every rank: random_split(data, sizes, generator=torch.Generator().manual_seed(42)), "
+         "train_test_split(..., random_state=42), dataset.shuffle(seed=42); then shard with "
+         "gpuscale.make_loader(subset, gpuscale.plan_batch(...))",
+         rules_seeds.check_unseeded_split),
+    Rule("GS115", "global assigned only under __main__, read in a spawned process",
+         "processes started by mp.spawn (or the spawn start method) import the script as __mp_main__ and do not run "
+         "its `if __name__ == \"__main__\":` block: a name assigned only there does not exist in them (NameError)",
+         "pass the value in: mp.spawn(worker, args=(args,)); or assign it at module level; or launch with "
+         "`gpuscale run` / torchrun and `with gpuscale.init() as rt:` instead of mp.spawn",
+         rules_spawn.check_main_only_globals),
 )
 
 RULE_IDS = tuple(rule.id for rule in RULES)

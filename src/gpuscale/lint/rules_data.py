@@ -1,7 +1,8 @@
-"""Rules about data and numbers: who sees which samples, how batches and metrics add up.
+"""Rules about data and numbers: who sees which samples, how batches add up.
 
 GS101 DataLoader without a DistributedSampler, GS102 DistributedSampler without set_epoch,
-GS107 metrics of one rank's shard never reduced, GS109 strong scaling by integer division.
+GS109 strong scaling by integer division. `loader_is_unsharded` tells GS107 (rules_metrics) which
+loaders give every rank the whole dataset.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import ast
 import re
 from collections.abc import Iterator
 
+from gpuscale.lint import calls
 from gpuscale.lint.findings import Hit
 from gpuscale.lint.guards import Guards, mentions_rank
 from gpuscale.lint.script import Script, dotted, is_world_size, keyword, last_name, names_in
@@ -17,22 +19,8 @@ from gpuscale.lint.script import Script, dotted, is_world_size, keyword, last_na
 PLAIN_SAMPLERS = ("RandomSampler", "SequentialSampler", "SubsetRandomSampler", "WeightedRandomSampler")
 SHARDING = re.compile(r"rank|world_size|num_replicas|shard|split_dataset_by_node", re.IGNORECASE)
 EVAL = re.compile(r"val|eval|test|dev", re.IGNORECASE)
-# Collectives and helpers that combine values over ranks; one anywhere means metrics may be reduced.
-# By name where the name says so; `gather` / `reduce` only where they are torch.distributed's or a
-# library object's (accelerator.gather, fabric.all_reduce): `logits.gather(1, idx)` and
-# functools.reduce combine nothing over ranks.
-REDUCTIONS = frozenset({
-    "all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor", "reduce_scatter",
-    "reduce_scatter_tensor", "all_reduce_sum", "all_reduce_max", "gather_for_metrics", "reduce_dict",
-    "mesh_reduce", "all_reduce_mean", "allreduce", "allgather", "allgather_object", "Average", "Meter", "sync_dist",
-})
-RANK_COLLECTIVES = frozenset({"gather", "gather_object", "reduce", "broadcast_object_list"})
-COLLECTIVE_OWNERS = re.compile(r"^(torch\.distributed|horovod|gpuscale|torch_xla)\b|accelerat|fabric|(^|[._])dist(ributed)?$|"
-                               r"^(hvd|xm)$|strategy|(^|[._])state$", re.IGNORECASE)
-# Accuracy-like counters: correct / n_correct / running_corrects / correct_k, accuracy, acc / acc1 / val_acc /
-# top1_acc, top1 / top5. Not correct_bias, bias_correction1, grad_acc_steps, acc_steps.
-METRIC = re.compile(r"(^|_)corrects?(_(?!bias)|$|\d)|accuracy|(^|_)acc\d*$|(^|_)top_?[15](_|$)", re.IGNORECASE)
 NOT_BATCH = re.compile(r"cpu|core|worker|thread|mem", re.IGNORECASE)
+FOLLOW_DEPTH = 3  # how many calls deep a loader handed to the script's functions is followed
 
 
 def _sampler_is_plain(script: Script, sampler: ast.AST) -> bool:
@@ -54,23 +42,36 @@ def _handed_to_library(script: Script, call: ast.Call) -> bool:
 
 
 def _sharded_dataset(script: Script, dataset: ast.AST | None) -> bool:
-    """Whether the dataset is already this rank's share (its expression or assignment mentions rank or shards)."""
+    """Whether the dataset is already this rank's share: its expression, or an assignment of it or of a
+    variable it is computed from (`train.with_format("torch")` after `train = split_dataset_by_node(...)`),
+    mentions the rank or shards."""
     if dataset is None:
         return False
-    exprs = [dataset, *script.assignments(dotted(dataset) or "")]
+    variables = {dotted(dataset) or ""} | {n.id for n in ast.walk(dataset) if isinstance(n, ast.Name)}
+    exprs = [dataset, *(value for name in variables if name for value in script.assignments(name))]
     return any(SHARDING.search(name) for e in exprs for name in names_in(e))
 
 
+def loader_is_unsharded(script: Script, call: ast.Call) -> bool:
+    """Whether a `DataLoader(...)` call gives every rank the whole dataset: no sampler (or a plain one), no
+    batch sampler, a dataset that is not this rank's share, and no library (Accelerate, Lightning) to shard it."""
+    sampler = _argument(call, "sampler", 3)
+    if _argument(call, "batch_sampler", 4) is not None or (sampler is not None and not _sampler_is_plain(script, sampler)):
+        return False
+    dataset = keyword(call, "dataset") or (call.args[0] if call.args else None)
+    return not (_sharded_dataset(script, dataset) or _handed_to_library(script, call))
+
+
 def check_loader_sampler(script: Script) -> Iterator[Hit]:
-    """GS101: `DataLoader(...)` with no sampler, or a plain one, so every rank reads the whole dataset."""
+    """GS101: `DataLoader(...)` with no sampler, or a plain one, so every rank reads the whole dataset.
+
+    A loader only the main rank reads is right: one created under a rank guard, or assigned to a
+    name that is read only under one, also where it is handed to a function or class of the script
+    (`Trainer(model, val_loader)`, then `self.val_loader` iterated only in an `if rank == 0:` branch).
+    """
     guards = Guards(script)
     for call in script.calls_named("DataLoader"):
-        sampler = _argument(call, "sampler", 3)
-        batch_sampler = _argument(call, "batch_sampler", 4)
-        if batch_sampler is not None or (sampler is not None and not _sampler_is_plain(script, sampler)):
-            continue
-        dataset = keyword(call, "dataset") or (call.args[0] if call.args else None)
-        if _sharded_dataset(script, dataset) or _handed_to_library(script, call) or guards.guarded(call):
+        if not loader_is_unsharded(script, call) or guards.guarded(call):
             continue
         if _only_used_on_main(script, guards, call):
             continue
@@ -95,9 +96,42 @@ def _only_used_on_main(script: Script, guards: Guards, call: ast.Call) -> bool:
     names = {dotted(t) for t in targets}
     if None in names or not names:
         return False
-    uses = [n for n in script.nodes if isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Load)
-            and dotted(n) in names]
-    return bool(uses) and all(guards.guarded(use) for use in uses)
+    return all(_read_only_on_main(script, guards, name, script.tree, FOLLOW_DEPTH) for name in names)  # type: ignore[arg-type]
+
+
+def _read_only_on_main(script: Script, guards: Guards, name: str, where: ast.AST, depth: int) -> bool:
+    """Whether every read of `name` inside `where` (the module, a function, a class) runs on the main rank only,
+    following the value where it is handed on: an argument of the script's own function or class (its
+    parameter is followed there), or stored as `self.x` (every read of `self.x` in the class is followed)."""
+    uses = [n for n in ast.walk(where) if isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Load)
+            and dotted(n) == name]
+    if not uses:
+        return False
+    for use in uses:
+        if guards.guarded(use):
+            continue
+        handed = _handed_on(script, use) if depth > 0 else None
+        if handed is None or not _read_only_on_main(script, guards, *handed, depth - 1):
+            return False
+    return True
+
+
+def _handed_on(script: Script, use: ast.AST) -> tuple[str, ast.AST] | None:
+    """Where a read value goes next: (parameter, function) for an argument of the script's function or class,
+    ('self.x', class) for `self.x = value` in a method; None for any other use."""
+    parent = script.parent(use)
+    if isinstance(parent, ast.keyword):
+        parent = script.parent(parent)
+    if isinstance(parent, ast.Call) and use is not parent.func:
+        function = calls.callee(script, parent)
+        parameter = calls.parameter_of(script, parent, function, use) if function else None
+        return (parameter, function) if parameter and function else None
+    if isinstance(parent, ast.Assign) and parent.value is use and len(parent.targets) == 1:
+        target = dotted(parent.targets[0]) or ""
+        cls = next((a for a in script.ancestors(parent) if isinstance(a, ast.ClassDef)), None)
+        if target.startswith("self.") and cls is not None:
+            return target, cls
+    return None
 
 
 def is_eval_loader(script: Script, call: ast.Call) -> bool:
@@ -120,47 +154,6 @@ def check_set_epoch(script: Script) -> Iterator[Hit]:
             continue
         if not is_eval_loader(script, call):
             yield Hit(call, "DistributedSampler shuffles, but set_epoch() is never called")
-
-
-def _metric_statement(node: ast.AST) -> bool:
-    """An accuracy-like counter being computed: `correct += ...`, `acc = correct / total`, `acc = (p == y).mean()`."""
-    if isinstance(node, ast.AugAssign):
-        return any(METRIC.search(n) for n in names_in(node.target))
-    if isinstance(node, ast.Assign) and not isinstance(node.value, ast.Constant):
-        if not any(METRIC.search(last_name(t) or "") for t in node.targets):
-            return False
-        return any(isinstance(n, (ast.Compare, ast.BinOp)) or (isinstance(n, ast.Call) and last_name(n.func) in ("sum", "mean", "item", "eq"))
-                   for n in ast.walk(node.value))
-    return False
-
-
-def _is_reduction(script: Script, call: ast.Call) -> bool:
-    """Whether a call combines values over ranks: a collective by its name, or torch.distributed's (or an
-    accelerator's, fabric's) gather / reduce."""
-    name = last_name(call.func)
-    if name in REDUCTIONS:
-        return True
-    if name not in RANK_COLLECTIVES:
-        return False
-    qualname = script.qualname(call)
-    if qualname.startswith("torch.distributed."):
-        return True
-    owner = call.func.value if isinstance(call.func, ast.Attribute) else None
-    names = {script.qualname(owner), dotted(owner) or ""} if owner is not None else set()
-    return any(name and COLLECTIVE_OWNERS.search(name) for name in names)
-
-
-def check_metrics_reduced(script: Script) -> Iterator[Hit]:
-    """GS107: accuracy-like counters computed on this rank's shard, in a script with no reduction at all."""
-    if any(_is_reduction(script, c) for c in script.calls) or script.imports("torchmetrics"):
-        return
-    guards = Guards(script)
-    reported: set[ast.AST] = set()
-    for node in script.nodes:
-        if _metric_statement(node) and script.scope(node) not in reported and not guards.guarded(node):
-            reported.add(script.scope(node))
-            target = node.target if isinstance(node, ast.AugAssign) else node.targets[0]
-            yield Hit(node, f"{dotted(target) or last_name(target) or 'metric'} counts this rank's shard only and is never reduced over ranks")
 
 
 def _checks_remainder(script: Script, divisor: ast.AST) -> bool:

@@ -1,5 +1,8 @@
 """GS113: a DeepSpeed config whose batch sizes disagree with the script's DataLoader.
 
+The loader's batch is a constant, or an `args.batch_size`-like option whose argparse default is one
+(what a run without that option trains with).
+
 DeepSpeed's `train_batch_size` is global (micro batch x gradient accumulation x ranks) and
 `train_micro_batch_size_per_gpu` is per rank. The loader feeds the per-rank batch, so a config
 batch is wrong when its micro batch differs from the loader's constant `batch_size`, or when its
@@ -78,9 +81,12 @@ def check_deepspeed_batch(script: Script) -> Iterator[Hit]:
         if batch is None or is_eval_loader(script, call):
             continue
         shown = batch if isinstance(batch, int) else batch[1]
+        per_rank = batch if isinstance(batch, int) else _value(script.argparse_default(batch[1]))
+        if isinstance(per_rank, int) and per_rank is not batch:
+            shown = f"{shown} (default {per_rank})"
         for config in configs:
             micro, total = config.get(MICRO), config.get(GLOBAL)
-            if isinstance(micro, int) and isinstance(batch, int) and micro != batch:
+            if isinstance(micro, int) and isinstance(per_rank, int) and micro != per_rank:
                 yield Hit(call, f"DataLoader batch_size={shown} but {MICRO}={micro}")
                 break
             if total is not None and total == batch:

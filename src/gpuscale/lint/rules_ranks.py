@@ -20,17 +20,30 @@ LOG_CONFIG = ("setLevel", "basicConfig", "disable", "addFilter", "set_verbosity"
 
 
 def check_print(script: Script) -> Iterator[Hit]:
-    """GS103: `print(...)` outside any rank guard (not to a file or stderr, not while handling an error)."""
+    """GS103: `print(...)` outside any rank guard (not to a file or stderr, not while handling an error).
+
+    A script that replaces the built-in print (`builtins.print = ...`, as the torchvision reference
+    scripts' setup_for_distributed does to silence every rank but the first) is left alone.
+    """
+    if _replaces_print(script):
+        return
     guards = Guards(script)
     for call in script.calls:
         if not (isinstance(call.func, ast.Name) and call.func.id == "print"):
             continue
-        if keyword(call, "file") is not None or script.in_except(call) or _tells_rank(call) or guards.guarded(call):
+        if keyword(call, "file") is not None or script.in_except(call) or tells_rank(call) or guards.guarded(call):
             continue
         yield Hit(call, "print() runs on every rank")
 
 
-def _tells_rank(call: ast.Call) -> bool:
+def _replaces_print(script: Script) -> bool:
+    """Whether the script assigns `builtins.print` (or Python 2's `__builtin__.print`): print is then its own."""
+    return any(isinstance(node, ast.Assign) and any(
+        isinstance(t, ast.Attribute) and t.attr == "print" and script.qualname(t.value) in ("builtins", "__builtin__")
+        for t in node.targets) for node in script.nodes)
+
+
+def tells_rank(call: ast.Call) -> bool:
     """Whether a print's text includes the rank (`f"rank {rank} ready"`, `"[%d]" % dist.get_rank()`,
     `print("rank", rank)`): a deliberate message from each rank, as a per-rank file name is for GS105.
     Only values count, not the words of the text: `print("rank 0 is slow")` is an ordinary print."""
@@ -66,7 +79,8 @@ def _rank_aware_logging(script: Script, guards: Guards) -> bool:
 
 
 def check_logging(script: Script) -> Iterator[Hit]:
-    """GS104: `logging.info(...)` or a standard logger's `.info/.debug` outside any rank guard."""
+    """GS104: `logging.info(...)` or a standard logger's `.info/.debug` outside any rank guard; a message that
+    includes the rank (`log.info("process %d ready", rank)`) is a deliberate line from each rank."""
     guards = Guards(script)
     if _rank_aware_logging(script, guards):
         return
@@ -78,7 +92,7 @@ def check_logging(script: Script) -> Iterator[Hit]:
         receiver = dotted(func.value)
         if not (script.qualname(func.value) == "logging" or receiver in loggers):
             continue
-        if not guards.guarded(call):
+        if not guards.guarded(call) and not tells_rank(call):
             yield Hit(call, f"{receiver}.{func.attr}() logs on every rank")
 
 
@@ -111,7 +125,8 @@ def _saved_names(script: Script) -> set[str]:
 
 
 def check_wrapper_state_dict(script: Script) -> Iterator[Hit]:
-    """GS106: `model.state_dict()` saved where `model` was assigned the DDP wrapper earlier in the same function."""
+    """GS106: `model.state_dict()` saved where `model` was assigned the DDP wrapper (under any import alias)
+    earlier in the same function."""
     saved = _saved_names(script)
     for call in script.calls_named("state_dict"):
         func = call.func
@@ -123,8 +138,7 @@ def check_wrapper_state_dict(script: Script) -> Iterator[Hit]:
         scope = script.scope(call)
         wrapped = [
             node for node in ast.walk(scope)
-            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
-            and last_name(node.value.func) in ("DistributedDataParallel", "DDP")
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and script.is_ddp(node.value)
             and any(dotted(t) == receiver for t in node.targets) and node.lineno < call.lineno
             and script.scope(node) is scope
         ]

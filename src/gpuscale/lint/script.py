@@ -31,6 +31,9 @@ DISTRIBUTED_QUALNAMES = frozenset({
 WRAP_NAMES = frozenset({"DistributedDataParallel", "DDP", "FullyShardedDataParallel", "FSDP", "fully_shard"})
 WRAP_QUALNAMES = frozenset({"deepspeed.initialize", "gpuscale.setup", "gpuscale.wrap", "gpuscale.training.setup",
                             "gpuscale.strategy.wrap"})
+# Variables a launcher sets for each of several processes (torchrun, accelerate, deepspeed): a script
+# that reads them runs as one of several processes, even when a library (HF's Trainer) starts the group.
+LAUNCHER_VARIABLES = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"})
 WORLD_SIZE = re.compile(
     r"(^|_)(world_?size|world|num_?gpus?|n_?gpus?|gpus|gpu_count|nprocs?|num_?procs|n_?procs|num_?processes|"
     r"num_?replicas|num_?devices|n_?devices|device_count|get_world_size)(_per_node)?$", re.IGNORECASE)
@@ -68,6 +71,19 @@ def names_in(expr: ast.AST) -> Iterator[str]:
             yield node.attr
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and len(node.value) < 40:
             yield node.value
+
+
+def environ_key(script: Script, expr: ast.AST) -> str | None:
+    """The variable an expression reads from the environment: `os.environ["RANK"]`, `os.environ.get("RANK")`,
+    `os.getenv("RANK")` -> 'RANK'; None for anything else."""
+    if isinstance(expr, ast.Subscript) and script.qualname(expr.value) in ("os.environ", "environ"):
+        key = expr.slice
+    elif isinstance(expr, ast.Call) and expr.args and (
+            script.qualname(expr.func) in ("os.getenv", "getenv", "os.environ.get", "environ.get")):
+        key = expr.args[0]
+    else:
+        return None
+    return key.value if isinstance(key, ast.Constant) and isinstance(key.value, str) else None
 
 
 def int_constant(expr: ast.AST | None) -> int | None:
@@ -155,12 +171,21 @@ class Script:
         return any((isinstance(n, ast.Name) and n.id == name) or (isinstance(n, ast.Attribute) and n.attr == name)
                    for n in self.nodes)
 
+    def callee(self, call: ast.Call) -> str:
+        """The last name of what a call calls, through import aliases: `NativeDDP(...)` after
+        `from torch.nn.parallel import DistributedDataParallel as NativeDDP` is 'DistributedDataParallel'."""
+        return self.qualname(call).rpartition(".")[2] or last_name(call.func)
+
     def is_wrap(self, call: ast.Call) -> bool:
         """Whether a call wraps a model for data parallelism (DDP, FSDP, deepspeed.initialize, gpuscale.setup/wrap,
         accelerate's prepare)."""
         if last_name(call.func) == "prepare" and self.calls_named("Accelerator"):
             return True
-        return last_name(call.func) in WRAP_NAMES or self.qualname(call) in WRAP_QUALNAMES
+        return self.callee(call) in WRAP_NAMES or self.qualname(call) in WRAP_QUALNAMES
+
+    def is_ddp(self, call: ast.Call) -> bool:
+        """Whether a call wraps a model in DistributedDataParallel (under any import alias)."""
+        return self.callee(call) in ("DistributedDataParallel", "DDP")
 
     @cached_property
     def uses_gpuscale_init(self) -> bool:
@@ -168,9 +193,57 @@ class Script:
 
     @cached_property
     def is_distributed(self) -> bool:
-        """Whether the script runs as several processes: it starts a process group or wraps a model for it."""
-        return any(last_name(c.func) in DISTRIBUTED_NAMES or self.qualname(c) in DISTRIBUTED_QUALNAMES
-                   for c in self.calls)
+        """Whether the script runs as several processes: it starts a process group, wraps a model for it, or
+        reads the rank or world size a launcher sets (RANK, LOCAL_RANK, WORLD_SIZE: HF's Trainer starts the
+        group itself)."""
+        if any(self.callee(c) in DISTRIBUTED_NAMES or self.qualname(c) in DISTRIBUTED_QUALNAMES for c in self.calls):
+            return True
+        return any(environ_key(self, n) in LAUNCHER_VARIABLES for n in self.nodes if isinstance(n, (ast.Subscript, ast.Call)))
+
+    def argparse_default(self, name: str) -> ast.AST | None:
+        """The default of the command-line option an `args.batch_size`-like name reads (`add_argument("--batch-size",
+        default=64)` for 'args.batch_size'), when exactly one option of the script has that destination."""
+        dest = name.rpartition(".")[2]
+        if "." not in name or not dest:
+            return None
+        found = []
+        for call in self.calls_named("add_argument"):
+            options = [a.value for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+            explicit = keyword(call, "dest")
+            if isinstance(explicit, ast.Constant):
+                names = {explicit.value}
+            else:
+                longs = [o for o in options if o.startswith("--")] or options
+                names = {longs[0].lstrip("-").replace("-", "_")} if longs else set()
+            if dest in names:
+                found.append(keyword(call, "default"))
+        return found[0] if len(found) == 1 else None
+
+    @cached_property
+    def defined(self) -> dict[str, list[ast.AST]]:
+        """Name -> the functions and classes of the script so named (at any depth), in source order."""
+        found: dict[str, list[ast.AST]] = {}
+        for node in self.nodes:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                found.setdefault(node.name, []).append(node)
+        for nodes in found.values():
+            nodes.sort(key=lambda n: n.lineno)  # type: ignore[attr-defined]
+        return found
+
+    @cached_property
+    def _scoped(self) -> dict[ast.AST, list[ast.AST]]:
+        """Scope -> its nodes in source order (computed once: every rule asks)."""
+        found: dict[ast.AST, list[ast.AST]] = {}
+        for node in self.nodes:
+            if node is not self.tree:
+                found.setdefault(self.scope(node), []).append(node)
+        for nodes in found.values():
+            nodes.sort(key=lambda n: (getattr(n, "lineno", 0), getattr(n, "col_offset", 0)))
+        return found
+
+    def scope_nodes(self, scope: ast.AST) -> list[ast.AST]:
+        """The nodes whose innermost function (or lambda, or the module) is `scope`, in source order."""
+        return self._scoped.get(scope, [])
 
     def parent(self, node: ast.AST) -> ast.AST | None:
         return self.parents.get(node)

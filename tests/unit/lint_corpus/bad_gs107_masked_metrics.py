@@ -1,6 +1,6 @@
 """GS107: counters that read like metrics but are not (bias_correction1, grad_acc_steps) hide nothing,
 and gather / reduce that combine nothing over ranks (logits.gather, torch.gather, functools.reduce) do
-not count as reducing the metrics."""
+not count as reducing the metrics. Each finding points at the line where rank 0 reports the number."""
 
 import functools
 import operator
@@ -31,7 +31,7 @@ def evaluate(model, loader, world_size):
     correct, total = 0, 0
     with torch.no_grad():
         for x, y in loader:
-            correct += (model(x).argmax(1) == y).sum().item()  # expect: GS107
+            correct += (model(x).argmax(1) == y).sum().item()
             total += len(y)
     return correct / total, acc_steps
 
@@ -39,12 +39,12 @@ def evaluate(model, loader, world_size):
 def top_k(model, loader):
     running_corrects = 0
     for x, y in loader:
-        running_corrects += (model(x).argmax(1) == y).sum()  # expect: GS107
+        running_corrects += (model(x).argmax(1) == y).sum()
     return running_corrects
 
 
 def top1(model, x, y):
-    top1_acc = (model(x).argmax(1) == y).float().mean()  # expect: GS107
+    top1_acc = (model(x).argmax(1) == y).float().mean()
     return top1_acc
 
 
@@ -63,7 +63,9 @@ def main():
     accuracy, _ = evaluate(model, loader, world_size)
     corrects, acc1 = top_k(model, loader), top1(model, x, y)
     if dist.get_rank() == 0:
-        print(f"accuracy {accuracy:.3f}, {sizes}, {corrects}, {acc1}")
+        print(f"accuracy {accuracy:.3f}, {sizes}")  # expect: GS107
+        print(f"corrects {corrects}")  # expect: GS107
+        print(f"top-1 {acc1}")  # expect: GS107
     dist.destroy_process_group()
 
 

@@ -13,7 +13,7 @@ def evaluate(model, loader):
     with torch.no_grad():
         for x, y in loader:
             pred = model(x).argmax(dim=1)
-            correct += (pred == y).sum().item()  # expect: GS107
+            correct += (pred == y).sum().item()
             total += y.size(0)
     model.train()
     return correct / total
@@ -36,7 +36,7 @@ def main():
             opt.step()
         accuracy = evaluate(model, val_loader)
         if dist.get_rank() == 0:
-            print(f"epoch {epoch}: validation accuracy {accuracy:.3f}")
+            print(f"epoch {epoch}: validation accuracy {accuracy:.3f}")  # expect: GS107
     dist.destroy_process_group()
 
 

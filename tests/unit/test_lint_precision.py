@@ -1,0 +1,177 @@
+"""`gpuscale lint` on realistic training scripts: how many of its findings are right, how many mistakes it finds.
+
+tests/unit/lint_corpus/realistic/ holds DDP training scripts written in the styles of public examples
+and courses (see its README.md), each next to `NAME.truth.toml`: its true mistakes, decided by reading
+the code, each with the first line of the statement that makes it, the rule of its class and why
+(`[[mistake]]`), and the real mistakes no rule covers (`[[not_covered]]`, counted apart).
+
+A finding is right when a truth of the same rule starts the statement it points into (a call spread over
+several lines is one statement; a statement flagged twice by one rule is one finding). Precision is
+right findings / findings; recall is truths found / truths. Truths with a `note` are known gaps that a
+later issue closes: they count in the headline recall, which README.md states next to the recall
+without them.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from gpuscale.lint import RULE_IDS, Finding, lint_paths
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parents[2]
+REALISTIC = Path(__file__).resolve().parent / "lint_corpus" / "realistic"
+SCRIPTS = sorted(REALISTIC.glob("*.py"))
+FLOOR = 0.90
+
+
+@dataclass
+class Score:
+    """One script's (or the corpus's) findings measured against its truths."""
+
+    name: str
+    truths: int = 0
+    gaps: int = 0
+    found: int = 0
+    found_gaps: int = 0
+    right: int = 0
+    findings: int = 0
+    false: list[Finding] = field(default_factory=list)
+    missed: list[dict] = field(default_factory=list)
+
+    def add(self, other: Score) -> None:
+        """Add another script's counts and lists to these."""
+        for name in ("truths", "gaps", "found", "found_gaps", "right", "findings"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.false += other.false
+        self.missed += other.missed
+
+
+def truths(script: Path) -> dict:
+    """A script's truth file, parsed."""
+    return tomllib.loads(script.with_suffix(".truth.toml").read_text())
+
+
+def statement_spans(text: str) -> dict[int, tuple[int, int]]:
+    """First line of each statement -> its lines (a compound statement: its header only)."""
+    spans: dict[int, tuple[int, int]] = {}
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.stmt):
+            body = getattr(node, "body", None)
+            last = body[0].lineno - 1 if isinstance(body, list) and body else node.end_lineno or node.lineno
+            spans.setdefault(node.lineno, (node.lineno, max(node.lineno, last)))
+    return spans
+
+
+def score(script: Path) -> Score:
+    """Match the linter's findings for one script against its truth file."""
+    spans = statement_spans(script.read_text())
+    mistakes = truths(script).get("mistake", [])
+    findings = lint_paths([script])
+    result = Score(script.name, truths=len(mistakes), gaps=sum(1 for m in mistakes if m.get("note")))
+    matched: set[int] = set()
+    right: set[tuple[int, str]] = set()
+    seen: set[tuple[int, str]] = set()
+    for finding in findings:
+        hits = [i for i, m in enumerate(mistakes) if m["rule"] == finding.rule
+                and spans[m["line"]][0] <= finding.line <= spans[m["line"]][1]]
+        if hits:
+            matched.update(hits)
+            right.add((hits[0], finding.rule))
+        elif (finding.line, finding.rule) not in seen:
+            seen.add((finding.line, finding.rule))
+            result.false.append(finding)
+    result.found = len(matched)
+    result.found_gaps = sum(1 for i in matched if mistakes[i].get("note"))
+    result.right = len(right)
+    result.findings = len(right) + len(result.false)
+    result.missed = [dict(m, script=script.name) for i, m in enumerate(mistakes) if i not in matched]
+    return result
+
+
+def measure() -> tuple[Score, list[Score]]:
+    """The corpus's total, and one row per script."""
+    rows = [score(script) for script in SCRIPTS]
+    total = Score("corpus")
+    for row in rows:
+        total.add(row)
+    return total, rows
+
+
+def table(rows: list[Score]) -> str:
+    """Per script: truths found, findings right, then each false finding and each miss with its reason."""
+    lines = [f"{'script':42} {'found':>9} {'right':>9}"]
+    for row in rows:
+        lines.append(f"{row.name:42} {row.found:>4}/{row.truths:<4} {row.right:>4}/{row.findings:<4}")
+        lines += [f"    false {f.rule} line {f.line}: {f.title}" for f in row.false]
+        lines += [f"    missed {m['rule']} line {m['line']}: {m['reason']}" + (f" [{m['note']}]" if m.get("note") else "")
+                  for m in row.missed]
+    return "\n".join(lines)
+
+
+def percent(numerator: int, denominator: int) -> int:
+    """A share in whole percent, as README.md writes it."""
+    return round(100 * numerator / denominator) if denominator else 0
+
+
+def readme_lint_section() -> str:
+    """README.md's "Lint a training script" section."""
+    text = (ROOT / "README.md").read_text()
+    start = text.index("## Lint a training script")
+    end = text.index("\n## ", start + 1)
+    return text[start:end]
+
+
+def test_the_corpus_has_at_least_ten_scripts_each_with_its_truths():
+    assert len(SCRIPTS) >= 10
+    for script in SCRIPTS:
+        assert script.with_suffix(".truth.toml").is_file(), f"{script.name} has no truth file"
+        spans = statement_spans(script.read_text())
+        found = truths(script)
+        assert set(found) <= {"mistake", "not_covered"}, f"{script.name}: unknown tables {sorted(found)}"
+        assert found, f"{script.name}: its truth file lists nothing"
+        for entry in [*found.get("mistake", []), *found.get("not_covered", [])]:
+            assert entry["line"] in spans, f"{script.name}:{entry['line']} does not start a statement"
+            assert entry["reason"].strip(), f"{script.name}:{entry['line']} gives no reason"
+        for mistake in found.get("mistake", []):
+            assert mistake["rule"] in RULE_IDS, f"{script.name}:{mistake['line']}: unknown rule {mistake['rule']}"
+
+
+def test_precision_and_recall_reach_90_percent():
+    total, rows = measure()
+    assert total.findings and total.truths
+    precision = total.right / total.findings
+    recall_without_gaps = (total.found - total.found_gaps) / (total.truths - total.gaps)
+    assert precision >= FLOOR and recall_without_gaps >= FLOOR, table(rows)
+
+
+@pytest.mark.xfail(strict=True, reason="6 truths are known gaps a later issue closes (notes in the truth files): "
+                                       "with them the recall is under 90%; this passes, and so fails, once they are found")
+def test_recall_counting_the_known_gaps_reaches_90_percent():
+    total, rows = measure()
+    assert total.found / total.truths >= FLOOR, table(rows)
+
+
+def test_readme_states_the_measured_figures():
+    total, rows = measure()
+    section = readme_lint_section()
+    precision = re.search(r"precision\s+(\d+)/(\d+)\s+=\s+(\d+)%", section)
+    recall = re.search(r"recall\s+(\d+)/(\d+)\s+=\s+(\d+)%", section)
+    without = re.search(r"without\s+them,\s+recall\s+(\d+)/(\d+)\s+=\s+(\d+)%", section)
+    scripts = re.search(r"(\d+)\s+training\s+scripts", section)
+    assert precision and recall and without and scripts, "README's lint section must state the measured figures"
+    assert [int(g) for g in precision.groups()] == [total.right, total.findings, percent(total.right, total.findings)], table(rows)
+    assert [int(g) for g in recall.groups()] == [total.found, total.truths, percent(total.found, total.truths)], table(rows)
+    known = total.found - total.found_gaps, total.truths - total.gaps
+    assert [int(g) for g in without.groups()] == [*known, percent(*known)], table(rows)
+    assert int(scripts.group(1)) == len(SCRIPTS)
