@@ -419,3 +419,94 @@ if __name__ == "__main__":
 def test_main_only_globals_matter_only_where_processes_are_spawned(start, flagged):
     findings = lint_source(SPAWN_GLOBALS.format(start=start), rules=select_rules(["GS115"]))
     assert [(f.line, f.rule) for f in findings] == ([(8, "GS115")] if flagged else [])
+
+
+SPAWN_OR_DIRECT = """\
+import functools
+import torch.distributed as dist
+import torch.multiprocessing as mp
+{process_import}
+def worker(rank, world_size):
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    print("ready")
+    dist.destroy_process_group()
+def write_logs(queue):
+    print("writer started")
+def main(world_size):
+    print("launching")
+    {start}
+    worker(0, 1)
+"""
+
+
+@pytest.mark.parametrize("process_import, start, flagged", [
+    ("", "mp.spawn(worker, args=(world_size,), nprocs=world_size)", [7, 10]),
+    ("", "mp.spawn(functools.partial(worker, world_size=world_size), nprocs=world_size)", [7, 10]),
+    ("", "mp.start_processes(worker, args=(world_size,), nprocs=world_size, start_method='fork')", [7, 10]),
+    ("from multiprocessing import Process", "Process(target=worker, args=(0, world_size)).start()", [7, 10]),
+    # a Process that does not join the group is no rank: main is not a launcher then
+    ("from multiprocessing import Process", "Process(target=write_logs, args=(None,)).start()", [7, 10, 12]),
+    ("", "pass", [7, 10, 12]),  # no launcher: main runs wherever torchrun runs it
+])
+def test_a_rank_function_is_per_rank_code_even_where_it_is_also_called_directly(process_import, start, flagged):
+    findings = lint_source(SPAWN_OR_DIRECT.format(process_import=process_import, start=start), rules=select_rules(["GS103"]))
+    assert [f.line for f in findings] == flagged
+
+
+DIVISION = """\
+import torch.distributed as dist
+def validate(args, world_size):
+    {check}
+def setup(args):
+    dist.init_process_group("gloo")
+    world_size = dist.get_world_size()
+    validate(args, world_size)
+    per_rank = args.batch_size // world_size
+    dist.destroy_process_group()
+    return per_rank
+def elsewhere(args, world_size):
+    return args.batch_size % world_size
+"""
+
+
+@pytest.mark.parametrize("check, flagged", [
+    ("assert args.batch_size % world_size == 0", False),  # in a function the division's function runs first
+    ("if args.batch_size % world_size:\n        raise ValueError('uneven')", False),
+    ("assert args.rank % world_size == 0", True),  # another value
+    ("assert args.batch_size % 8 == 0", True),  # another divisor
+    ("pass", True),  # `elsewhere` takes the same remainder, but nothing on the division's path runs it
+])
+def test_only_a_check_of_the_same_batch_on_the_divisions_path_silences_gs109(check, flagged):
+    findings = lint_source(DIVISION.format(check=check), rules=select_rules(["GS109"]))
+    assert [f.line for f in findings] == ([8] if flagged else [])
+
+
+SAVE_HELPER = """\
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+def keep(state, path):
+    {helper}
+def main():
+    dist.init_process_group("gloo")
+    model = DDP(torch.nn.Linear(2, 2))
+    if dist.get_rank() == 0:
+        {call}
+    dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("helper, call, flagged", [
+    ("torch.save(state, path)", "keep(model.state_dict(), 'a.pt')", True),
+    ("torch.save(state, path)", "keep(path='a.pt', state={'model': model.state_dict()})", True),
+    ("torch.save({'model': state}, path)", "keep(model.state_dict(), 'a.pt')", True),
+    ("blob = {'model': state}; torch.save(blob, path)", "keep(model.state_dict(), 'a.pt')", True),
+    ("torch.save(state.state_dict(), path)", "keep(model, 'a.pt')", True),
+    ("torch.save(state, path)", "keep(model.module.state_dict(), 'a.pt')", False),
+    ("torch.save(state.module.state_dict(), path)", "keep(model, 'a.pt')", False),
+    ("print(len(state), path)", "keep(model.state_dict(), 'a.pt')", False),  # not saved
+    ("torch.save(path, 'paths.pt')", "keep(model.state_dict(), 'a.pt')", False),  # another parameter saved
+])
+def test_gs106_follows_a_state_dict_into_the_helper_that_saves_it(helper, call, flagged):
+    findings = lint_source(SAVE_HELPER.format(helper=helper, call=call), rules=select_rules(["GS106"]))
+    assert [f.line for f in findings] == ([10] if flagged else [])

@@ -7,9 +7,11 @@ the code, each with the first line of the statement that makes it, the rule of i
 
 A finding is right when a truth of the same rule starts the statement it points into (a call spread over
 several lines is one statement; a statement flagged twice by one rule is one finding). Precision is
-right findings / findings; recall is truths found / truths. Truths with a `note` are known gaps that a
-later issue closes: they count in the headline recall, which README.md states next to the recall
-without them.
+right findings / findings; recall is truths found / truths, over every truth. The rules were refined on
+that corpus, so it must reach 90% of both.
+
+tests/unit/lint_corpus/heldout/ holds scripts written afterwards in other styles, their truths written
+before the linter first ran on them: a report, not a threshold. README.md states both measurements.
 """
 
 from __future__ import annotations
@@ -20,8 +22,6 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pytest
-
 from gpuscale.lint import RULE_IDS, Finding, lint_paths
 
 if sys.version_info >= (3, 11):
@@ -31,7 +31,9 @@ else:
 
 ROOT = Path(__file__).resolve().parents[2]
 REALISTIC = Path(__file__).resolve().parent / "lint_corpus" / "realistic"
+HELDOUT = Path(__file__).resolve().parent / "lint_corpus" / "heldout"
 SCRIPTS = sorted(REALISTIC.glob("*.py"))
+HELDOUT_SCRIPTS = sorted(HELDOUT.glob("*.py"))
 FLOOR = 0.90
 
 
@@ -41,9 +43,7 @@ class Score:
 
     name: str
     truths: int = 0
-    gaps: int = 0
     found: int = 0
-    found_gaps: int = 0
     right: int = 0
     findings: int = 0
     false: list[Finding] = field(default_factory=list)
@@ -51,7 +51,7 @@ class Score:
 
     def add(self, other: Score) -> None:
         """Add another script's counts and lists to these."""
-        for name in ("truths", "gaps", "found", "found_gaps", "right", "findings"):
+        for name in ("truths", "found", "right", "findings"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.false += other.false
         self.missed += other.missed
@@ -78,7 +78,7 @@ def score(script: Path) -> Score:
     spans = statement_spans(script.read_text())
     mistakes = truths(script).get("mistake", [])
     findings = lint_paths([script])
-    result = Score(script.name, truths=len(mistakes), gaps=sum(1 for m in mistakes if m.get("note")))
+    result = Score(script.name, truths=len(mistakes))
     matched: set[int] = set()
     right: set[tuple[int, str]] = set()
     seen: set[tuple[int, str]] = set()
@@ -92,17 +92,16 @@ def score(script: Path) -> Score:
             seen.add((finding.line, finding.rule))
             result.false.append(finding)
     result.found = len(matched)
-    result.found_gaps = sum(1 for i in matched if mistakes[i].get("note"))
     result.right = len(right)
     result.findings = len(right) + len(result.false)
     result.missed = [dict(m, script=script.name) for i, m in enumerate(mistakes) if i not in matched]
     return result
 
 
-def measure() -> tuple[Score, list[Score]]:
-    """The corpus's total, and one row per script."""
-    rows = [score(script) for script in SCRIPTS]
-    total = Score("corpus")
+def measure(scripts: list[Path] = SCRIPTS) -> tuple[Score, list[Score]]:
+    """The total over some scripts (the corpus by default), and one row per script."""
+    rows = [score(script) for script in scripts]
+    total = Score("total")
     for row in rows:
         total.add(row)
     return total, rows
@@ -132,9 +131,9 @@ def readme_lint_section() -> str:
     return text[start:end]
 
 
-def test_the_corpus_has_at_least_ten_scripts_each_with_its_truths():
-    assert len(SCRIPTS) >= 10
-    for script in SCRIPTS:
+def check_truth_files(scripts: list[Path]) -> None:
+    """Every script has a truth file whose entries start statements, give reasons and name real rules."""
+    for script in scripts:
         assert script.with_suffix(".truth.toml").is_file(), f"{script.name} has no truth file"
         spans = statement_spans(script.read_text())
         found = truths(script)
@@ -147,31 +146,51 @@ def test_the_corpus_has_at_least_ten_scripts_each_with_its_truths():
             assert mistake["rule"] in RULE_IDS, f"{script.name}:{mistake['line']}: unknown rule {mistake['rule']}"
 
 
-def test_precision_and_recall_reach_90_percent():
+def test_the_corpus_has_at_least_ten_scripts_each_with_its_truths():
+    assert len(SCRIPTS) >= 10
+    check_truth_files(SCRIPTS)
+
+
+def test_the_held_out_folder_has_at_least_four_scripts_each_with_its_truths():
+    assert len(HELDOUT_SCRIPTS) >= 4
+    check_truth_files(HELDOUT_SCRIPTS)
+    assert not any(m.get("note") for s in HELDOUT_SCRIPTS for m in truths(s).get("mistake", [])), \
+        "held-out truths are counted as they are: no known-gap notes"
+
+
+def test_precision_and_recall_reach_90_percent_over_every_truth():
     total, rows = measure()
     assert total.findings and total.truths
-    precision = total.right / total.findings
-    recall_without_gaps = (total.found - total.found_gaps) / (total.truths - total.gaps)
-    assert precision >= FLOOR and recall_without_gaps >= FLOOR, table(rows)
+    assert total.right / total.findings >= FLOOR and total.found / total.truths >= FLOOR, table(rows)
 
 
-@pytest.mark.xfail(strict=True, reason="6 truths are known gaps a later issue closes (notes in the truth files): "
-                                       "with them the recall is under 90%; this passes, and so fails, once they are found")
-def test_recall_counting_the_known_gaps_reaches_90_percent():
-    total, rows = measure()
-    assert total.found / total.truths >= FLOOR, table(rows)
+FIGURES = re.compile(r"(held-out )?precision\s+(\d+)/(\d+)\s+=\s+(\d+)%,\s+recall\s+(\d+)/(\d+)\s+=\s+(\d+)%")
+
+
+def figures(held_out: bool) -> list[list[int]]:
+    """The `precision a/b = p%, recall c/d = r%` figures README's lint section states, of the corpus or of the
+    held-out scripts (`held-out precision ...`), each as [a, b, p, c, d, r]."""
+    return [[int(g) for g in match.groups()[1:]] for match in FIGURES.finditer(readme_lint_section())
+            if bool(match.group(1)) == held_out]
+
+
+def measured(total: Score) -> list[int]:
+    """A total's figures as README.md writes them."""
+    return [total.right, total.findings, percent(total.right, total.findings),
+            total.found, total.truths, percent(total.found, total.truths)]
 
 
 def test_readme_states_the_measured_figures():
     total, rows = measure()
-    section = readme_lint_section()
-    precision = re.search(r"precision\s+(\d+)/(\d+)\s+=\s+(\d+)%", section)
-    recall = re.search(r"recall\s+(\d+)/(\d+)\s+=\s+(\d+)%", section)
-    without = re.search(r"without\s+them,\s+recall\s+(\d+)/(\d+)\s+=\s+(\d+)%", section)
-    scripts = re.search(r"(\d+)\s+training\s+scripts", section)
-    assert precision and recall and without and scripts, "README's lint section must state the measured figures"
-    assert [int(g) for g in precision.groups()] == [total.right, total.findings, percent(total.right, total.findings)], table(rows)
-    assert [int(g) for g in recall.groups()] == [total.found, total.truths, percent(total.found, total.truths)], table(rows)
-    known = total.found - total.found_gaps, total.truths - total.gaps
-    assert [int(g) for g in without.groups()] == [*known, percent(*known)], table(rows)
+    scripts = re.search(r"(\d+)\s+training\s+scripts", readme_lint_section())
+    assert scripts, "README's lint section must say how many training scripts the corpus has"
+    assert figures(held_out=False) == [measured(total)], table(rows)
     assert int(scripts.group(1)) == len(SCRIPTS)
+
+
+def test_readme_states_the_held_out_figures_as_measured():
+    total, rows = measure(HELDOUT_SCRIPTS)
+    counted = re.search(r"(\d+)\s+held-out\s+scripts.*?their\s+(\d+)\s+truths", readme_lint_section(), re.DOTALL)
+    assert counted, "README's lint section must state the held-out scripts and truths"
+    assert [int(g) for g in counted.groups()] == [len(HELDOUT_SCRIPTS), total.truths]
+    assert figures(held_out=True) == [measured(total)], table(rows)

@@ -14,7 +14,10 @@ Read generously, because a missed guard is a false alarm: a node is guarded when
   function in the script is itself guarded (a `save()` helper called under `if rank == 0`); a
   method's calls are those resolved to its class (`self.evaluate()`, `trainer.evaluate()` with
   `trainer = Trainer(...)`), not another object's method of the same name;
-- it runs in the launching process: the same function (or module body) that calls `mp.spawn`;
+- it runs in the launching process: the same function (or module body) that calls `mp.spawn` (or starts
+  the ranks' Processes; see `gpuscale.lint.launch`), unless it is in a function the ranks run: a spawn
+  target is per-rank code even where the script also calls it directly for the single-GPU case, and so
+  is what it calls;
 - it is in the single-process branch of a distributed-or-not test (`if local_rank == -1:`).
 
 A distributed-or-not test (`local_rank != -1`, `rank >= 0`, `local_rank is not None`, or a flag
@@ -27,13 +30,13 @@ from __future__ import annotations
 import ast
 import re
 
+from gpuscale.lint.launch import Launches
 from gpuscale.lint.script import Script, dotted, last_name, names_in
 
 RANKISH = re.compile(r"rank|is_main|main_process|is_master|master_process|local_master|process_zero|global_zero|is_primary"
                      r"|is_chief|is_leader|is_root|main_only|on_main|process_index|should_save|should_log|gpu_id|^master$",
                      re.IGNORECASE)
 EXITS = ("exit", "_exit", "quit")
-SPAWNS = ("spawn", "start_processes")
 
 
 def mentions_rank(expr: ast.AST) -> bool:
@@ -117,9 +120,7 @@ class Guards:
         self._functions: dict[ast.AST, bool] = {}
         self._variables: dict[str, bool] = {}
         self._class_names: dict[str, ast.ClassDef] | None = None
-        self._spawning = {script.scope(c) for c in script.calls_named(*SPAWNS)
-                          if "multiprocessing" in script.qualname(c) or last_name(c.func) == "start_processes"
-                          or script.qualname(c).startswith("mp.")}
+        self._launches = Launches(script)
 
     def rankish(self, test: ast.AST) -> bool:
         """Whether a test mentions the rank, directly or through a flag assigned a rank test (`verbose = rank == 0`)."""
@@ -137,7 +138,7 @@ class Guards:
     def guarded(self, node: ast.AST) -> bool:
         """Whether `node` runs only on the main rank (or only in the launching process)."""
         script = self.script
-        if script.scope(node) in self._spawning:
+        if script.scope(node) in self._launches.launching_scopes:
             return True
         child = node
         for ancestor in script.ancestors(node):
@@ -191,7 +192,9 @@ class Guards:
         if function in self._functions:
             return self._functions[function]
         self._functions[function] = False  # recursion: a function calling itself does not guard itself
-        if RANKISH.search(function.name) or any(mentions_rank(d) for d in function.decorator_list):
+        if function in self._launches.rank_functions:
+            result = False  # every started process runs it, whoever else calls it
+        elif RANKISH.search(function.name) or any(mentions_rank(d) for d in function.decorator_list):
             result = True
         else:
             result = self._sites_guarded(function)

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from gpuscale.lint import calls
 from gpuscale.lint.findings import Hit
 from gpuscale.lint.guards import Guards, mentions_rank
+from gpuscale.lint.launch import child_functions
 from gpuscale.lint.script import Script, dotted, is_world_size, keyword, last_name, names_in
 
 PLAIN_SAMPLERS = ("RandomSampler", "SequentialSampler", "SubsetRandomSampler", "WeightedRandomSampler")
@@ -156,10 +157,54 @@ def check_set_epoch(script: Script) -> Iterator[Hit]:
             yield Hit(call, "DistributedSampler shuffles, but set_epoch() is never called")
 
 
-def _checks_remainder(script: Script, divisor: ast.AST) -> bool:
-    """Whether the script also takes `x % <same divisor>` (it checks that the division is exact)."""
-    text = ast.dump(divisor)
-    return any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod) and ast.dump(n.right) == text for n in script.nodes)
+def _same_value(script: Script, a: ast.AST, b: ast.AST) -> bool:
+    """Whether two expressions hold the same value: the same text, or a name only ever assigned the other
+    (`ws = dist.get_world_size()`, then `batch % ws` and `batch // dist.get_world_size()`)."""
+    if ast.unparse(a) == ast.unparse(b):
+        return True
+    for name, other in ((dotted(a), b), (dotted(b), a)):
+        values = script.assignments(name) if name else []
+        if values and all(ast.unparse(v) == ast.unparse(other) for v in values):
+            return True
+    return False
+
+
+def _on_path(script: Script, check: ast.AST, division: ast.AST) -> bool:
+    """Whether a check runs on the way to a division: in the same function, in one that encloses it (the module
+    body), or in one that runs the other, directly or through the script's functions (a launcher that checks
+    the batch before mp.spawn hands it to the worker; a `validate(args)` the division's function calls)."""
+    where, there = script.scope(check), script.scope(division)
+    if where is there or any(a is where for a in script.ancestors(division)):
+        return True
+    return there in child_functions(script, [where]) or where in child_functions(script, [there])
+
+
+def _is_check(script: Script, node: ast.AST, batch: ast.AST, divisor: ast.AST, share: set[str]) -> bool:
+    """Whether `node` checks that `batch` divides by `divisor`: `batch % divisor` (an assert, an `if ... != 0:
+    raise`, or a remainder handed out by hand), or `share * divisor == batch` for the share the division gives."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod):
+        return _same_value(script, node.left, batch) and _same_value(script, node.right, divisor)
+    if not (isinstance(node, ast.Compare) and len(node.comparators) == 1):
+        return False
+    for product, other in ((node.left, node.comparators[0]), (node.comparators[0], node.left)):
+        if isinstance(product, ast.BinOp) and isinstance(product.op, ast.Mult) and _same_value(script, other, batch):
+            factors = [ast.unparse(product.left), ast.unparse(product.right)]
+            if any(f in share for f in factors) and any(_same_value(script, f, divisor) for f in (product.left, product.right)):
+                return True
+    return False
+
+
+def _checks_division(script: Script, node: ast.AST, batch: ast.AST, divisor: ast.AST) -> bool:
+    """Whether the script checks that this batch divides by this divisor, on the division's path."""
+    share = _target_values(script, node)
+    return any(_is_check(script, other, batch, divisor, share) and _on_path(script, other, node) for other in script.nodes)
+
+
+def _target_values(script: Script, node: ast.AST) -> set[str]:
+    """The texts of what the statement holding `node` assigns (`per_rank` in `per_rank = batch // world`)."""
+    stmt = script.statement(node)
+    targets = getattr(stmt, "targets", None) or [getattr(stmt, "target", None)]
+    return {ast.unparse(t) for t in targets if t is not None}
 
 
 def _target_words(script: Script, node: ast.AST) -> list[str]:
@@ -172,7 +217,8 @@ def check_integer_division(script: Script) -> Iterator[Hit]:
     """GS109: `x // world_size` or `int(x / world_size)`: a global batch that does not divide shrinks silently.
 
     Divisions of CPU cores, workers, threads or memory are not batches and are left alone, as are
-    divisions whose remainder the script also computes (it checks them).
+    divisions the script checks: the same batch's remainder by the same divisor, on the division's path
+    (not any `% world_size` of the file: `args.rank % ngpus_per_node` checks nothing about the batch).
     """
     for node in script.nodes:
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.FloorDiv):
@@ -184,7 +230,7 @@ def check_integer_division(script: Script) -> Iterator[Hit]:
             left, right = node.args[0].left, node.args[0].right
         else:
             continue
-        if not is_world_size(right) or _checks_remainder(script, right):
+        if not is_world_size(right) or _checks_division(script, node, left, right):
             continue
         words = [*names_in(left), *_target_words(script, node)]
         if any(NOT_BATCH.search(w) for w in words) or mentions_rank(left):

@@ -1,7 +1,8 @@
 """Rules about code that runs on every rank but should run once: printing, logging, saving.
 
 GS103 print() on every rank, GS104 INFO logging on every rank, GS105 torch.save/save_pretrained on
-every rank, GS106 the DDP wrapper's state_dict saved (every key starts with `module.`).
+every rank, GS106 the DDP wrapper's state_dict saved (every key starts with `module.`), by torch.save or by
+a helper of the script (`gpuscale.lint.saves` follows the value there).
 Each accepts the rank guards of `gpuscale.lint.guards`.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
+from gpuscale.lint import saves
 from gpuscale.lint.findings import Hit
 from gpuscale.lint.guards import RANKISH, Guards, mentions_rank
 from gpuscale.lint.script import Script, dotted, keyword, last_name
@@ -114,46 +116,41 @@ def check_save(script: Script) -> Iterator[Hit]:
         yield Hit(call, what)
 
 
-def _saved_names(script: Script) -> set[str]:
-    """Names passed (at any depth) to torch.save: what a checkpoint dict or state dict was put in."""
-    names = set()
-    for call in script.calls:
-        if script.qualname(call) == "torch.save":
-            for arg in [*call.args, *(k.value for k in call.keywords)]:
-                names.update(n.id for n in ast.walk(arg) if isinstance(n, ast.Name))
-    return names
+def _ddp_names(script: Script) -> dict[ast.AST, dict[str, int]]:
+    """Scope -> the names (or attribute chains) assigned the DDP wrapper there, with the line of the first wrap."""
+    found: dict[ast.AST, dict[str, int]] = {}
+    for node in script.nodes:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and script.is_ddp(node.value):
+            names = found.setdefault(script.scope(node), {})
+            for target in node.targets:
+                if (name := dotted(target)) is not None:
+                    names[name] = min(names.get(name, node.lineno), node.lineno)
+    return found
+
+
+def _wrapper(script: Script, wrapped: dict[ast.AST, dict[str, int]], expr: ast.AST, node: ast.AST) -> str | None:
+    """The name of `expr` when it holds the DDP wrapper at `node`: assigned one earlier in the same function."""
+    name = dotted(expr)
+    line = wrapped.get(script.scope(node), {}).get(name or "")
+    return name if line is not None and line < getattr(node, "lineno", 0) else None
 
 
 def check_wrapper_state_dict(script: Script) -> Iterator[Hit]:
     """GS106: `model.state_dict()` saved where `model` was assigned the DDP wrapper (under any import alias)
-    earlier in the same function."""
-    saved = _saved_names(script)
-    for call in script.calls_named("state_dict"):
+    earlier in the same function: by torch.save there, or by a helper of the script it is handed to
+    (`save_checkpoint({"state_dict": model.state_dict()}, ...)`, `save_on_master(checkpoint, path)`), or the
+    wrapper itself handed to a helper that saves its state_dict. `model.module.state_dict()` is right."""
+    wrapped = _ddp_names(script)
+    if not wrapped:
+        return
+    for call in script.calls:
         func = call.func
-        if not isinstance(func, ast.Attribute):
+        if isinstance(func, ast.Attribute) and func.attr == "state_dict" and (name := _wrapper(script, wrapped, func.value, call)):
+            if saves.flows_to_save(script, call):
+                yield Hit(call, f"{name}.state_dict() of the DDP wrapper is saved: every key starts with 'module.'")
             continue
-        receiver = dotted(func.value)
-        if receiver is None:
-            continue
-        scope = script.scope(call)
-        wrapped = [
-            node for node in ast.walk(scope)
-            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and script.is_ddp(node.value)
-            and any(dotted(t) == receiver for t in node.targets) and node.lineno < call.lineno
-            and script.scope(node) is scope
-        ]
-        if wrapped and _is_saved(script, call, saved):
-            yield Hit(call, f"{receiver}.state_dict() of the DDP wrapper is saved: every key starts with 'module.'")
-
-
-def _is_saved(script: Script, call: ast.Call, saved: set[str]) -> bool:
-    """Whether a state_dict() call ends in torch.save: inside its arguments, or assigned to a name it saves."""
-    for ancestor in script.ancestors(call):
-        if isinstance(ancestor, ast.Call) and script.qualname(ancestor) == "torch.save":
-            return True
-        if isinstance(ancestor, (ast.Assign, ast.AnnAssign)):
-            targets = ancestor.targets if isinstance(ancestor, ast.Assign) else [ancestor.target]
-            return any(isinstance(n, ast.Name) and n.id in saved for t in targets for n in ast.walk(t))
-        if isinstance(ancestor, ast.stmt):
-            return False
-    return False
+        for arg in [*call.args, *call.keywords]:
+            name = _wrapper(script, wrapped, arg.value if isinstance(arg, ast.keyword) else arg, call)
+            if name and saves.model_saved_by(script, call, arg):
+                yield Hit(call, f"{ast.unparse(call.func)}() saves the state_dict of the DDP wrapper {name}: every "
+                                f"key starts with 'module.'")

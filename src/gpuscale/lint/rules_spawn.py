@@ -18,9 +18,9 @@ from collections.abc import Iterator
 
 from gpuscale.lint import calls
 from gpuscale.lint.findings import Hit
+from gpuscale.lint.launch import child_functions, spawn_targets
 from gpuscale.lint.script import Script, keyword, last_name
 
-SPAWN_CALLS = ("spawn", "start_processes")
 CHILD_FUNCTIONS = ("worker_init_fn", "collate_fn", "target")
 
 
@@ -66,19 +66,6 @@ def main_only_names(script: Script) -> set[str]:
     return main - elsewhere
 
 
-def _spawn_targets(script: Script) -> list[ast.AST]:
-    """What mp.spawn / start_processes run in each child: their first argument (`fn=`), when it is a name."""
-    targets = []
-    for call in script.calls_named(*SPAWN_CALLS):
-        qualname = script.qualname(call)
-        if "multiprocessing" not in qualname and last_name(call.func) != "start_processes":
-            continue
-        target = keyword(call, "fn") or (call.args[0] if call.args else None)
-        if isinstance(target, ast.Name):
-            targets.append(target)
-    return targets
-
-
 def _spawn_start_method(script: Script) -> bool:
     """Whether the script asks for the spawn start method: set_start_method / get_context("spawn"), or a
     DataLoader with multiprocessing_context="spawn"."""
@@ -95,7 +82,7 @@ def _spawn_start_method(script: Script) -> bool:
 def _child_entries(script: Script) -> tuple[list[ast.AST], str]:
     """The functions and classes the children start in, and how the children are started (for the message)."""
     entries: list[ast.AST] = []
-    for target in _spawn_targets(script):
+    for target in spawn_targets(script):
         entries += calls.definitions(script, target.id)  # type: ignore[attr-defined]
     how = "mp.spawn"
     if _spawn_start_method(script):
@@ -108,27 +95,6 @@ def _child_entries(script: Script) -> tuple[list[ast.AST], str]:
                 if isinstance(value, ast.Name):
                     entries += calls.definitions(script, value.id)
     return entries, how
-
-
-def child_functions(script: Script, entries: list[ast.AST]) -> list[ast.AST]:
-    """The script's functions the children run: the entries, and what they call, instantiate or refer to (a
-    class brings all its methods; `obj.method()` the script's one method of that name)."""
-    seen: list[ast.AST] = []
-    todo = list(entries)
-    while todo:
-        node = todo.pop()
-        if node in seen:
-            continue
-        seen.append(node)
-        if isinstance(node, ast.ClassDef):
-            todo += [m for m in node.body if isinstance(m, calls.FUNCTIONS)]
-            continue
-        for inner in ast.walk(node):
-            if isinstance(inner, ast.Name) and isinstance(inner.ctx, ast.Load):
-                todo += calls.definitions(script, inner.id)
-            elif isinstance(inner, ast.Call) and (function := calls.callee(script, inner)) is not None:
-                todo.append(function)
-    return [n for n in seen if isinstance(n, calls.FUNCTIONS)]
 
 
 def _locals(function: ast.AST) -> set[str]:
