@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 
@@ -171,3 +172,26 @@ def test_srun_tasks_get_what_torchrun_gives_its_workers(cluster, tmp_path, nodes
     for mode, ranks in seen.items():
         assert len({r["MASTER_PORT"] for r in ranks}) == 1 and 1024 < int(ranks[0]["MASTER_PORT"]) < 65536
     assert seen["srun"][0]["MASTER_PORT"] == str(10000 + int(jobs["srun"]) % 10000)
+
+
+def test_the_torchrun_task_gets_every_core_asked_for_where_srun_does_not_inherit_them(cluster, tmp_path):
+    """Slurm 22.05-23.02's srun did not take sbatch's --cpus-per-task: with exact steps a task got one core, torchrun and
+    its workers with it. The job's shell is made to behave so (SLURM_CPUS_PER_TASK gone, SLURM_EXACT=1: this cluster's
+    22.05.8 srun still reads the variable); the batch script's own srun line must still ask for the node's 2 cores."""
+    script = tmp_path / "job.sh"
+    out = tmp_path / "ranks"
+    written = cluster.gpuscale("slurm", "script", "--profile", "local", "--nodes", "1", "--gpus-per-node", "2", "--mode",
+                               "torchrun", "--time", "10", "--output", str(tmp_path / "job-%j.out"), "-o", str(script), "--",
+                               str(SCRIPTS / "step_cores.py"), str(out), cwd=tmp_path)
+    assert written.returncode == 0, written.stderr
+    text = script.read_text()
+    assert "set -euo pipefail\n" in text
+    script.write_text(text.replace("set -euo pipefail\n", "set -euo pipefail\nunset SLURM_CPUS_PER_TASK; export SLURM_EXACT=1\n", 1))
+    submitted = subprocess.run(["sbatch", "--wait", str(script)], env=cluster.env, cwd=tmp_path, capture_output=True, text=True,
+                               timeout=300)
+    logs = "\n".join(p.read_text() for p in tmp_path.glob("job-*.out"))
+    assert submitted.returncode == 0, submitted.stderr + logs
+    ranks = read_ranks(out)
+    assert [r["rank"] for r in ranks] == [0, 1]
+    assert all(r["task_cores"] == [0, 1] for r in ranks), [r["task_cores"] for r in ranks]  # the node's 2 cores
+    assert set(ranks[0]["cores"]).isdisjoint(ranks[1]["cores"])

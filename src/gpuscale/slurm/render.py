@@ -255,7 +255,13 @@ def _launch(profile: Profile, job: JobSpec, plan: JobPlan) -> list[str]:
         f"# Each rank gets {cores_per_rank} core(s); gpuscale binds it there and gives its data loader",
         f"# {max(0, cores_per_rank - 1)} worker(s) on a GPU (one core stays with the process feeding the GPU).",
     ]
+    # srun is told the cores per task itself: Slurm 22.05 to 23.02 did not pass sbatch's --cpus-per-task on to srun
+    # (restored in 23.11), so a step there could be confined to one core per task, torchrun and all its workers with it.
+    # (With --cpus-per-gpu instead, which excludes --cpus-per-task, srun takes the job's per-GPU share.)
     srun = ["srun", "--kill-on-bad-exit=1"]
+    if job.cpus_per_gpu is None:
+        srun.append(f"--cpus-per-task={plan.cpus_per_task}")
+        lines.append("# srun gets --cpus-per-task itself: Slurm 22.05-23.02 did not pass sbatch's on to it (one core per task).")
     if job.mode == "torchrun":
         lines += _torchrun_exports(profile, job)
         srun.append("--ntasks-per-node=1")

@@ -84,6 +84,7 @@ wait_for_step() {
 
 # Each rank gets 7 core(s); gpuscale binds it there and gives its data loader
 # 6 worker(s) on a GPU (one core stays with the process feeding the GPU).
+# srun gets --cpus-per-task itself: Slurm 22.05-23.02 did not pass sbatch's on to it (one core per task).
 # One task per GPU. Each task sets what torchrun would give a worker (RANK, LOCAL_RANK, WORLD_SIZE,
 # LOCAL_WORLD_SIZE, GROUP_RANK, ...) from SLURM's per-task variables (single quotes: expanded by the
 # task, not by this shell); GPUSCALE_SRUN_TASK tells gpuscale that srun placed it. --kill-on-bad-exit
@@ -93,7 +94,7 @@ CPU_MASKS=0x00fe000000000000,0xfe00000000000000,0x0000000000fe0000,0x00000000fe0
 # shellcheck disable=SC2016  # the single quotes are deliberate: each task expands its own variables
 # gpuscale's start-up hook: loaded first in every rank, it binds the rank to its cores and sizes its
 # thread pools before the script runs (and in a study records its steps).
-srun --kill-on-bad-exit=1 --cpu-bind=v,mask_cpu:"$CPU_MASKS" singularity run "$IMAGE" bash -c 'hook=$(python3 -c '"'"'import sys, os, importlib.util as u; print(os.path.join(os.path.dirname(u.find_spec(sys.argv[1]).origin), *sys.argv[2:]))'"'"' gpuscale probe site 2>/dev/null) && export PYTHONPATH="$hook${PYTHONPATH:+:$PYTHONPATH}"; export RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" WORLD_SIZE="$SLURM_NTASKS" LOCAL_WORLD_SIZE=8 GROUP_RANK="$SLURM_NODEID" GROUP_WORLD_SIZE="$SLURM_NNODES" ROLE_RANK="$SLURM_PROCID" ROLE_WORLD_SIZE="$SLURM_NTASKS" ROLE_NAME=default TORCHELASTIC_RUN_ID="$SLURM_JOB_ID" GPUSCALE_SRUN_TASK=1; exec python3 train.py' &
+srun --kill-on-bad-exit=1 --cpus-per-task=7 --cpu-bind=v,mask_cpu:"$CPU_MASKS" singularity run "$IMAGE" bash -c 'hook=$(python3 -c '"'"'import sys, os, importlib.util as u; print(os.path.join(os.path.dirname(u.find_spec(sys.argv[1]).origin), *sys.argv[2:]))'"'"' gpuscale probe site 2>/dev/null) && export PYTHONPATH="$hook${PYTHONPATH:+:$PYTHONPATH}"; export RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" WORLD_SIZE="$SLURM_NTASKS" LOCAL_WORLD_SIZE=8 GROUP_RANK="$SLURM_NODEID" GROUP_WORLD_SIZE="$SLURM_NNODES" ROLE_RANK="$SLURM_PROCID" ROLE_WORLD_SIZE="$SLURM_NTASKS" ROLE_NAME=default TORCHELASTIC_RUN_ID="$SLURM_JOB_ID" GPUSCALE_SRUN_TASK=1; exec python3 train.py' &
 step_pid=$!
 status=0
 wait_for_step || status=$?

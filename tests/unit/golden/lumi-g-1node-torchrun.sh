@@ -87,6 +87,7 @@ wait_for_step() {
 
 # Each rank gets 7 core(s); gpuscale binds it there and gives its data loader
 # 6 worker(s) on a GPU (one core stays with the process feeding the GPU).
+# srun gets --cpus-per-task itself: Slurm 22.05-23.02 did not pass sbatch's on to it (one core per task).
 # torchrun would pin every worker to 1 thread; this tells gpuscale.init() the 1 is a placeholder,
 # so each worker sizes its thread pool to its own cores.
 export OMP_NUM_THREADS=1 GPUSCALE_OMP_FROM_LAUNCHER=1
@@ -101,7 +102,7 @@ export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=120
 # shellcheck disable=SC2016  # the single quotes are deliberate: each task expands its own variables
 # gpuscale's start-up hook: loaded first in every rank, it binds the rank to its cores and sizes its
 # thread pools before the script runs (and in a study records its steps).
-srun --kill-on-bad-exit=1 --ntasks-per-node=1 singularity run "$IMAGE" bash -c 'hook=$(python3 -c '"'"'import sys, os, importlib.util as u; print(os.path.join(os.path.dirname(u.find_spec(sys.argv[1]).origin), *sys.argv[2:]))'"'"' gpuscale probe site 2>/dev/null) && export PYTHONPATH="$hook${PYTHONPATH:+:$PYTHONPATH}"; trap "" USR1; signals=$(python3 -c '"'"'import sys, importlib.metadata as m; v = m.version("torch").split("."); (int(v[0]), int(v[1])) >= (2, 10) and print(*sys.argv[1:])'"'"' --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 2>/dev/null); exec python3 -m torch.distributed.run --standalone --nnodes=1 --nproc-per-node=8 ${signals:+"$signals"} train.py' &
+srun --kill-on-bad-exit=1 --cpus-per-task=56 --ntasks-per-node=1 singularity run "$IMAGE" bash -c 'hook=$(python3 -c '"'"'import sys, os, importlib.util as u; print(os.path.join(os.path.dirname(u.find_spec(sys.argv[1]).origin), *sys.argv[2:]))'"'"' gpuscale probe site 2>/dev/null) && export PYTHONPATH="$hook${PYTHONPATH:+:$PYTHONPATH}"; trap "" USR1; signals=$(python3 -c '"'"'import sys, importlib.metadata as m; v = m.version("torch").split("."); (int(v[0]), int(v[1])) >= (2, 10) and print(*sys.argv[1:])'"'"' --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 2>/dev/null); exec python3 -m torch.distributed.run --standalone --nnodes=1 --nproc-per-node=8 ${signals:+"$signals"} train.py' &
 step_pid=$!
 status=0
 wait_for_step || status=$?
