@@ -52,7 +52,7 @@ warned=""
 cancelled=""
 passed_on=""
 step_pid=""
-# shellcheck disable=SC2329  # called by the traps below
+# shellcheck disable=SC2317,SC2329  # called by the traps below (0.9-0.10 say SC2317, 0.11 SC2329)
 on_signal() {
     if [ "$1" = TERM ]; then cancelled=1; else warned=1; fi
     if [ -n "$passed_on" ] || [ -z "$step_pid" ]; then return; fi
