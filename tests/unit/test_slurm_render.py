@@ -293,3 +293,24 @@ def test_scripts_pass_the_oldest_shellcheck_allowed(tmp_path_factory):
         paths[-1].write_text(render_sbatch(load_profile("lumi-g"), JobSpec(**{**job.__dict__, "doctor": True})))
     result = subprocess.run([str(shellcheck), *map(str, paths)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
+
+
+def test_a_job_that_owns_whole_nodes_asks_for_their_memory_where_the_profile_says_so():
+    """generic-nvidia: whole nodes get --mem=0 (all of each node's memory, as torchtitan's and Lightning's recipes ask),
+    not the cluster's default per CPU; a partial node gets nothing; --mem-per-gpu of the user's wins (sbatch takes one)."""
+    generic = load_profile("generic-nvidia")
+
+    def sbatch_lines(**job):
+        text = render_sbatch(generic, JobSpec(script="t.py", **job))
+        return [line for line in text.splitlines() if line.startswith("#SBATCH --mem")], text
+
+    whole, text = sbatch_lines(nodes=2)
+    assert whole == ["#SBATCH --mem=0"] and "all of each node's memory" in text
+    assert sbatch_lines(gpus_per_node=2)[0] == []
+    assert sbatch_lines(gpus_per_node=2, exclusive=True)[0] == ["#SBATCH --mem=0"]
+    assert sbatch_lines(nodes=2, mem_per_gpu="100G")[0] == ["#SBATCH --mem-per-gpu=100G"]
+    # lumi-g asks 60G per GCD: 8 x 60G = 480G, all a LUMI-G job may ask for
+    lumi = render_sbatch(load_profile("lumi-g"), CASES["lumi-g-1node-torchrun"])
+    assert "#SBATCH --mem-per-gpu=60G" in lumi and "#SBATCH --mem=" not in lumi
+    with pytest.raises(ValueError, match="full_node_mem='all' is not a SLURM size"):
+        load_profile("generic-nvidia", {"full_node_mem": "all"})

@@ -44,7 +44,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"{profile.name}: {profile.description}")
     print(f"  file        {profile.source}")
     print(f"  node        {profile.gpus_per_node} GPU(s) ({profile.gpu_vendor}), {profile.cpus_per_node} usable cores, "
-          f"{profile.cpus_per_gpu()} cores per GPU" + (f", {profile.mem_per_gpu} per GPU" if profile.mem_per_gpu else ""))
+          f"{profile.cpus_per_gpu()} cores per GPU" + (f", {profile.mem_per_gpu} per GPU" if profile.mem_per_gpu else "")
+          + ("" if profile.full_node_mem is None else ", whole nodes: all their memory (--mem=0)" if profile.full_node_mem == "0"
+             else f", whole nodes: --mem={profile.full_node_mem}"))
     for name, part in profile.partitions.items():
         role = [r for r, p in (("full nodes", profile.full_node_partition), ("partial nodes", profile.partial_node_partition)) if p == name]
         print(f"  partition   {name}: {'whole nodes' if part.whole_node else 'shared nodes (CPU masks need --exclusive)'}, "

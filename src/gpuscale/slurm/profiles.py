@@ -14,6 +14,8 @@ Schema (top level, then tables):
     gpus_per_node = 8                    # GPUs (GCDs on MI250X) per node
     cpus_per_node = 56                   # cores a job may use per node
     mem_per_gpu = "60G"                  # optional default for --mem-per-gpu
+    full_node_mem = "0"                  # optional: --mem of a job that owns whole nodes ("0": all of each node's
+                                         #   memory; the default per CPU is often a fraction of it); else mem_per_gpu
     forbid_cpus_per_gpu = false          # refuse --cpus-per-gpu (it breaks GPU peer access on LUMI)
     full_node_partition = "standard-g"   # used when a job takes all GPUs of its nodes
     partial_node_partition = "small-g"   # used otherwise
@@ -115,6 +117,7 @@ class Profile:
     partial_node_partition: str
     partitions: dict[str, Partition]
     mem_per_gpu: str | None = None
+    full_node_mem: str | None = None
     forbid_cpus_per_gpu: bool = False
     gpu_cores: tuple[str, ...] | None = None
     container: Container | None = None
@@ -148,8 +151,10 @@ class Profile:
         for key in ("forbid_cpus_per_gpu", "require_account", "require_software"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"{where}: {key}={getattr(self, key)!r} must be true or false")
-        if self.mem_per_gpu is not None and not (isinstance(self.mem_per_gpu, str) and MEMORY.match(self.mem_per_gpu)):
-            raise ValueError(f"{where}: mem_per_gpu={self.mem_per_gpu!r} is not a SLURM size; write e.g. \"60G\" or \"4000M\"")
+        for key in ("mem_per_gpu", "full_node_mem"):
+            value = getattr(self, key)
+            if value is not None and not (isinstance(value, str) and MEMORY.match(value)):
+                raise ValueError(f"{where}: {key}={value!r} is not a SLURM size; write e.g. \"60G\", \"4000M\" or \"0\" (all)")
         if not self.partitions:
             raise ValueError(f"{where}: needs at least one [partitions.NAME] table")
         for key in ("full_node_partition", "partial_node_partition"):

@@ -159,6 +159,11 @@ def _sbatch_options(profile: Profile, job: JobSpec, plan: JobPlan) -> list[str]:
         lines.append(f"#SBATCH --cpus-per-task={plan.cpus_per_task}")
     if plan.mem_per_gpu:
         lines.append(f"#SBATCH --mem-per-gpu={plan.mem_per_gpu}")
+    if plan.mem_per_node is not None:
+        # (comment lines among the #SBATCH lines are fine: sbatch reads on to the first command)
+        amount = "all of each node's memory (0)" if plan.mem_per_node == "0" else f"{plan.mem_per_node} of memory per node"
+        lines.append(f"# The job owns whole nodes and asks for {amount}: the cluster's default per CPU is often a fraction of it.")
+        lines.append(f"#SBATCH --mem={plan.mem_per_node}")
     if job.exclusive:
         lines.append("#SBATCH --exclusive")
     lines += [f"#SBATCH --time={format_time(plan.time_s)}", f"#SBATCH --output={job.output}"]

@@ -28,6 +28,8 @@ class JobPlan:
     cpus_per_task: int
     masks: list[str] | None
     mem_per_gpu: str | None
+    mem_per_node: str | None
+    """--mem of a job that owns whole nodes (the profile's full_node_mem; "0": all of it); then no --mem-per-gpu."""
     container: ContainerSetup | None
     """The image Python runs in and how it starts (None: the host's Python)."""
     time_s: int
@@ -47,13 +49,16 @@ def validate_job(profile: Profile, job: JobSpec) -> JobPlan:
     masks = _cpu_masks(profile, job, partition, part, gpus)
     cpus_per_task = _cpus_per_task(profile, job, gpus)
     mem = _mem_per_gpu(profile, job)
+    mem_per_node = None
+    if profile.full_node_mem is not None and not job.mem_per_gpu and (gpus == profile.gpus_per_node or job.exclusive):
+        mem, mem_per_node = None, profile.full_node_mem  # sbatch takes one of --mem and --mem-per-gpu
     image = _image(profile, job)
     container = profile.container_for(image) if image else None
     _check_env_names(job)
     _check_max_requeues(job)
     _check_warning_fits(profile, job, time_s)
     _check_sbatch_values(job, partition)
-    return JobPlan(partition, gpus, tasks, cpus_per_task, masks, mem, container, time_s)
+    return JobPlan(partition, gpus, tasks, cpus_per_task, masks, mem, mem_per_node, container, time_s)
 
 
 def _check_choices(job: JobSpec) -> None:
