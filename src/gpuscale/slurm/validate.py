@@ -48,10 +48,8 @@ def validate_job(profile: Profile, job: JobSpec) -> JobPlan:
     _check_cpus_per_gpu(profile, job)
     masks = _cpu_masks(profile, job, partition, part, gpus)
     cpus_per_task = _cpus_per_task(profile, job, gpus)
-    mem = _mem_per_gpu(profile, job)
-    mem_per_node = None
-    if profile.full_node_mem is not None and not job.mem_per_gpu and (gpus == profile.gpus_per_node or job.exclusive):
-        mem, mem_per_node = None, profile.full_node_mem  # sbatch takes one of --mem and --mem-per-gpu
+    mem_per_node = _mem_per_node(profile, job, gpus)
+    mem = None if mem_per_node is not None else _mem_per_gpu(profile, job)  # sbatch takes one of --mem and --mem-per-gpu
     image = _image(profile, job)
     container = profile.container_for(image) if image else None
     _check_env_names(job)
@@ -187,6 +185,12 @@ def _mem_per_gpu(profile: Profile, job: JobSpec) -> str | None:
     if mem is not None and not MEMORY.match(mem):
         raise ValueError(f"--mem-per-gpu {mem!r} is not a SLURM size; write e.g. 60G or 4000M")
     return mem
+
+
+def _mem_per_node(profile: Profile, job: JobSpec, gpus: int) -> str | None:
+    """A whole-node job's memory per node (the profile's full_node_mem), unless the user asked for memory per GPU."""
+    whole_nodes = gpus == profile.gpus_per_node or job.exclusive
+    return profile.full_node_mem if whole_nodes and not job.mem_per_gpu else None
 
 
 def _image(profile: Profile, job: JobSpec) -> str | None:
