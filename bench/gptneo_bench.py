@@ -6,12 +6,14 @@ alternating global and local attention, 2,048 positions: 92.9 M parameters with 
 vocabulary), on the reviews joined and cut into full --block-size blocks (HF's group_texts: no padding trained
 on, so every token counted is a real one; --val-chunks and --test-chunks then count blocks). ``--model-size tiny``
 keeps the example's own tiny model (packed: a check of the plumbing on a CPU). Every other option is the
-example's, and it runs as the example does:
+example's, and it runs as the example does, --attention included (default: torch's scaled_dot_product_attention,
+examples/gptneo_attention.py; ``--attention eager`` for transformers' own, ``flex`` for FlexAttention's local layers):
 
     gpuscale run --nproc-per-node 1 bench/gptneo_bench.py --block-size 512 --out runs/gptneo-125m
+    gpuscale run --nproc-per-node 1 bench/gptneo_bench.py --block-size 1024 --attention eager --out runs/gptneo-125m-eager
 
 summary.json gains ``model_shape`` and ``packed``, from which (with the example's ``parameters``) bench/gpu.py
-counts the model FLOPs per token.
+counts the model FLOPs per token; the example's ``attention`` says which attention ran.
 """
 
 from __future__ import annotations

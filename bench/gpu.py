@@ -44,6 +44,8 @@ from typing import Any
 from bench.stats import ROOT, launch
 
 COURSE = ["--precision", "fp32", "--channels-last", "off", "--fused", "off", "--loader-workers", "0", "--pin-memory", "off"]
+COURSE_EXTRA = {"gptneo": ["--attention", "eager"]}
+"""The course's way where an example has more switches: GPT-neo with transformers' eager attention (its default is SDPA)."""
 # (script from the repository's root, arguments at GPU scale, arguments for a CPU check of the plumbing, the summary key
 # of its quality); GPT-neo runs through bench/gptneo_bench.py: the example at GPT-neo-125M's shape, on packed blocks
 CASES: dict[str, tuple[str, list[str], list[str], str]] = {
@@ -262,6 +264,7 @@ def run(repeat: int = 1, cases: tuple[str, ...] = tuple(CASES), compile: bool = 
             runs: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
             for round_ in range(repeat):
                 for name, flags in variants.items():
+                    flags = [*flags, *COURSE_EXTRA.get(case, [])] if name == "course" else flags
                     runs[name].append(run_example(case, flags, Path(tmp) / f"{case}-{name}-{round_}", allow_cpu))
             entry: dict[str, Any] = {"runs": {name: [{k: v for k, v in r.items() if k != "summary"} for r in rs] for name, rs in runs.items()}}
             median = {name: statistics.median(r["samples_per_s"] for r in rs) for name, rs in runs.items()}

@@ -179,3 +179,21 @@ def test_per_epoch_lists_each_evaluation_with_its_perplexity():
     entries = ex.per_epoch(evaluations)
     assert [(e["step"], e["epoch"], e["phase"]) for e in entries] == [(0, 0, "train"), (120, 0.16, "train")]
     assert [e["val_perplexity"] for e in entries] == pytest.approx([8000.0, 600.0])
+
+
+def test_attention_option_switches_gpt_neo_and_refuses_other_models():
+    from types import SimpleNamespace
+
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    assert ex.parse_args([]).attention == "auto" and ex.parse_args(["--attention", "eager"]).attention == "eager"
+    with pytest.raises(SystemExit):
+        ex.parse_args(["--attention", "flash"])
+    tiny = SimpleNamespace(model=data.OFFLINE, block_size=256)
+    assert ex.set_attention(ex.build_model(tiny, Vocabulary(), rt=None), "eager") == "eager"
+    assert ex.set_attention(ex.build_model(tiny, Vocabulary(), rt=None), "auto") == "sdpa"
+    assert ex.set_attention(ex.build_model(tiny, Vocabulary(), rt=None), "flex") == "sdpa+flex"
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=16, n_layer=1, n_head=2, n_positions=16))
+    assert ex.set_attention(gpt2, "auto") == gpt2.config._attn_implementation  # its own attention, unchanged
+    with pytest.raises(ValueError, match="--attention sdpa: the model has no GPT-neo layers on eager attention"):
+        ex.set_attention(gpt2, "sdpa")
