@@ -160,6 +160,14 @@ def log_tail(log: Path, lines: int = 15) -> list[str]:
         return []
 
 
+def _module_and_class(classname: str) -> str:
+    """A JUnit classname without the folders before the test module ("tests.gpu.test_gpu.TestX" -> "test_gpu.TestX"):
+    pytest writes them relative to its rootdir, which depends on where it ran."""
+    parts = classname.split(".")
+    modules = [i for i, part in enumerate(parts) if part.startswith("test_") or part.endswith("_test")]
+    return ".".join(parts[modules[-1]:]) if modules else classname
+
+
 def junit_outcomes(path: Path) -> dict[str, list[Any]] | None:
     """Each test of a pytest JUnit XML file by outcome: passed and skipped names, failed ones (errors in set-up too)
     with their message's first line. None where pytest wrote no readable file (killed, or it never started)."""
@@ -169,7 +177,7 @@ def junit_outcomes(path: Path) -> dict[str, list[Any]] | None:
     except (OSError, ET.ParseError):
         return None
     for case in cases:
-        name = f"{case.get('classname', '')}::{case.get('name', '')}"
+        name = f"{_module_and_class(case.get('classname', ''))}::{case.get('name', '')}"
         problem = case.find("failure")
         problem = problem if problem is not None else case.find("error")
         skipped = case.find("skipped")
