@@ -84,8 +84,7 @@ def _check_software(profile: Profile, job: JobSpec) -> None:
     for module in job.modules:
         if not module or not module.isprintable() or any(c.isspace() for c in module):
             raise ValueError(f"--module {module!r} must be one module name without spaces, e.g. --module PyTorch/2.7.1; repeat --module for several")
-    default_image = profile.container.image if profile.container else None
-    named = job.container or (default_image and not job.no_container) or job.modules or job.venv or job.no_container
+    named = _image(profile, job) or job.modules or job.venv or job.no_container
     if profile.require_software and not named:
         known = [p for p in profile.containers if p != "*"]
         images = f" (images it knows: {', '.join(known)})" if known else ""
