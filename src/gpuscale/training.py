@@ -77,7 +77,7 @@ class Training:
         self.clip_grad_norm = clip_grad_norm
         self.ds_config = ds_config
         """The DeepSpeed config the engine was built with (None for other strategies)."""
-        self.grad_norm: float | None = None
+        self._grad_norm: Any = None  # the last step's norm before clipping, a device tensor until read
         """Gradient norm before clipping at the last step (None when not clipping)."""
         self._strategy = strategy
         self._scaler = strategy.grad_scaler(precision)
@@ -156,8 +156,17 @@ class Training:
         if stepped:
             self._micro = 0
             syncprobe.RECORD.steps += 1
-            self.grad_norm = norm
+            self._grad_norm = norm
         return stepped
+
+    @property
+    def grad_norm(self) -> float | None:
+        """The gradients' global norm before clipping at the last optimizer step (None without clipping). Kept on
+        the device by the step and read here, so a step never waits for the GPU unless this is asked for."""
+        norm = self._grad_norm
+        if isinstance(norm, torch.Tensor):
+            norm = self._grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP: a DTensor
+        return norm
 
 
 def setup(
@@ -174,6 +183,7 @@ def setup(
     channels_last: bool | None = None,
     fused: bool | None = None,
     compile: bool | str = False,
+    compile_mode: str | None = None,
     rt: Runtime | None = None,
 ) -> Training:
     """Spread `model` over the ranks with `strategy` and build its optimizer; see the module docstring.
@@ -189,9 +199,11 @@ def setup(
     clip_grad_norm: clip the gradients' global norm to this value before each step.
     channels_last, fused, compile: the speed defaults of `gpuscale.speed` (None = auto: channels-last
     for convolutional models and fused SGD/Adam/AdamW, both under ddp on GPUs only; compile off).
+    compile_mode: torch.compile's mode (`gpuscale.speed.COMPILE_MODES`; None: its default), with compile only.
     DeepSpeed runs its own step and keeps flat shards: there, an explicit True of any is refused.
     """
     rt = rt or current()
+    speed.check_compile_mode(compile_mode, compile)
     chosen = get_strategy(strategy)  # unknown names fail here, listing the valid ones
     if chosen.builds_engine:
         if fused or compile:
@@ -211,7 +223,7 @@ def setup(
     wrapped, facts = wrap_and_describe(model, strategy=strategy, rt=rt, precision=resolved)
     trainable = [p for p in wrapped.parameters() if p.requires_grad]
     built = speed.fuse_optimizer(optimizer(trainable), fused, rt.device, chosen)
-    return Training(model=speed.compile_model(wrapped, compile), optimizer=built, plan=plan, precision=resolved,
+    return Training(model=speed.compile_model(wrapped, compile, compile_mode), optimizer=built, plan=plan, precision=resolved,
                     strategy=chosen, clip_grad_norm=clip_grad_norm, facts=facts, device=rt.device)
 
 
@@ -283,6 +295,8 @@ def add_arguments(parser: argparse.ArgumentParser, *, default_strategy: str = "d
                       help="fused optimizer kernel for SGD/Adam/AdamW (default auto: on GPUs, under ddp; other optimizers refuse 'on')")
     fast.add_argument("--compile", nargs="?", const="inductor", default=None, metavar="BACKEND",
                       help="torch.compile the model (backend default inductor; first steps are slow while it compiles)")
+    fast.add_argument("--compile-mode", choices=speed.COMPILE_MODES, default=None,
+                      help="torch.compile's mode with --compile (reduce-overhead: CUDA graphs, for steps the host bounds)")
     fast.add_argument("--loader-workers", type=int, default=None, metavar="N",
                       help="data-loader worker processes per rank (default: the rank's cores minus one on GPUs, 0 on CPUs)")
     fast.add_argument("--pin-memory", choices=SWITCH, default="auto",
@@ -315,6 +329,9 @@ def training_options(args: argparse.Namespace) -> dict[str, Any]:
             options[name] = _switch(getattr(args, name))
     if getattr(args, "compile", None):
         options["compile"] = args.compile
+    if getattr(args, "compile_mode", None):
+        speed.check_compile_mode(args.compile_mode, getattr(args, "compile", None))
+        options["compile_mode"] = args.compile_mode
     return options
 
 

@@ -4,9 +4,11 @@ come from a GPU machine: BENCHMARKS.md, 'On a GPU')."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -121,7 +123,7 @@ def test_a_failing_gpu_test_fails_the_verdict_and_the_exit_code(tmp_path):
 
 def _fake_bench(monkeypatch, code: str) -> None:
     """The bench step runs `code` (with OUT in sys.argv[1]) instead of `python -m bench gpu`."""
-    monkeypatch.setattr(gpu_check, "bench_command", lambda out, cases, compile, allow_cpu: [sys.executable, "-c", code, str(out)])
+    monkeypatch.setattr(gpu_check, "bench_command", lambda out, cases, compile, allow_cpu, sweep=None: [sys.executable, "-c", code, str(out)])
 
 
 RECORD = {"peak": {"flops": 7e14, "gpu": {"name": "NVIDIA H100 80GB HBM3"}, "datasheet": {"flops": 989.4e12}},
@@ -138,7 +140,8 @@ def test_steps_run_one_at_a_time_share_one_results_file(tmp_path, monkeypatch):
     assert bench["exit_code"] == 0 and bench["record"] == RECORD and bench["left_out"] == []
     assert bench["summary"] == {"gpu": "NVIDIA H100 80GB HBM3", "peak_tflops": 700.0, "datasheet_tflops": pytest.approx(989.4),
                                 "speedup_vs_course": {"gptneo": {"gpuscale": 2.2}}, "gptneo_mfu": 0.2,
-                                "gptneo_mfu_datasheet": 0.14, "targets": {"gpuscale >= 2x course": True}}
+                                "gptneo_mfu_datasheet": 0.14, "sweep": [], "sweep_best": None,
+                                "targets": {"gpuscale >= 2x course": True}}
     assert results["steps"]["tests"]["failed"] and results["verdict"] == "fail"
     assert results["reasons"] == ["tests: test_fake_gpu::test_broken failed"]
     assert results["total_s"] == pytest.approx(results["steps"]["tests"]["seconds"] + bench["seconds"], abs=0.11)
@@ -185,3 +188,43 @@ def test_gpu_check_refuses_a_machine_without_a_gpu_in_one_line(tmp_path):
     result = subprocess.run(["bash", str(SCRIPT), str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 1 and "torch sees no GPU" in result.stderr and "--allow-cpu" in result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / "gpu-check.json").exists()
+
+
+def test_a_hanging_gpu_test_is_stopped_at_its_own_limit_and_named(tmp_path, monkeypatch):
+    """pytest-timeout stops the one test that hangs (its limit shortened here) and the others still report."""
+    monkeypatch.setattr(gpu_check, "TEST_TIMEOUT_S", 3)
+    folder = tmp_path / "fake"
+    folder.mkdir()
+    (folder / "test_hang.py").write_text("import time\n\ndef test_quick():\n    pass\n\n\ndef test_hangs():\n    time.sleep(60)\n")
+    started = time.perf_counter()
+    result = gpu_check.tests_step(tmp_path, str(folder), 120, {**os.environ, "PYTHONPATH": str(ROOT)})
+    assert time.perf_counter() - started < 40
+    assert result["passed"] == ["test_hang::test_quick"] and result["per_test_limit_s"] == 3
+    assert [f["name"] for f in result["failed"]] == ["test_hang::test_hangs"] and "Timeout" in result["failed"][0]["message"]
+
+
+def test_a_tests_step_cut_off_by_its_budget_still_says_what_passed(tmp_path):
+    """Killed before pytest writes its JUnit file: the outcomes come from the lines written as each test ended."""
+    folder = tmp_path / "fake"
+    folder.mkdir()
+    (folder / "test_slow.py").write_text("import time\n\ndef test_first():\n    pass\n\n\ndef test_second():\n    time.sleep(60)\n")
+    result = gpu_check.tests_step(tmp_path, str(folder), 15, {**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result["timed_out"] and result["junit"] is None
+    assert result["passed"] == ["test_slow::test_first"] and result["failed"] == []
+    assert gpu_check.step_reasons("tests", result) == ["tests: over its budget of 15 s, killed"]
+
+
+def test_quick_runs_the_tests_then_gptneos_sweep_without_the_course_baselines(tmp_path, monkeypatch):
+    seen = {}
+
+    def command(out, cases, compile, allow_cpu, sweep=None):
+        seen.update(cases=cases, sweep=sweep)
+        return [sys.executable, "-c", "import sys"]
+
+    monkeypatch.setattr(gpu_check, "bench_command", command)
+    monkeypatch.setattr(gpu_check, "check", lambda out, steps, allow_cpu, tests, cases, compile, budgets, sweep=None:
+                        seen.update(steps=steps, budgets=budgets, cases_asked=cases, sweep_asked=sweep) or
+                        {"machine": {"gpus": [], "torch": "x", "missing": {}}, "steps": {}, "verdict": "pass", "reasons": []})
+    assert gpu_check.main([str(tmp_path), "--allow-cpu", "--quick"]) == 0
+    assert seen["cases_asked"] == () and seen["sweep_asked"] == "quick" and seen["steps"] == gpu_check.STEPS
+    assert seen["budgets"] == gpu_check.QUICK_BUDGETS_S and sum(seen["budgets"].values()) <= 8 * 60 - 20

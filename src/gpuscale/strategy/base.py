@@ -92,10 +92,11 @@ class Strategy(Protocol):
         """Back-propagate `loss` (from `scale_loss`); gradients are synchronised on the last micro-batch."""
 
     def step(self, model: nn.Module, optimizer: Any, *, due: bool, scaler: torch.amp.GradScaler | None,
-             clip_grad_norm: float | None) -> tuple[bool, float | None]:
+             clip_grad_norm: float | None) -> tuple[bool, Any]:
         """Step the optimizer if an optimizer step is `due` (its last micro-batch went backward).
 
-        Returns whether it stepped, and the gradient norm before clipping where one was computed."""
+        Returns whether it stepped, and the gradient norm before clipping where one was computed (a number, or a
+        tensor left on the device: reading it waits for the GPU, so `Training.grad_norm` reads it only when asked)."""
 
 
 class ScriptStep:
@@ -119,15 +120,14 @@ class ScriptStep:
             loss.backward()
 
     def step(self, model: nn.Module, optimizer: Any, *, due: bool, scaler: torch.amp.GradScaler | None,
-             clip_grad_norm: float | None) -> tuple[bool, float | None]:
+             clip_grad_norm: float | None) -> tuple[bool, Any]:
         if not due:
             return False, None
         norm = None
         if scaler is not None:
             scaler.unscale_(optimizer)
         if clip_grad_norm is not None:
-            total = torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)
-            norm = float(total.full_tensor() if hasattr(total, "full_tensor") else total)  # FSDP: a DTensor
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)  # on the device: Training reads it
         if scaler is not None:
             scaler.step(optimizer)
             scaler.update()

@@ -109,14 +109,14 @@ class DeepSpeedStrategy:
         model.backward(loss)  # reduces at the engine's own accumulation boundary
 
     def step(self, model: nn.Module, optimizer: Any, *, due: bool, scaler: torch.amp.GradScaler | None,
-             clip_grad_norm: float | None) -> tuple[bool, float | None]:
+             clip_grad_norm: float | None) -> tuple[bool, Any]:
         """Step the engine on every micro-batch (it steps the optimizer at its boundary, clipping by its config)."""
         boundary = model.is_gradient_accumulation_boundary()
         model.step()
         if not boundary:
             return False, None
         norm = model.get_global_grad_norm()
-        return True, float(norm) if norm is not None else None
+        return True, norm  # a tensor or a number; Training.grad_norm reads it when asked
 
     def state_dict(self, model: nn.Module) -> dict[str, Any]:
         if model.zero_optimization_stage() == 3:
