@@ -6,12 +6,16 @@
 First the machine is recorded (nvidia-smi's GPUs, Python, torch and CUDA, the packages the check needs and which
 are missing), then the steps, each in its own processes with a time budget (killed with all it started when over it):
 
-    tests    ``python -m pytest -q tests/gpu`` (OUT_DIR/gpu-tests.log, OUT_DIR/gpu-tests.xml), budget 8 minutes
+    tests    ``python -m pytest -v tests/gpu`` (OUT_DIR/gpu-tests.log, .xml, .jsonl), budget 8 minutes: each test
+             within TEST_TIMEOUT_S (pytest-timeout, which names the test that hit it), four side by side where
+             pytest-xdist is installed, each result printed and written to gpu-tests.jsonl as the test ends
     bench    ``python -m bench gpu --compile --out OUT_DIR`` (OUT_DIR/gpu.json, OUT_DIR/bench.log), budget 9 minutes
 
-Together under 20 minutes on one H100, and each step fits a 10-minute command. OUT_DIR/gpu-check.json (the results
-file) holds the machine, every step's outcome (the tests passed, failed and skipped by name; the bench's record),
-the total time and a verdict: "pass" when every step ran to its end, no GPU test failed, and the bench measured
+Together under 20 minutes on one H100, and each step fits a 10-minute command. ``--quick`` gives the whole verdict
+in 8 minutes: the tests, then ``bench gpu --sweep quick`` (GPT-neo compiled at three batch x block points, each
+profiled) without the course-way baselines, within `QUICK_BUDGETS_S`. OUT_DIR/gpu-check.json (the results file,
+rewritten after each step, so a check cut off still says what it found) holds the machine, every step's outcome
+(the tests passed, failed and skipped by name; the bench's record), the total time and a verdict: "pass" when every step ran to its end, no GPU test failed, and the bench measured
 every example it was asked for; else "fail" with its reasons, and the exit code is 1. A step not run this time
 keeps its entry from an earlier results file in OUT_DIR (one run the same way, with or without --allow-cpu), so
 the steps can run one command at a time.

@@ -16,10 +16,20 @@ a fraction of a millisecond, so what a step costs is host work: Python, the fram
 
 Every step's end is stamped by torch.optim's global post-step hook; the first WARMUP steps and the steps the sync
 probe replays (gpuscale.syncprobe.is_probe_step: documented, charged to the run's "probe" phase) are left out. Each
-run's figure is its median and mean host milliseconds per step; gpuscale's additions are the paired differences
-within a round (training - bare, epochloop - bare, bare+probe - bare, trainer+gpuscale - trainer), reported as the
-median over rounds with the spread. Then each path runs FINDER_STEPS more steps under
+run's figure is its median and mean host milliseconds per step. Then each path runs FINDER_STEPS more steps under
 `gpuscale.device_waits.find_device_waits`, which names every call that would wait for the device, by file and line.
+
+On a shared machine the same path varies by more than a millisecond from one process to the next, so gpuscale's
+additions are measured inside one process each, where that drift cancels:
+
+    training vs bare     steps alternate (bare, gpuscale, bare, ...) on the same model and optimizer: a bare step
+                         from a plain DataLoader, a gpuscale step from Meter.iter over make_loader through
+                         Training's autocast, backward and step; the addition is the median of the pairs' difference
+    epochloop vs bare    the same with EpochLoop.batches(), loop.step() and an Average updated every step
+    HF callbacks         the time inside MeterCallback's and StopCallback's methods per optimizer step, timed
+                         around each call (pure host work: what they add is what they take)
+    probe hooks          the time inside the probe's hooks per step: its optimizer post-step hook, and its
+                         DataLoader wrapper less the loader's own __next__
 
 Target (issue 27): gpuscale's additions <= 1 ms of host time and no device wait per optimizer step.
 """
@@ -37,9 +47,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpuscale.syncprobe import is_probe_step  # the steps the sync probe replays: documented, left out
+
 ROOT = Path(__file__).resolve().parents[1]
 PATHS = ("bare", "bare+probe", "training", "epochloop", "trainer", "trainer+gpuscale")
-ADDITIONS = {"training": "bare", "epochloop": "bare", "bare+probe": "bare", "trainer+gpuscale": "trainer"}
 STEPS, WARMUP, FINDER_STEPS = 300, 20, 3
 TARGET_MS = 1.0
 SHAPE = {"vocab": 128, "block": 32, "batch": 4, "samples": 8192}
@@ -175,6 +186,179 @@ def _trainer(model: Any, total: int, callbacks: bool, out: str) -> None:
         Trainer(model=model, args=args, train_dataset=Tokens(), data_collator=default_data_collator, callbacks=extra).train()
 
 
+ADDITION_WORKERS = ("training vs bare", "epochloop vs bare", "HF callbacks", "probe hooks")
+
+
+def _bare_step(model: Any, optimizer: Any, batches: Any) -> float:
+    """One bare step from `batches`; its host seconds."""
+    import torch
+
+    start = time.perf_counter()
+    batch = next(batches)
+    loss = model(**batch).loss
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return time.perf_counter() - start
+
+
+def _alternating(steps: int, loop: bool) -> list[float]:
+    """Pairs of (bare step, gpuscale step) on one model and optimizer: the gpuscale step's extra seconds, per pair."""
+    import torch
+
+    import gpuscale
+
+    with gpuscale.init() as rt, tempfile.TemporaryDirectory() as tmp:
+        torch.set_num_threads(1)
+        plan = gpuscale.plan_batch(SHAPE["batch"], rt.world_size)
+        training = gpuscale.setup(tiny_model(), lambda p: torch.optim.AdamW(p, lr=1e-3), plan=plan, clip_grad_norm=1.0)
+        bare = iter(torch.utils.data.DataLoader(Tokens(), batch_size=SHAPE["batch"], shuffle=True))
+        if loop:
+            epochs = gpuscale.EpochLoop(training, gpuscale.make_loader(Tokens(), plan), epochs=1,
+                                        checkpoints=Path(tmp) / "ckpt", resume=False)
+            average = epochs.average("loss")
+            next(iter(epochs))  # into the first epoch
+            ours = epochs.batches()
+        else:
+            ours = gpuscale.Meter(plan).iter(gpuscale.make_loader(Tokens(), plan))
+
+        def gpuscale_step() -> float:
+            start = time.perf_counter()
+            batch = next(ours)
+            with training.autocast():
+                loss = training.model(**batch).loss
+            training.backward(loss)
+            if loop:
+                epochs.step()
+                average.update(loss.detach() * len(batch["input_ids"]), len(batch["input_ids"]))
+            else:
+                training.step()
+            return time.perf_counter() - start
+
+        extra = []
+        for i in range(WARMUP + steps):
+            plain = _bare_step(training.model, training.optimizer, bare)
+            mine = gpuscale_step()
+            # the sync probe's schedule counts Training's steps: a probed one is documented and left out
+            if i >= WARMUP and not is_probe_step(i):
+                extra.append(mine - plain)
+        return extra
+
+
+class _Timed:
+    """Forwards a callback's event methods, adding the seconds each takes to `spent`."""
+
+    def __init__(self, callback: Any, spent: list[float]) -> None:
+        self._callback, self._spent = callback, spent
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._callback, name)
+        if not name.startswith("on_"):
+            return method
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self._spent[0] += time.perf_counter() - start
+
+        return timed
+
+
+def _hf_callbacks(steps: int) -> list[float]:
+    """Seconds inside gpuscale's Trainer callbacks per optimizer step, for each step after WARMUP."""
+    import torch
+    from transformers import Trainer, TrainerCallback, TrainingArguments, default_data_collator
+
+    import gpuscale
+    from gpuscale.hf import MeterCallback, StopCallback, trainer_arguments
+
+    spent, per_step = [0.0], []
+
+    class Reader(TrainerCallback):
+        """Last in the list: reads (and resets) what the timed callbacks took during this step."""
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            per_step.append(spent[0])
+            spent[0] = 0.0
+
+    with gpuscale.init() as rt, tempfile.TemporaryDirectory() as tmp:
+        torch.set_num_threads(1)
+        plan = gpuscale.plan_batch(SHAPE["batch"], rt.world_size)
+        args = TrainingArguments(output_dir=tmp, report_to=[], max_steps=WARMUP + steps, logging_steps=10, save_strategy="no",
+                                 eval_strategy="no", learning_rate=1e-3, dataloader_num_workers=0, disable_tqdm=True,
+                                 logging_nan_inf_filter=False, **trainer_arguments(plan))
+        ours = [_Timed(MeterCallback(gpuscale.Meter(plan)), spent), _Timed(StopCallback(gpuscale.StopSignal()), spent)]
+        trainer = Trainer(model=tiny_model(), args=args, train_dataset=Tokens(), data_collator=default_data_collator,
+                          callbacks=[*ours, Reader()])
+        trainer.train()
+    return per_step[WARMUP:]
+
+
+def _probe_hooks(steps: int) -> list[float]:
+    """Seconds inside the probe's hooks per step of a bare loop: its post-step hook and its loader wrapper, less the
+    loader's own __next__ (timed beneath the wrapper)."""
+    from torch.utils.data import dataloader
+
+    from gpuscale.probe import recorder
+
+    spent, per_step = [0.0], []
+    iterator_class = dataloader._BaseDataLoaderIter
+    plain_next = iterator_class.__next__
+
+    def inner(self: Any) -> Any:  # the loader's own work, beneath the probe's wrapper
+        start = time.perf_counter()
+        try:
+            return plain_next(self)
+        finally:
+            spent[0] -= time.perf_counter() - start
+
+    iterator_class.__next__ = inner  # type: ignore[method-assign]
+    active = recorder.install()
+    wrapped_next = iterator_class.__next__
+
+    def outer(self: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return wrapped_next(self)
+        finally:
+            spent[0] += time.perf_counter() - start
+
+    iterator_class.__next__ = outer  # type: ignore[method-assign]
+    hook = active.step
+
+    def timed_step(*args: Any) -> None:
+        start = time.perf_counter()
+        hook(*args)
+        spent[0] += time.perf_counter() - start
+        per_step.append(spent[0])
+        spent[0] = 0.0
+
+    active.step = timed_step  # type: ignore[method-assign]
+    from torch.optim.optimizer import _global_optimizer_post_hooks
+
+    for key, registered in list(_global_optimizer_post_hooks.items()):
+        if registered == hook:
+            _global_optimizer_post_hooks[key] = timed_step
+    _bare(tiny_model(), WARMUP + steps)
+    return per_step[WARMUP:]
+
+
+def addition_worker(name: str, steps: int, out: Path) -> None:
+    """One in-process measurement of a gpuscale addition (see the module docstring): milliseconds per step."""
+    import torch
+
+    torch.set_num_threads(1)
+    seconds = {"training vs bare": lambda: _alternating(steps, loop=False),
+               "epochloop vs bare": lambda: _alternating(steps, loop=True),
+               "HF callbacks": lambda: _hf_callbacks(steps), "probe hooks": lambda: _probe_hooks(steps)}[name]()
+    ms = [1e3 * x for x in seconds]
+    out.write_text(json.dumps({"addition": name, "steps": len(ms), "median_ms": statistics.median(ms),
+                               "mean_ms": statistics.fmean(ms)}))
+
+
 def worker(path: str, steps: int, out: Path) -> None:
     """One run of `path` in this process: `steps` timed steps after WARMUP, then FINDER_STEPS watched ones."""
     import torch
@@ -194,32 +378,37 @@ def worker(path: str, steps: int, out: Path) -> None:
             _training(model, total, loop=path == "epochloop")
         else:
             _trainer(model, total, callbacks=path == "trainer+gpuscale", out=tmp)
-    from gpuscale.syncprobe import is_probe_step
-
     gaps = [(b - a) * 1e3 for i, (a, b) in enumerate(zip(stamps.times, stamps.times[1:]), start=1)
             if WARMUP <= i < WARMUP + steps and not is_probe_step(i)]
     out.write_text(json.dumps({"path": path, "steps": len(gaps), "median_ms": statistics.median(gaps),
                                "mean_ms": statistics.fmean(gaps), "device_waits": stamps.sites or []}))
 
 
-def run_one(path: str, steps: int) -> dict[str, Any]:
+def _subprocess(flag: str, name: str, steps: int, probe: bool = False) -> dict[str, Any]:
+    """Run this module's worker for `name` in a fresh process; its JSON."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run.json"
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")]),
-               "OMP_NUM_THREADS": "1", "GPUSCALE_MONITOR": os.environ.get("GPUSCALE_MONITOR", "1")}
-        if path == "bare+probe":
+               "OMP_NUM_THREADS": "1"}
+        if probe:
             env["GPUSCALE_PROBE_DIR"] = str(Path(tmp) / "probe")
-        for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-            env.pop(name, None)
-        done = subprocess.run([sys.executable, "-m", "bench.host_overhead", "--worker", path, "--steps", str(steps),
+        for variable in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+            env.pop(variable, None)
+        done = subprocess.run([sys.executable, "-m", "bench.host_overhead", flag, name, "--steps", str(steps),
                                "--worker-out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
         if done.returncode != 0:
-            raise RuntimeError(f"host_overhead {path} failed:\n{done.stderr[-3000:]}")
+            raise RuntimeError(f"host_overhead {name} failed:\n{done.stderr[-3000:]}")
         return json.loads(out.read_text())
 
 
-def run(repeat: int = 3, steps: int = STEPS, paths: tuple[str, ...] = PATHS) -> dict[str, Any]:
-    """Each path `repeat` times, in turn; per-path figures, gpuscale's additions, and the device waits found."""
+def run_one(path: str, steps: int) -> dict[str, Any]:
+    return _subprocess("--worker", path, steps, probe=path == "bare+probe")
+
+
+def run(repeat: int = 3, steps: int = STEPS, paths: tuple[str, ...] = PATHS,
+        additions: tuple[str, ...] = ADDITION_WORKERS) -> dict[str, Any]:
+    """Each path `repeat` times, in turn (host ms per step, the device waits found), and each of gpuscale's additions
+    `repeat` times, each inside one process."""
     rounds = [{path: run_one(path, steps) for path in paths} for _ in range(repeat)]
     per_path = {}
     for path in paths:
@@ -227,16 +416,19 @@ def run(repeat: int = 3, steps: int = STEPS, paths: tuple[str, ...] = PATHS) -> 
         per_path[path] = {"median_ms": statistics.median(medians), "spread_ms": [min(medians), max(medians)],
                           "mean_ms": statistics.median(r[path]["mean_ms"] for r in rounds),
                           "device_waits": rounds[-1][path]["device_waits"]}
-    additions = {}
-    for path, base in ADDITIONS.items():
-        if path in paths and base in paths:
-            deltas = [r[path]["median_ms"] - r[base]["median_ms"] for r in rounds]
-            mean_deltas = [r[path]["mean_ms"] - r[base]["mean_ms"] for r in rounds]
-            waits = [w for w in per_path[path]["device_waits"] if "gpuscale/" in w["where"]]
-            additions[f"{path} - {base}"] = {"median_ms": statistics.median(deltas), "spread_ms": [min(deltas), max(deltas)],
-                                             "mean_ms": statistics.median(mean_deltas), "gpuscale_device_waits": waits}
-    met = all(a["median_ms"] <= TARGET_MS and not a["gpuscale_device_waits"] for a in additions.values())
-    return {"repeat": repeat, "steps": steps, "warmup": WARMUP, "shape": SHAPE, "paths": per_path, "additions": additions,
+    measured = {}
+    for name in additions:
+        runs = [_subprocess("--addition", name, steps, probe=name == "probe hooks") for _ in range(repeat)]
+        medians = [r["median_ms"] for r in runs]
+        watched = {"training vs bare": "training", "epochloop vs bare": "epochloop", "HF callbacks": "trainer+gpuscale",
+                   "probe hooks": "bare+probe"}[name]
+        waits = [w for w in per_path.get(watched, {}).get("device_waits", []) if w["where"].startswith("gpuscale/")]
+        measured[name] = {"median_ms": statistics.median(medians), "spread_ms": [min(medians), max(medians)],
+                          "mean_ms": statistics.median(r["mean_ms"] for r in runs), "runs": repeat, "steps": runs[0]["steps"],
+                          "gpuscale_device_waits": waits, "waits_watched_in": watched if watched in per_path else None}
+    met = all(a["median_ms"] <= TARGET_MS and a["mean_ms"] <= TARGET_MS and not a["gpuscale_device_waits"]
+              for a in measured.values())
+    return {"repeat": repeat, "steps": steps, "warmup": WARMUP, "shape": SHAPE, "paths": per_path, "additions": measured,
             "target": f"gpuscale's additions <= {TARGET_MS:g} ms and no device wait per step", "target_met": met}
 
 
@@ -247,18 +439,25 @@ def report(record: dict[str, Any]) -> str:
                      f"{p['mean_ms']:.2f}; device waits: {sum(w['calls'] for w in p['device_waits'])} in {FINDER_STEPS} steps")
         for w in p["device_waits"]:
             lines.append(f"      {w['calls']:3d} x {w['kind']} at {w['where']} ({w['function']})")
-    lines.append("gpuscale's additions (paired within a round):")
+    lines.append("gpuscale's additions, each measured inside one process (median of the runs' medians, min-max; mean):")
     for name, a in record["additions"].items():
-        lines.append(f"  {name:<28} {a['median_ms']:+6.2f} ms ({a['spread_ms'][0]:+.2f} to {a['spread_ms'][1]:+.2f}), mean "
-                     f"{a['mean_ms']:+.2f}; device waits in gpuscale: {len(a['gpuscale_device_waits'])}")
+        where = f" (device waits watched in {a['waits_watched_in']}: {len(a['gpuscale_device_waits'])} in gpuscale)" \
+            if a["waits_watched_in"] else ""
+        lines.append(f"  {name:<20} {a['median_ms']:+6.3f} ms ({a['spread_ms'][0]:+.3f} to {a['spread_ms'][1]:+.3f}), mean "
+                     f"{a['mean_ms']:+.3f}{where}")
     lines.append(f"target ({record['target']}): {'met' if record['target_met'] else 'NOT met'}")
     return "\n".join(lines)
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("--worker", choices=PATHS, required=True)
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--worker", choices=PATHS)
+    which.add_argument("--addition", choices=ADDITION_WORKERS)
     parser.add_argument("--steps", type=int, default=STEPS)
     parser.add_argument("--worker-out", type=Path, required=True)
     options = parser.parse_args()
-    worker(options.worker, options.steps, options.worker_out)
+    if options.worker:
+        worker(options.worker, options.steps, options.worker_out)
+    else:
+        addition_worker(options.addition, options.steps, options.worker_out)

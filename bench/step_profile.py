@@ -18,8 +18,8 @@ for the HF Trainer). The trace is reduced by `summarise` to what decides whether
   half of the idle time or more) or the **host** (the rest: Python, launches, synchronisations).
 
 Before the profiled steps, one step runs under ``torch.cuda.set_sync_debug_mode("warn")``: every synchronising call
-then warns, and the warnings' file and line name the Python code that made it (``sync_sites``), which the trace
-alone cannot. The trace is read in Chrome's trace format (``export_chrome_trace``), whose fields (``ph``, ``cat``,
+then warns, and the first Python frame outside torch at the warning names the code that made it (``sync_sites``),
+which the trace alone cannot. The trace is read in Chrome's trace format (``export_chrome_trace``), whose fields (``ph``, ``cat``,
 ``name``, ``ts``, ``dur`` in microseconds) are stable across torch releases.
 """
 
@@ -151,7 +151,8 @@ def summarise(events: list[dict[str, Any]], top_gaps: int = 5, top_host: int = 3
     }
     summary["top_kernels"] = _top([e for e in events if e.get("cat") in DEVICE_CATEGORIES], low, high, len(steps))
     main = Counter(e.get("tid") for e in ops).most_common(1)
-    outer = _outermost([e for e in ops if main and e.get("tid") == main[0][0]])
+    marked = [e for e in host if e.get("cat") in ("cpu_op", "user_annotation")]  # operators, optimizer and loader marks
+    outer = _outermost([e for e in marked if main and e.get("tid") == main[0][0]])
     summary["top_host_ops"] = _top(outer, low, high, len(steps))
     traced = sum(b - a for a, b in _union(_clip([_interval(e) for e in outer], low, high)))
     summary["host_untraced_ms_per_step"] = (window - traced) / len(steps) / 1e3
@@ -208,17 +209,17 @@ class StepProfiler:
         self._seen += 1
         on_gpu = torch.cuda.is_available() and torch.cuda.is_initialized()
         if self._seen == self.start - 1 and on_gpu:
-            self._catcher = warnings.catch_warnings(record=True)
-            self._caught = self._catcher.__enter__()
+            self._catcher = warnings.catch_warnings()
+            self._catcher.__enter__()
             warnings.simplefilter("always")
+            warnings.showwarning = self._on_warning
             torch.cuda.set_sync_debug_mode("warn")
         elif self._seen == self.start:
             if self._catcher is not None:
                 torch.cuda.set_sync_debug_mode("default")
-                self._catcher.__exit__(None, None, None)
-                sites = Counter(("/".join(Path(w.filename).parts[-3:]), w.lineno) for w in self._caught
-                                if "synchroniz" in str(w.message))
-                self._sync_sites = [{"where": f"{name}:{line}", "calls": n} for (name, line), n in sites.most_common()]
+                self._catcher.__exit__(None, None, None)  # puts showwarning back
+                sites = Counter(self._caught)
+                self._sync_sites = [{"where": where, "calls": n} for where, n in sites.most_common()]
                 self._catcher = None
             activities = [torch.profiler.ProfilerActivity.CPU]
             if on_gpu:
@@ -230,6 +231,26 @@ class StepProfiler:
             self._mark_step()
         elif self._profiler is not None and self._seen == self.start + self.steps:
             self._finish()
+
+    def _on_warning(self, message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        """A warning during the sync-debug step: a synchronisation's is kept with the first frame outside torch that
+        made it (the warning itself names torch's own line), or the thread it came from where no Python frame did."""
+        if "synchroniz" not in str(message):
+            return
+        import threading
+        import traceback
+
+        import torch
+
+        torch_dir = str(Path(torch.__file__).resolve().parent)
+        frames = [f for f in traceback.extract_stack()[:-1]
+                  if not str(Path(f.filename).resolve()).startswith(torch_dir) and "warnings" not in Path(f.filename).name
+                  and Path(f.filename).resolve() != Path(__file__).resolve()]
+        if frames:
+            f = frames[-1]
+            self._caught.append(f"{'/'.join(Path(f.filename).parts[-3:])}:{f.lineno} ({f.name})")
+        else:
+            self._caught.append(f"{'/'.join(Path(filename).parts[-3:])}:{lineno} (thread {threading.current_thread().name})")
 
     def _mark_step(self) -> None:
         """End the current step's ProfilerStep#N annotation (if any) and begin the next one's (profile.step() writes

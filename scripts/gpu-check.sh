@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # One command for a GPU machine: the GPU tests and `python -m bench gpu --compile`, one results file.
 #
-#   scripts/gpu-check.sh [OUT_DIR] [--allow-cpu] [--steps tests,bench] [--cases ...] [--no-compile]
+#   scripts/gpu-check.sh [OUT_DIR] [--quick] [--allow-cpu] [--steps tests,bench] [--cases ...] [--no-compile]
 #                        [--tests-budget S] [--bench-budget S]
+#
+# --quick: the whole verdict in 8 minutes on one H100: every GPU test (four side by side, each within 150 s, each
+# result printed as it ends), then GPT-neo's sweep (16x512, 64x512, 32x1024, compiled, each point profiled: MFU, GPU
+# busy share, syncs per step, what bounds the step), without the course-way baselines the full check keeps.
 #
 # From anywhere, on a machine with a GPU. It records the machine (nvidia-smi -L, Python, torch, CUDA, the packages),
 # runs `python -m pytest -q tests/gpu` (at most 8 minutes) and then `python -m bench gpu --compile` (at most 9),

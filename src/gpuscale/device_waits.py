@@ -17,8 +17,7 @@ device (``.to(device)``, ``.cuda()``, a factory with ``device=``; on a CPU the d
 such as ``rt.device``, since the string "cpu" names the host on purpose), and every tensor computed from one of these,
 in the forward, the backward and the optimizer alike (followed through torch's dispatcher). A tensor the code keeps on
 the host on purpose (a counter, a flag for a gloo all-reduce, torch's own optimizer step counts) is not one, as on a
-GPU. Each finding names the first
-frame outside torch: the file and line to change.
+GPU. Each finding names the first frame outside torch: the file and line to change.
 
 Not seen here: code that synchronises only on a GPU (``if device.type == "cuda": torch.cuda.synchronize()``), and work
 in other threads or processes (loader workers). bench/step_profile.py counts what a GPU really did.

@@ -78,7 +78,6 @@ class Training:
         self.ds_config = ds_config
         """The DeepSpeed config the engine was built with (None for other strategies)."""
         self._grad_norm: Any = None  # the last step's norm before clipping, a device tensor until read
-        """Gradient norm before clipping at the last step (None when not clipping)."""
         self._strategy = strategy
         self._scaler = strategy.grad_scaler(precision)
         self._micro = 0
@@ -165,7 +164,7 @@ class Training:
         the device by the step and read here, so a step never waits for the GPU unless this is asked for."""
         norm = self._grad_norm
         if isinstance(norm, torch.Tensor):
-            norm = self._grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP: a DTensor
+            norm = self._grad_norm = float(norm)
         return norm
 
 

@@ -128,6 +128,8 @@ class ScriptStep:
             scaler.unscale_(optimizer)
         if clip_grad_norm is not None:
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)  # on the device: Training reads it
+            if hasattr(norm, "full_tensor"):  # FSDP: a DTensor, made whole here on every rank (a collective, not a wait)
+                norm = norm.full_tensor()
         if scaler is not None:
             scaler.step(optimizer)
             scaler.update()
