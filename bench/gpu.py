@@ -25,6 +25,14 @@ causal masking not discounted; N without the position embeddings, a lookup). The
 per token / peak, against the peak measured here (``mfu``, the target's) and against the data sheet's dense bf16
 figure for the GPU named (``mfu_datasheet``; `DATASHEET_BF16`, None for a GPU not in it). Target: >= 40%.
 
+``--sweep quick|full`` adds GPT-neo's sweep: the 125M shape compiled at several (per-device batch x block) points
+(`QUICK_SWEEP`: 16x512, 64x512, 32x1024; `SWEEP` adds 32x512 and 16x1024), each run 40 steps with steps 26-28 profiled
+(bench/step_profile.py: GPU busy share, the longest gaps and what the host ran in them, device syncs per step, the
+top kernels and host operators, and one line on what bounds the step). A point's throughput is the global batch
+over the median of its unprofiled steps after the tenth; its MFU as above; the best point and the targets (16x512
+>= 35%, best >= 45% of the measured peak) go into the record. ``--compile-mode`` runs the sweep in another
+torch.compile mode (reduce-overhead: CUDA graphs).
+
 `python -m bench gpu` refuses to run without a GPU (figures from a CPU would say nothing about one);
 ``--allow-cpu`` runs the same pipeline with small settings, which is how its test checks the plumbing.
 """

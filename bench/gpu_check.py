@@ -307,6 +307,8 @@ def step_reasons(name: str, step: dict[str, Any]) -> list[str]:
         if (step["cases"] or step.get("sweep")) and (step["exit_code"] != 0 or step.get("record") is None):
             reasons.append(f"bench: exited with {step['exit_code']} and wrote no record (see {step['log']})")
         reasons += step.get("left_out", [])
+        reasons += [f"bench: GPT-neo {p['point']} not measured: {p['error']}"
+                    for p in (step.get("summary") or {}).get("sweep", []) if p.get("error")]
     return reasons
 
 

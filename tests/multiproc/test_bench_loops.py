@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from procs import ROOT, run
 
 TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
@@ -27,14 +28,20 @@ def test_plain_and_gpuscale_loops_take_identical_steps(tmp_path):
     assert len(records["accelerate_ddp"]["losses"]) == 2
 
 
-def test_gpu_benchmark_pipeline_runs_both_ways_and_computes_mfu(tmp_path):
+@pytest.fixture(scope="module")
+def example_data(tmp_path_factory):
+    """One data folder for the GPU pipeline's checks: the GPT-neo example's tokenizer is trained once."""
+    return tmp_path_factory.mktemp("data")
+
+
+def test_gpu_benchmark_pipeline_runs_both_ways_and_computes_mfu(tmp_path, example_data):
     """`python -m bench gpu --allow-cpu`: the course's way and gpuscale's defaults of two examples really ran, each
     with its throughput and quality, and GPT-neo's model FLOPs utilisation comes from its own summary (a check of
     the plumbing for the first session with a GPU; CPU figures are not reported)."""
     import sys
 
     result = run([sys.executable, "-m", "bench", "gpu", "--allow-cpu", "--cases", "dogs_vs_cats,gptneo", "--out", str(tmp_path)],
-                 timeout=900, GPUSCALE_DATA=str(tmp_path / "data"))
+                 timeout=900, GPUSCALE_DATA=str(example_data))
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads((tmp_path / "gpu.json").read_text())
     assert record["allow_cpu"] is True and record["peak"]["flops"] > 0
@@ -47,3 +54,27 @@ def test_gpu_benchmark_pipeline_runs_both_ways_and_computes_mfu(tmp_path):
     assert mfu["flops_per_token"] > 6 * mfu["parameters"], "attention adds to 6 FLOPs per parameter"
     assert mfu["mfu"] == mfu["tokens_per_s"] * mfu["flops_per_token"] / mfu["peak_flops"]
     assert "MFU" in result.stdout and "x the course's" in result.stdout
+
+
+def test_the_quick_gpu_check_runs_end_to_end_on_a_cpu(tmp_path, example_data):
+    """`scripts/gpu-check.sh --quick --allow-cpu`: every GPU test reported (skipped here) within its own limit, then
+    GPT-neo's sweep, each point trained, profiled and given an MFU and a bound; one results file; well under 5
+    minutes."""
+    result = run(["bash", str(ROOT / "scripts" / "gpu-check.sh"), str(tmp_path / "out"), "--quick", "--allow-cpu"],
+                 timeout=600, GPUSCALE_DATA=str(example_data))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    results = json.loads((tmp_path / "out" / "gpu-check.json").read_text())
+    assert results["verdict"] == "pass" and results["quick"] is True and results["this_run_s"] < 300
+    tests = results["steps"]["tests"]
+    assert len(tests["skipped"]) >= 9 and tests["per_test_limit_s"] and not tests["failed"]
+    assert (tmp_path / "out" / "gpu-tests.jsonl").read_text().count("\n") == len(tests["skipped"])
+    bench = results["steps"]["bench"]
+    assert bench["sweep"] == "quick" and bench["cases"] == []
+    points = bench["record"]["gptneo_sweep"]["points"]
+    assert [(p["per_device_batch"], p["block_size"]) for p in points] == [(2, 64), (4, 64)]
+    for p in points:
+        assert p["mfu"] > 0 and p["step_ms"] > 0 and p["perplexity"] > 0
+        assert p["profile"]["steps"] == 2 and p["profile"]["bound"].startswith("no device activity traced")
+    lines = result.stdout.splitlines()
+    summary = lines[max(i for i, line in enumerate(lines) if line.startswith("machine: ")):]
+    assert len(summary) <= 11 and "verdict: pass" in result.stdout  # the summary's 10 lines, then where the results are
