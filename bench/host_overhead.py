@@ -44,6 +44,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -103,70 +105,88 @@ class Stamps:
 
         self.times.append(time.perf_counter())
         if len(self.times) == self.steps:
-            self._finder = find_device_waits(self.model, device=_device())
+            self._finder = find_device_waits(self.model)
             self._found = self._finder.__enter__()
         elif len(self.times) == self.steps + FINDER_STEPS:
             self._finder.__exit__(None, None, None)
             self.sites = self._found.sites()
 
 
-def _device() -> Any:
+def _endless(loader: Any) -> Iterator[Any]:
+    """`loader`'s batches, epoch after epoch."""
+    while True:
+        yield from loader
+
+
+def _plain_batches() -> Iterator[Any]:
     import torch
 
-    return torch.device("cpu")
+    return _endless(torch.utils.data.DataLoader(Tokens(), batch_size=SHAPE["batch"], shuffle=True))
+
+
+def _bare_step(model: Any, optimizer: Any, batches: Iterator[Any]) -> float:
+    """One bare step from `batches`: forward, backward, clip_grad_norm_, step, zero_grad; its host seconds."""
+    import torch
+
+    start = time.perf_counter()
+    loss = model(**next(batches)).loss
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return time.perf_counter() - start
 
 
 def _bare(model: Any, total: int) -> None:
     import torch
 
-    loader = torch.utils.data.DataLoader(Tokens(), batch_size=SHAPE["batch"], shuffle=True)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    done = 0
-    while done < total:
-        for batch in loader:
-            loss = model(**batch).loss
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            done += 1
-            if done == total:
-                return
+    optimizer, batches = torch.optim.AdamW(model.parameters(), lr=1e-3), _plain_batches()
+    for _ in range(total):
+        _bare_step(model, optimizer, batches)
 
 
-def _training(model: Any, total: int, loop: bool) -> None:
+@contextmanager
+def _gpuscale_training(model: Any, loop: bool) -> Iterator[tuple[Any, Iterator[Any], Any]]:
+    """gpuscale.init and setup's Training of `model` (AdamW, clipping at 1.0), with this rank's batches from
+    make_loader through Meter.iter, or (`loop`) through an EpochLoop's first epoch: (training, batches, the EpochLoop
+    or None)."""
     import torch
 
     import gpuscale
 
-    with gpuscale.init() as rt:
+    with gpuscale.init() as rt, tempfile.TemporaryDirectory() as tmp:
         torch.set_num_threads(1)  # as every path: init() sizes the pool to the rank's cores, a placement, not step work
         plan = gpuscale.plan_batch(SHAPE["batch"], rt.world_size)
-        loader = gpuscale.make_loader(Tokens(), plan)
         training = gpuscale.setup(model, lambda p: torch.optim.AdamW(p, lr=1e-3), plan=plan, clip_grad_norm=1.0)
+        loader = gpuscale.make_loader(Tokens(), plan)
         if not loop:
-            meter = gpuscale.Meter(plan)
-            done = 0
-            for batch in meter.iter(loader):
-                with training.autocast():
-                    loss = training.model(**batch).loss
-                training.backward(loss)
-                done += training.step()
-                if done == total:
-                    return
+            yield training, gpuscale.Meter(plan).iter(loader), None
             return
-        with tempfile.TemporaryDirectory() as tmp:
-            epochs = gpuscale.EpochLoop(training, loader, epochs=1, checkpoints=Path(tmp) / "ckpt", resume=False)
-            average = epochs.average("loss")
-            for _ in epochs:
-                for batch in epochs.batches():
-                    with training.autocast():
-                        loss = training.model(**batch).loss
-                    training.backward(loss)
-                    epochs.step()
-                    average.update(loss.detach() * len(batch["input_ids"]), len(batch["input_ids"]))
-                    if epochs.steps == total:
-                        return
+        epochs = gpuscale.EpochLoop(training, loader, epochs=1, checkpoints=Path(tmp) / "ckpt", resume=False)
+        next(iter(epochs))  # into the first epoch (the runs end long before it does)
+        yield training, epochs.batches(), epochs
+
+
+def _gpuscale_step(training: Any, batches: Iterator[Any], epochs: Any) -> float:
+    """One step the README's way: autocast, Training.backward, then Training.step, or EpochLoop.step and a per-epoch
+    Average updated with the batch's loss; its host seconds."""
+    start = time.perf_counter()
+    batch = next(batches)
+    with training.autocast():
+        loss = training.model(**batch).loss
+    training.backward(loss)
+    if epochs is None:
+        training.step()
+    else:
+        epochs.step()
+        epochs.average("loss").update(loss.detach() * len(batch["input_ids"]), len(batch["input_ids"]))
+    return time.perf_counter() - start
+
+
+def _training(model: Any, total: int, loop: bool) -> None:
+    with _gpuscale_training(model, loop) as (training, batches, epochs):
+        for _ in range(total):
+            _gpuscale_step(training, batches, epochs)
 
 
 def _trainer(model: Any, total: int, callbacks: bool, out: str) -> None:
@@ -189,60 +209,17 @@ def _trainer(model: Any, total: int, callbacks: bool, out: str) -> None:
 ADDITION_WORKERS = ("training vs bare", "epochloop vs bare", "HF callbacks", "probe hooks")
 
 
-def _bare_step(model: Any, optimizer: Any, batches: Any) -> float:
-    """One bare step from `batches`; its host seconds."""
-    import torch
-
-    start = time.perf_counter()
-    batch = next(batches)
-    loss = model(**batch).loss
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return time.perf_counter() - start
-
-
 def _alternating(steps: int, loop: bool) -> list[float]:
     """Pairs of (bare step, gpuscale step) on one model and optimizer: the gpuscale step's extra seconds, per pair."""
-    import torch
-
-    import gpuscale
-
-    with gpuscale.init() as rt, tempfile.TemporaryDirectory() as tmp:
-        torch.set_num_threads(1)
-        plan = gpuscale.plan_batch(SHAPE["batch"], rt.world_size)
-        training = gpuscale.setup(tiny_model(), lambda p: torch.optim.AdamW(p, lr=1e-3), plan=plan, clip_grad_norm=1.0)
-        bare = iter(torch.utils.data.DataLoader(Tokens(), batch_size=SHAPE["batch"], shuffle=True))
-        if loop:
-            epochs = gpuscale.EpochLoop(training, gpuscale.make_loader(Tokens(), plan), epochs=1,
-                                        checkpoints=Path(tmp) / "ckpt", resume=False)
-            average = epochs.average("loss")
-            next(iter(epochs))  # into the first epoch
-            ours = epochs.batches()
-        else:
-            ours = gpuscale.Meter(plan).iter(gpuscale.make_loader(Tokens(), plan))
-
-        def gpuscale_step() -> float:
-            start = time.perf_counter()
-            batch = next(ours)
-            with training.autocast():
-                loss = training.model(**batch).loss
-            training.backward(loss)
-            if loop:
-                epochs.step()
-                average.update(loss.detach() * len(batch["input_ids"]), len(batch["input_ids"]))
-            else:
-                training.step()
-            return time.perf_counter() - start
-
+    with _gpuscale_training(tiny_model(), loop) as (training, batches, epochs):
+        plain = _plain_batches()
         extra = []
         for i in range(WARMUP + steps):
-            plain = _bare_step(training.model, training.optimizer, bare)
-            mine = gpuscale_step()
+            bare = _bare_step(training.model, training.optimizer, plain)
+            mine = _gpuscale_step(training, batches, epochs)
             # the sync probe's schedule counts Training's steps: a probed one is documented and left out
             if i >= WARMUP and not is_probe_step(i):
-                extra.append(mine - plain)
+                extra.append(mine - bare)
         return extra
 
 

@@ -26,7 +26,9 @@ which the trace alone cannot. The trace is read in Chrome's trace format (``expo
 from __future__ import annotations
 
 import json
+import statistics
 import tempfile
+import time
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -88,9 +90,10 @@ def bound_line(summary: dict[str, Any]) -> str:
     busy, syncs = summary["gpu_busy"], summary["syncs_per_step"]
     step_ms = summary["step_ms"]
     sync_note = f"; {syncs:g} device sync{'s' if syncs != 1 else ''} per step" if syncs else "; no device sync"
+    gaps = summary["gaps"]
+    top = gaps[0]["host"][0]["name"] if gaps and gaps[0]["host"] else None  # what the host ran in the longest gap
     if not summary["kernels_per_step"]:
-        top = summary["gaps"][0]["host"][0]["name"] if summary["gaps"] and summary["gaps"][0]["host"] else "nothing traced"
-        return f"no device activity traced (a CPU run): {step_ms:.1f} ms per step on the host, most in {top}"
+        return f"no device activity traced (a CPU run): {step_ms:.1f} ms per step on the host, most in {top or 'nothing traced'}"
     if busy >= DEVICE_BOUND:
         return (f"bound by the device: the GPU was busy {100 * busy:.0f}% of each {step_ms:.1f} ms step{sync_note}; "
                 "a faster step needs less arithmetic or faster kernels")
@@ -98,9 +101,8 @@ def bound_line(summary: dict[str, Any]) -> str:
     if summary["data_share_of_idle"] >= DATA_BOUND:
         return (f"bound by the data: the GPU idled {idle_ms:.1f} ms of each {step_ms:.1f} ms step, "
                 f"{100 * summary['data_share_of_idle']:.0f}% of it in the loader's __next__{sync_note}")
-    top = summary["gaps"][0]["host"][0]["name"] if summary["gaps"] and summary["gaps"][0]["host"] else "unattributed host time"
     return (f"bound by the host: the GPU idled {idle_ms:.1f} ms of each {step_ms:.1f} ms step "
-            f"(busy {100 * busy:.0f}%){sync_note}; the longest gap ran {top}")
+            f"(busy {100 * busy:.0f}%){sync_note}; the longest gap ran {top or 'unattributed host time'}")
 
 
 def summarise(events: list[dict[str, Any]], top_gaps: int = 5, top_host: int = 3) -> dict[str, Any]:
@@ -184,7 +186,9 @@ def _outermost(ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 class StepProfiler:
     """Profile optimizer steps ``start + 1 .. start + steps`` of a loop that calls `after_step` after each step;
-    the summary (`summarise`, plus ``sync_sites``) is written to `out` as JSON and kept in ``self.summary``.
+    the summary (`summarise`, plus ``sync_sites``) is written to `out` as JSON and kept in ``self.summary``. `close`,
+    at the end of the run, adds the median time of the steps neither profiled nor in the first 10 (``median_step_s``:
+    the profiler slows the host) and writes it again.
 
     The step before the profiled ones runs under ``torch.cuda.set_sync_debug_mode("warn")`` (on a GPU), so that
     its synchronising calls are named by file and line. `start` should leave compilation and warm-up behind.
@@ -196,6 +200,7 @@ class StepProfiler:
         self.start, self.steps, self.out = start, steps, Path(out)
         self.summary: dict[str, Any] | None = None
         self._seen = 0
+        self._ends: list[float] = []  # every step's end, by the host's clock
         self._profiler: Any = None
         self._step_mark: Any = None
         self._catcher: Any = None
@@ -207,6 +212,7 @@ class StepProfiler:
         import torch
 
         self._seen += 1
+        self._ends.append(time.perf_counter())
         on_gpu = torch.cuda.is_available() and torch.cuda.is_initialized()
         if self._seen == self.start - 1 and on_gpu:
             self._catcher = warnings.catch_warnings()
@@ -274,8 +280,20 @@ class StepProfiler:
         summary["sync_sites"] = self._sync_sites
         summary["profiled_steps"] = [self.start + 1, self.start + self.steps]
         self.summary = summary
+        self._write()
+
+    def close(self) -> None:
+        """At the end of the run: add ``median_step_s`` (the unprofiled steps after the first 10, the sync-debug step
+        left out too) and ``median_of_steps`` to the summary, and write it again."""
+        untouched = [b - a for step, (a, b) in enumerate(zip(self._ends, self._ends[1:]), start=2)
+                     if step > 10 and not self.start - 1 <= step <= self.start + self.steps]
+        if self.summary is not None and untouched:
+            self.summary.update(median_step_s=statistics.median(untouched), median_of_steps=len(untouched))
+            self._write()
+
+    def _write(self) -> None:
         self.out.parent.mkdir(parents=True, exist_ok=True)
-        self.out.write_text(json.dumps(summary, indent=2) + "\n")
+        self.out.write_text(json.dumps(self.summary, indent=2) + "\n")
 
 
 def profile_callback(start: int, steps: int, out: str | Path) -> Any:
@@ -285,23 +303,11 @@ def profile_callback(start: int, steps: int, out: str | Path) -> Any:
     class ProfileCallback(TrainerCallback):
         def __init__(self) -> None:
             self.profiler = StepProfiler(start, steps, out)
-            self.ends: list[float] = []
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            import time
-
-            self.ends.append(time.perf_counter())
             self.profiler.after_step()
 
         def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            """Add the median step of the unprofiled steps after the first 10 (``median_step_s``) to the summary."""
-            untouched = [b - a for i, (a, b) in enumerate(zip(self.ends, self.ends[1:]), start=2)
-                         if i > 10 and not start - 1 <= i <= start + steps]
-            if self.profiler.summary is not None and untouched:
-                import statistics
-
-                self.profiler.summary["median_step_s"] = statistics.median(untouched)
-                self.profiler.summary["median_of_steps"] = len(untouched)
-                self.profiler.out.write_text(json.dumps(self.profiler.summary, indent=2) + "\n")
+            self.profiler.close()
 
     return ProfileCallback()

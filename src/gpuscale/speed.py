@@ -172,8 +172,7 @@ def check_compile_mode(mode: str | None, compile: bool | str) -> None:
 
 def compile_model(model: nn.Module, choice: bool | str, mode: str | None = None) -> nn.Module:
     """Compile `model`'s forward in place (``module.compile``) when `choice` is True or a backend name, in `mode`
-    (one of `COMPILE_MODES`; None: torch's default)."""
-    check_compile_mode(mode, choice)
+    (one of `COMPILE_MODES`, checked by `check_compile_mode` where it was asked for; None: torch's default)."""
     if not choice:
         return model
     backend = choice if isinstance(choice, str) else "inductor"

@@ -329,8 +329,7 @@ def training_options(args: argparse.Namespace) -> dict[str, Any]:
     if getattr(args, "compile", None):
         options["compile"] = args.compile
     if getattr(args, "compile_mode", None):
-        speed.check_compile_mode(args.compile_mode, getattr(args, "compile", None))
-        options["compile_mode"] = args.compile_mode
+        options["compile_mode"] = args.compile_mode  # checked by setup and trainer_arguments, which take it
     return options
 
 

@@ -200,3 +200,26 @@ def test_stop_callback_saves_and_stops_the_trainer_once_a_stop_is_requested():
         callback.on_step_end(None, None, control)
         controls.append((control.should_save, control.should_training_stop))
     assert controls == [(False, False), (False, False), (True, True)]
+
+
+def test_a_compile_mode_goes_to_the_trainer_and_needs_compile():
+    """--compile-mode reduce-overhead (CUDA graphs) becomes torch_compile_mode; without --compile, or an unknown mode,
+    it is refused in one line, as gpuscale.setup refuses it."""
+    import argparse
+
+    from gpuscale.training import add_arguments, training_options
+
+    arguments = trainer_arguments(_plan(2), compile=True, compile_mode="reduce-overhead", rt=_rt(2))
+    assert arguments["torch_compile"] is True and arguments["torch_compile_mode"] == "reduce-overhead"
+    assert "torch_compile_mode" not in trainer_arguments(_plan(2), compile=True, rt=_rt(2))
+    with pytest.raises(ValueError, match="compile mode 'reduce-overhead' needs compile"):
+        trainer_arguments(_plan(2), compile_mode="reduce-overhead", rt=_rt(2))
+    with pytest.raises(ValueError, match="is not one of default, reduce-overhead"):
+        trainer_arguments(_plan(2), compile=True, compile_mode="fastest", rt=_rt(2))
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert training_options(parser.parse_args(["--compile", "--compile-mode", "reduce-overhead"]))["compile_mode"] == "reduce-overhead"
+    with gpuscale.init():
+        plan = gpuscale.plan_batch(2, 1)
+        with pytest.raises(ValueError, match="needs compile"):
+            gpuscale.setup(torch.nn.Linear(2, 1), lambda p: torch.optim.SGD(p, lr=0.1), plan=plan, compile_mode="reduce-overhead")
