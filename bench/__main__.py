@@ -10,6 +10,7 @@ BENCHMARKS.md reports the latest figures and how to reproduce each.
     gloo_latency gloo's collectives and one DDP synchronisation, 2 processes, against a socket round trip
     host_overhead host ms per optimizer step of each training path (Trainer, Training, EpochLoop, probe) against a
                  bare loop on a tiny model, and every call in the step that would wait for the device
+    cli_start    wall time of the verbs that neither train nor measure (--help, lint, slurm, profiles, report, predict)
     gpu          on a GPU: the examples at gpuscale's defaults vs the course's way; GPT-neo's MFU
                  (not in the default set; refuses to run without a GPU unless --allow-cpu)
 
@@ -23,7 +24,7 @@ import importlib
 import sys
 from pathlib import Path
 
-BENCHMARKS = ("overhead", "startup", "scaling_cpu", "gloo_latency", "host_overhead", "gpu")
+BENCHMARKS = ("overhead", "startup", "scaling_cpu", "gloo_latency", "host_overhead", "cli_start", "gpu")
 DEFAULT = ("overhead", "startup", "scaling_cpu", "gloo_latency")
 
 

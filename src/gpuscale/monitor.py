@@ -70,13 +70,13 @@ import torch
 from gpuscale.gpu_samplers import (NVIDIA_SMI, ROCM_SMI, SMI_INTERVAL_S, AmdSmiSampler, CommandSampler, NvmlSampler, Sample,
                                    amd_sampler, as_number, gpu_sampler, nvidia_sampler, parse_nvidia_smi, parse_rocm_smi)
 from gpuscale.log import get_logger
+from gpuscale.timeline import TIMELINE_VERSION, device_stats, make_timeline
 from gpuscale.topology import format_cpulist
 
 __all__ = ["Monitor", "open_sampler", "nvidia_sampler", "amd_sampler", "monitor_enabled", "device_stats", "make_timeline", "parse_nvidia_smi",
            "parse_rocm_smi", "ProcSampler", "share_pct", "cpu_share_pct", "NvmlSampler", "AmdSmiSampler", "CommandSampler",
            "TIMELINE_VERSION", "MAX_SAMPLES"]
 
-TIMELINE_VERSION = 1
 MAX_SAMPLES = 10_000
 
 log = get_logger("monitor")
@@ -245,26 +245,3 @@ class Monitor:
         return {"rank": self.rt.rank, "host": self.rt.host, "device": str(self.rt.device), "name": self.name,
                 "source": self.source, "t": [round(t - zero, 3) for t in times],
                 "util_pct": list(columns[0]), "mem_bytes": list(columns[1]), "power_w": list(columns[2])}
-
-
-def _mean(values: list[Any]) -> float | None:
-    known = [v for v in values if v is not None]
-    return sum(known) / len(known) if known else None
-
-
-def device_stats(series: dict[str, Any]) -> dict[str, Any]:
-    """One device's line of the summary: utilisation and power over t >= 0 (training), peak memory over all."""
-    training = [i for i, t in enumerate(series["t"]) if t >= 0]
-    util = [series["util_pct"][i] for i in training if series["util_pct"][i] is not None]
-    mems = [m for m in series["mem_bytes"] if m is not None]
-    return {key: series[key] for key in ("rank", "host", "device", "name", "source")} | {
-        "util_mean": _mean(util), "util_max": max(util) if util else None,
-        "mem_peak_bytes": max(mems) if mems else None,
-        "power_mean_w": _mean([series["power_w"][i] for i in training]),
-    }
-
-
-def make_timeline(series: list[dict[str, Any]], interval_s: float, started: float | None) -> dict[str, Any]:
-    """The timeline.json document from every rank's series."""
-    return {"version": TIMELINE_VERSION, "interval_s": interval_s, "started": started,
-            "series": sorted(series, key=lambda s: s["rank"])}

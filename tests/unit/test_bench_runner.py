@@ -53,3 +53,16 @@ def test_gpu_benchmark_refuses_a_machine_without_a_gpu_in_one_line():
     result = subprocess.run([sys.executable, "-m", "bench", "gpu"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1 and "no GPU is visible" in result.stderr and "--allow-cpu" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_cli_start_times_every_light_verb_on_real_input():
+    """One round of `python -m bench cli_start`: every verb ran to its end (a failing one raises), and the
+    figure beyond the interpreter is the verb's time less that round's bare interpreter start."""
+    from bench import cli_start
+
+    record = cli_start.run(repeat=1)
+    assert set(record["verbs"]) == {"--help", "lint", "slurm script", "profiles", "report --no-files", "predict"}
+    bare = record["interpreter_s"]["median"]
+    for verb in record["verbs"].values():
+        assert verb["minus_interpreter_s"]["median"] == pytest.approx(verb["wall_s"]["median"] - bare)
+    assert "gpuscale predict" in cli_start.report(record)

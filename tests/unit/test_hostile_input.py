@@ -43,7 +43,7 @@ from gpuscale.cli.slurm import profile_from_args
 from gpuscale.slurm import jobs
 from gpuscale.slurm.profiles import format_time, load_profile, parse_time, profile_from_dict
 from gpuscale.slurm.render import MODES, JobSpec, render_sbatch
-from gpuscale.study import linkbench, runner
+from gpuscale.study import linkmeasure, runner
 from gpuscale.topology import parse_cpulist
 
 PAYLOADS = ["$(touch PAYLOAD)", "`touch PAYLOAD`", "; touch PAYLOAD", "&& touch PAYLOAD", "| touch PAYLOAD", "\ntouch PAYLOAD\n",
@@ -455,7 +455,7 @@ def _nothing_launches(workdir: Path):
             mp.setattr(jobs, name, _launch)
         mp.setattr(torch.distributed.run, "run", _launch)
         mp.setattr(runner, "record_study", _launch)  # written first, after every check of `gpuscale study`
-        mp.setattr(linkbench, "measure_local", _launch)
+        mp.setattr(linkmeasure, "measure_local", _launch)
         mp.setattr(gpuscale.cli.env, "init", _launch)  # `gpuscale env` changes this process: tested with real launchers
         for name in list(os.environ):
             if name.startswith(("SLURM_", "TORCHELASTIC_")) or name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GROUP_RANK"):

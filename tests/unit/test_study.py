@@ -8,7 +8,7 @@ import torch
 
 from gpuscale.study.command import StudyCommand
 from gpuscale.study import analysis, matrix, predict, runner
-from gpuscale.study.linkbench import fit
+from gpuscale.study.linkmeasure import fit
 from gpuscale.study.matrix import Cell
 
 

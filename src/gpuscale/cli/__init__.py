@@ -1,5 +1,9 @@
 """The `gpuscale` command. One module per verb, each with `add_parser(subparsers)` and `run(args) -> int`.
 
+Only the verb typed is imported (`gpuscale.cli.verbs.VERBS` names each verb's module and help line):
+`gpuscale --help`, `lint`, `slurm ...`, `profiles`, `report` and `predict` load no torch and answer at
+once; `run`, `study`, `doctor` and the other verbs that train or measure import what they need.
+
 Mistakes in what the user typed end in one line on stderr and exit code 2, never a traceback.
 Whatever the user's umask, nothing a verb writes (or the processes it starts write) is
 world-writable: `main` tightens the umask first (`gpuscale.files.tighten_umask`).
@@ -8,28 +12,17 @@ world-writable: `main` tightens the umask first (`gpuscale.files.tighten_umask`)
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
 from gpuscale._version import __version__
-from gpuscale.cli import consolidate as consolidate_cmd
-from gpuscale.cli import demo as demo_cmd
-from gpuscale.cli import doctor as doctor_cmd
-from gpuscale.cli import env as env_cmd
-from gpuscale.cli import lint as lint_cmd
-from gpuscale.cli import predict as predict_cmd
-from gpuscale.cli import profiles as profiles_cmd
-from gpuscale.cli import report as report_cmd
-from gpuscale.cli import run as run_cmd
-from gpuscale.cli import slurm as slurm_cmd
-from gpuscale.cli import study as study_cmd
+from gpuscale.cli.verbs import VERBS
 from gpuscale.files import tighten_umask
 from gpuscale.slurm.jobs import SlurmError
-from gpuscale.study.linkbench import MeasureError
-
-VERBS = (demo_cmd, run_cmd, env_cmd, doctor_cmd, study_cmd, report_cmd, predict_cmd, slurm_cmd, profiles_cmd, consolidate_cmd, lint_cmd)
+from gpuscale.study.linkmeasure import MeasureError
 
 EPILOG = """examples:
   gpuscale demo                                              # weak and strong scaling of an example, here
@@ -59,7 +52,15 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {one_line(message)} (see '{self.prog} --help')\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def verb_in(argv: Sequence[str]) -> str | None:
+    """The verb of a command line: its first word that is not an option (the top-level parser's only
+    options, -h and --version, take no value), or None."""
+    return next((word for word in argv if not word.startswith("-")), None)
+
+
+def build_parser(verb: str | None = "*") -> argparse.ArgumentParser:
+    """The parser of the `gpuscale` command: verb `verb` in full (its module imported), every other one
+    as its help line only; "*" builds every verb in full (tests, documentation)."""
     parser = Parser(
         prog="gpuscale",
         description="Run one PyTorch training script unchanged from 1 CPU to all GPUs of many nodes, "
@@ -69,13 +70,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"gpuscale {__version__}")
     subparsers = parser.add_subparsers(dest="verb", metavar="VERB")
-    for verb in VERBS:
-        verb.add_parser(subparsers)
+    for name, (module, help) in VERBS.items():
+        if verb in (name, "*"):
+            importlib.import_module(module).add_parser(subparsers)
+        else:
+            subparsers.add_parser(name, help=help, add_help=False)  # listed; never parsed, since it is not the verb typed
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(verb_in(argv))
     args = parser.parse_args(argv)
     if args.verb is None:
         parser.print_help()

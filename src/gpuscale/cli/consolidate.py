@@ -23,7 +23,7 @@ EPILOG = """examples:
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = verb_parser(subparsers, "consolidate", "turn a (sharded) checkpoint into one plain state dict", __doc__, EPILOG)
+    parser = verb_parser(subparsers, "consolidate", __doc__, EPILOG)
     parser.add_argument("checkpoint", help="a step-* file or directory written by gpuscale.Checkpointer")
     parser.add_argument("out", help="where to write the state dict (.pt)")
     parser.set_defaults(func=run)

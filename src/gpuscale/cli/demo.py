@@ -26,7 +26,7 @@ LR_VARIANTS = ["--variant", "none=--lr-scaling none", "--variant", "linear=--lr-
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = verb_parser(subparsers, "demo", "a weak and strong scaling study of the dogs-vs-cats example, here", __doc__,
+    parser = verb_parser(subparsers, "demo", __doc__,
                          "examples:\n  gpuscale demo\n  gpuscale demo --out runs/my-demo\n"
                          "  gpuscale run --nproc-per-node 2 \"$(gpuscale demo --examples)/vit.py\"\n")
     parser.add_argument("--out", default="runs/demo", help="study directory (default runs/demo; a rerun reuses finished runs)")

@@ -62,7 +62,7 @@ EPILOG = """examples:
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = verb_parser(subparsers, "doctor", "preflight checks: placement, software, environment, network, all-reduce bandwidth", __doc__, EPILOG)
+    parser = verb_parser(subparsers, "doctor", __doc__, EPILOG)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the text report")
     parser.add_argument("--profile", default=None,
                         help="cluster profile (name or TOML path): its GPU-to-cores map and expected link bandwidth")

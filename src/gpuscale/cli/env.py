@@ -36,7 +36,7 @@ EPILOG = """examples:
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = verb_parser(subparsers, "env", "show the detected environment and where every rank runs", __doc__, EPILOG)
+    parser = verb_parser(subparsers, "env", __doc__, EPILOG)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     parser.add_argument("--bind", choices=("auto", "none"), default=None, help="CPU binding to apply (default: auto, or GPUSCALE_BIND)")
     parser.set_defaults(func=run)

@@ -52,7 +52,7 @@ def _ids(text: str) -> list[str]:
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = verb_parser(subparsers, "lint", "find multi-GPU mistakes in training scripts (statically)", __doc__, EPILOG)
+    parser = verb_parser(subparsers, "lint", __doc__, EPILOG)
     parser.add_argument("paths", nargs="+", metavar="SCRIPT", help="training scripts or folders of them")
     parser.add_argument("--format", choices=("text", "json"), default="text", help="text (default) or a JSON list of findings")
     parser.add_argument("--select", type=_ids, default=None, metavar="IDS",

@@ -31,7 +31,7 @@ from typing import Any
 
 from gpuscale.cli.slurm import profile_from_args
 from gpuscale.study import matrix, predict
-from gpuscale.study import linkbench
+from gpuscale.study import linkmeasure
 from gpuscale.cli.verbs import verb_parser
 
 EPILOG = """examples:
@@ -43,7 +43,7 @@ EPILOG = """examples:
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = verb_parser(subparsers, "predict", "predict throughput and efficiency on N devices from a 1-device run", __doc__, EPILOG)
+    parser = verb_parser(subparsers, "predict", __doc__, EPILOG)
     parser.add_argument("run", metavar="RUN", help="summary.json of a single-device run, or its directory")
     parser.add_argument("--nproc", default="1,2,4,8", metavar="1,2,4,8", help="devices per node (default 1,2,4,8)")
     parser.add_argument("--nodes", default="1", metavar="1,2", help="node counts (default 1)")
@@ -164,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
         vendor = this_machine_vendor()
         predict.check_target(base, vendor, "this machine (--measure)", "here")
         with tempfile.TemporaryDirectory() as tmp:
-            link = predict.Link.from_measurement(linkbench.measure_local(Path(tmp) / "link.json"))
+            link = predict.Link.from_measurement(linkmeasure.measure_local(Path(tmp) / "link.json"))
     else:
         profile = profile_from_args(args)
         vendor = profile.gpu_vendor

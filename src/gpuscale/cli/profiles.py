@@ -22,7 +22,7 @@ EPILOG = """examples:
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = verb_parser(subparsers, "profiles", "list cluster profiles or show one", __doc__, EPILOG)
+    parser = verb_parser(subparsers, "profiles", __doc__, EPILOG)
     parser.add_argument("name", nargs="?", help="profile to show (a name or a .toml path)")
     parser.add_argument("--raw", action="store_true", help="print the profile's TOML file as it is")
     parser.set_defaults(func=run)

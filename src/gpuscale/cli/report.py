@@ -23,7 +23,7 @@ EPILOG = """examples:
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = verb_parser(subparsers, "report", "table, report.md, report.html and plots of a study", __doc__, EPILOG)
+    parser = verb_parser(subparsers, "report", __doc__, EPILOG)
     parser.add_argument("study_dir", metavar="DIR", help="the --out directory of `gpuscale study`")
     parser.add_argument("--no-files", action="store_true", help="print the table; write nothing")
     parser.set_defaults(func=run)

@@ -71,7 +71,7 @@ SIGNALS_OPTION = "--signals-to-handle"
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = verb_parser(subparsers, "run", "launch a script on all GPUs/cores of this node (or of many nodes)", __doc__, EPILOG)
+    parser = verb_parser(subparsers, "run", __doc__, EPILOG)
     parser.usage = USAGE
     _option(parser, "--nproc-per-node", default="auto", metavar="N|gpu|cpu|auto",
             help="processes on this node (default auto: one per GPU, else one per usable core)")

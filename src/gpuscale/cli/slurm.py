@@ -119,7 +119,7 @@ def profile_from_args(args: argparse.Namespace) -> Any:
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = verb_parser(subparsers, "slurm", "SLURM batch scripts for a cluster profile", __doc__, EPILOG)
+    parser = verb_parser(subparsers, "slurm", __doc__, EPILOG)
     actions = parser.add_subparsers(dest="slurm_verb", metavar="ACTION", required=True)
     script = actions.add_parser(
         "script", help="print the batch script (or write it with -o)", description=__doc__, epilog=EPILOG,

@@ -57,7 +57,7 @@ EPILOG = """examples:
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = verb_parser(subparsers, "study", "run a script on 1..N devices, weak and strong; table, report and prediction", __doc__, EPILOG)
+    parser = verb_parser(subparsers, "study", __doc__, EPILOG)
     add_study_options(parser)
     parser.add_argument("--out", required=True, help="study directory (created; a rerun skips finished cells)")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- SCRIPT [ARGS]", help="the training script and its arguments")

@@ -39,7 +39,7 @@ from datetime import datetime, timezone
 from typing import Any, NamedTuple
 
 from gpuscale._version import __version__
-from gpuscale.monitor import device_stats, make_timeline
+from gpuscale.timeline import device_stats, make_timeline
 from gpuscale.stepsplit import split_step, time_split
 
 __all__ = ["rank_account", "merge_records", "NOT_MEASURED", "DDP_SCHEDULE"]

@@ -63,9 +63,32 @@ to result (the whole run) is a second, separately labelled column. `analysis` ha
 of lost efficiency, `gpuscale.stepsplit` and `gpuscale.syncprobe` how its parts are measured.
 """
 
-from gpuscale.study.analysis import analyse
-from gpuscale.study.report import write_report
-from gpuscale.study.spec import StudyResult, StudySpec, run_study
-from gpuscale.slurm.cluster import ClusterOptions
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Where each public name lives, imported on first use (PEP 562): `gpuscale report` and `predict` import
+# one module of this package without the rest (plots import matplotlib, runs import torch).
+_HOMES = {"analyse": "gpuscale.study.analysis", "write_report": "gpuscale.study.report",
+          "StudyResult": "gpuscale.study.spec", "StudySpec": "gpuscale.study.spec", "run_study": "gpuscale.study.spec",
+          "ClusterOptions": "gpuscale.slurm.cluster"}
+
+if TYPE_CHECKING:
+    from gpuscale.slurm.cluster import ClusterOptions
+    from gpuscale.study.analysis import analyse
+    from gpuscale.study.report import write_report
+    from gpuscale.study.spec import StudyResult, StudySpec, run_study
+
+
+def __getattr__(name: str) -> Any:
+    """`gpuscale.study.StudySpec`, ...: the public name, imported from its module on first use."""
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'gpuscale.study' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = ["StudySpec", "StudyResult", "run_study", "analyse", "write_report", "ClusterOptions"]

@@ -7,7 +7,8 @@ For gradients of 8 KiB to 32 MiB (one parameter, so one DDP bucket) every rank r
 device (gloo on CPU, NCCL/RCCL on GPUs). The cost of one bucket's all-reduce is the difference
 of the medians. Rank 0 fits T(S) = a + c * S on relative errors, so that a = 2 (N - 1) alpha and
 c = 2 (N - 1) / (N B) (see `gpuscale.study.predict`), and writes the fit and the raw times to
-the JSON file. `gpuscale predict --measure` and `gpuscale study` without a profile use it.
+the JSON file. `gpuscale predict --measure` and `gpuscale study` without a profile start it
+through `gpuscale.study.linkmeasure.measure_local`, which also holds the fit.
 
 Why not time a bare `all_reduce`: on this project's 2-core machine, DDP's synchronisation of
 0.8 MB cost 5.6 ms per step where a bare all-reduce of the same bytes took 3.5 ms (hooks,
@@ -17,53 +18,17 @@ predicts steps, so it is calibrated on steps.
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from gpuscale.runtime import init
 from gpuscale.files import atomic_write_json
+from gpuscale.runtime import init
+from gpuscale.study.linkmeasure import fit
 
 SIZES = tuple(2**k for k in range(13, 26, 2))  # 8 KiB .. 32 MiB
 BLOCKS, STEPS_PER_BLOCK = 7, 5
-
-
-def fit(sizes: list[float], seconds: list[float], world_size: int) -> tuple[float, float]:
-    """(latency alpha in s, bandwidth B in bytes/s) from all-reduce times.
-
-    Least squares on relative errors (weights 1/t^2), so that the small and middle sizes where
-    gradients of real models fall are fitted as well as the largest one.
-    """
-    weights = [1.0 / t**2 for t in seconds]
-    total = sum(weights)
-    mean_s = sum(w * s for w, s in zip(weights, sizes)) / total
-    mean_t = sum(w * t for w, t in zip(weights, seconds)) / total
-    slope = sum(w * (s - mean_s) * (t - mean_t) for w, s, t in zip(weights, sizes, seconds)) / \
-        sum(w * (s - mean_s) ** 2 for w, s in zip(weights, sizes))
-    intercept = max(mean_t - slope * mean_s, 0.0)
-    steps = 2 * (world_size - 1)
-    return intercept / steps, steps / world_size / slope
-
-
-class MeasureError(RuntimeError):
-    """The interconnect benchmark did not run to its end."""
-
-
-def measure_local(out: Path, nproc: int = 2, cores: list[int] | None = None, timeout_s: float = 120) -> dict:
-    """Run the benchmark with `nproc` processes on this node (bound to `cores` if given); its JSON."""
-    argv = [sys.executable, "-m", "gpuscale", "run", "--nproc-per-node", str(nproc), "-m", "gpuscale.study.linkbench", str(out)]
-    try:
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s,
-                                preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
-    except subprocess.TimeoutExpired:
-        raise MeasureError(f"measuring the interconnect did not finish within {timeout_s:.0f} s") from None
-    if result.returncode != 0 or not out.is_file():
-        raise MeasureError(f"measuring the interconnect failed (exit code {result.returncode}): {result.stderr.strip()[-500:]}")
-    return json.loads(out.read_text())
 
 
 def sync_cost(num_bytes: int, rt: object) -> float:

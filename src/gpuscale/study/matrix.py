@@ -12,7 +12,7 @@ import shlex
 import sys
 from dataclasses import dataclass
 
-from gpuscale.data import SCALINGS
+from gpuscale.batchplan import SCALINGS
 
 
 MAX_REPEATS = 100

@@ -36,17 +36,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")  # before pyplot: no display on clusters and in tests
-
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
-
-from gpuscale.files import atomic_write  # noqa: E402
-from gpuscale.log import get_logger  # noqa: E402
-from gpuscale.stepsplit import PHASES  # noqa: E402
-from gpuscale.study.analysis import PARTS, compared_rows  # noqa: E402
+from gpuscale.files import atomic_write
+from gpuscale.log import get_logger
+from gpuscale.stepsplit import PHASES
+from gpuscale.study.analysis import PARTS, compared_rows
 
 __all__ = ["devices_label", "plot_paths", "throughput_plot", "efficiency_plot", "waterfall_plot",
            "time_breakdown_plot", "utilisation_plot", "write_plots"]
@@ -56,6 +49,17 @@ _PHASE_COLOURS = ("#9e9e9e", "#e3a32b", "#3b75af", "#d1603d", "#8c564b", "#59a14
 _SCALING_STYLE = {"weak": ("#3b75af", "o"), "strong": ("#d1603d", "s")}
 _DPI = 110
 log = get_logger(__name__)
+
+
+def _pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend (no display on clusters and in tests), imported when a
+    plot is drawn: reading or tabling a study (`gpuscale report --no-files`) needs no matplotlib."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # before pyplot
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def devices_label(results: dict[str, Any]) -> str:
@@ -109,6 +113,8 @@ def _integer_ticks(ax: Any, sizes: list[int]) -> None:
     if len(set(sizes)) <= 12:
         ax.set_xticks(sorted(set(sizes)))
     else:
+        from matplotlib.ticker import MaxNLocator
+
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlim(0, max(sizes) * 1.08 + 0.5)
 
@@ -127,14 +133,14 @@ def _save(fig: Any, path: Path) -> Path:
         fig.tight_layout()
         fig.savefig(png, dpi=_DPI, format="png", bbox_inches="tight")  # keeps outside legends
     finally:
-        plt.close(fig)
+        _pyplot().close(fig)
     return atomic_write(path, lambda f: f.write(png.getvalue()))
 
 
 def throughput_plot(results: dict[str, Any], path: Path) -> Path:
     """Training throughput (samples/s) vs devices per scaling, with the ideal line and the prediction."""
     groups = _by_scaling(results)
-    fig, axes = plt.subplots(1, len(groups), figsize=(5.2 * len(groups), 4.0), squeeze=False)
+    fig, axes = _pyplot().subplots(1, len(groups), figsize=(5.2 * len(groups), 4.0), squeeze=False)
     for ax, (scaling, rows) in zip(axes[0], groups.items()):
         colour, marker = _SCALING_STYLE.get(scaling, ("#555555", "^"))
         base = _baseline(results, scaling, rows)
@@ -163,7 +169,7 @@ def efficiency_plot(results: dict[str, Any], path: Path) -> Path | None:
     groups = _by_scaling(results)
     if not any(r.get("efficiency") is not None for rows in groups.values() for r in rows):
         return None
-    fig, ax = plt.subplots(figsize=(6.0, 4.0))
+    fig, ax = _pyplot().subplots(figsize=(6.0, 4.0))
     sizes = [r["world_size"] for r in results["rows"]]
     ax.axhline(100, linestyle="--", color="#777777", label="ideal (100%)")
     top = 100.0
@@ -235,7 +241,7 @@ def waterfall_plot(results: dict[str, Any], path: Path) -> Path | None:
         return None
     columns = min(len(rows), 3)
     lines = math.ceil(len(rows) / columns)
-    fig, axes = plt.subplots(lines, columns, figsize=(5.2 * columns, 3.8 * lines), squeeze=False)
+    fig, axes = _pyplot().subplots(lines, columns, figsize=(5.2 * columns, 3.8 * lines), squeeze=False)
     for ax, row in zip(axes.flat, rows):
         _waterfall_panel(ax, row)
     for ax in list(axes.flat)[len(rows):]:
@@ -247,7 +253,7 @@ def waterfall_plot(results: dict[str, Any], path: Path) -> Path | None:
 def time_breakdown_plot(results: dict[str, Any], path: Path) -> Path:
     """One horizontal stacked bar per run (first run on top): seconds in each phase of PHASES."""
     rows = results["rows"]
-    fig, ax = plt.subplots(figsize=(7.5, 1.2 + 0.45 * len(rows)))
+    fig, ax = _pyplot().subplots(figsize=(7.5, 1.2 + 0.45 * len(rows)))
     names = [r["name"] for r in rows]
     left = [0.0] * len(rows)
     for phase, colour in zip(PHASES, _PHASE_COLOURS):
@@ -296,7 +302,7 @@ def utilisation_plot(row: dict[str, Any], study_dir: Path, path: Path) -> Path |
             series.append((s, pairs))
     if not series:
         return None
-    fig, ax = plt.subplots(figsize=(7.5, 3.6))
+    fig, ax = _pyplot().subplots(figsize=(7.5, 3.6))
     hosts = {s.get("host") for s, _ in series}
     for s, pairs in series:
         label = f"rank {s.get('rank')} {s.get('device')}"

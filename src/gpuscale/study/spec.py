@@ -26,9 +26,9 @@ from gpuscale.files import atomic_write_json
 from gpuscale.slurm.cluster import ClusterOptions, cluster_job, load_cluster_profile
 from gpuscale.study import analysis, matrix, predict, runner
 from gpuscale.study.command import StudyCommand, check_no_cell_options, baseline_world_size
-from gpuscale.study.linkbench import MeasureError
+from gpuscale.study.linkmeasure import MeasureError
 from gpuscale.topology import allowed_cores
-from gpuscale.study import linkbench
+from gpuscale.study import linkmeasure
 from gpuscale.study.report import format_table, write_report
 
 __all__ = ["StudySpec", "StudyResult", "run_study", "LAUNCHERS"]
@@ -136,7 +136,7 @@ def _link(spec: StudySpec, num_gpus: int, cores: list[int], max_nproc: int) -> p
     nproc = 2 if not num_gpus else min(2, num_gpus)
     # on CPU the benchmark's processes get the cores a 2-process cell gets
     bound = None if num_gpus else matrix.cpu_cores_for(matrix.Cell("weak", 1, nproc), max_nproc, cores)
-    return predict.Link.from_measurement(linkbench.measure_local(path, nproc, bound))
+    return predict.Link.from_measurement(linkmeasure.measure_local(path, nproc, bound))
 
 
 def plan_cells(spec: StudySpec, device_count: int) -> list[matrix.Cell]:

@@ -1,0 +1,103 @@
+"""Verbs that neither train nor measure load no torch: each runs in a fresh interpreter, does its real work
+on real input, and the modules it left behind are checked. (How fast they answer is a benchmark:
+`python -m bench cli_start`, BENCHMARKS.md.)"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Runs `gpuscale ARGV` in this interpreter, then prints which heavy modules it imported, after the verb's output.
+PROBE = textwrap.dedent("""
+    import json, sys
+    from gpuscale.cli import main
+    try:
+        code = main(sys.argv[1:])
+    except SystemExit as exc:
+        code = exc.code
+    print("\\nLOADED " + json.dumps(sorted(m for m in ("torch", "numpy", "matplotlib", "transformers") if m in sys.modules)))
+    sys.exit(code)
+""")
+
+
+def run_verb(cwd: Path, *argv: str) -> tuple[int, str, list[str]]:
+    result = subprocess.run([sys.executable, "-c", PROBE, *argv], cwd=cwd, capture_output=True, text=True, timeout=120)
+    output, _, loaded = result.stdout.rpartition("\nLOADED ")
+    return result.returncode, output + result.stderr, json.loads(loaded)
+
+
+def _study(folder: Path) -> Path:
+    """A finished two-cell study, written as `gpuscale study` writes one."""
+    from gpuscale.study import runner
+    from gpuscale.study.matrix import Cell
+
+    cells = [Cell("weak", 1, 1), Cell("weak", 1, 2)]
+    runner.record_study(folder, ["train.py"], "local", cells)
+    for cell, samples_per_s in zip(cells, (100.0, 180.0)):
+        (folder / cell.name).mkdir()
+        (folder / cell.name / "summary.json").write_text(json.dumps({
+            "world_size": cell.world_size, "scaling": "weak", "samples_per_s": samples_per_s, "train_time_s": 10.0,
+            "epochs": 1, "global_batch": 32 * cell.world_size, "per_device_batch": 32, "grad_accum_steps": 1, "steps": 10,
+            "samples": 320 * cell.world_size, "step_time_s": 0.32, "gradient_bytes": 4_000_000, "device": "cpu",
+            "strategy": "ddp"}))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("light")
+    (folder / "train.py").write_text("import torch\nimport torch.distributed as dist\n\ndist.init_process_group('gloo')\n"
+                                     "model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))\n"
+                                     "print('loss', 1.0)\n")
+    _study(folder / "study")
+    return folder
+
+
+VERBS = {
+    "help": (["--help"], "usage: gpuscale"),
+    "lint": (["lint", "train.py"], "GS"),
+    "lint --help": (["lint", "--help"], "usage: gpuscale lint"),
+    "slurm script": (["slurm", "script", "--profile", "lumi-g", "--account", "project_1", "--container", "/x/lumi-pytorch-rocm.sif",
+                      "--", "train.py"], "#SBATCH"),
+    "slurm --help": (["slurm", "--help"], "ACTION"),
+    "profiles": (["profiles"], "lumi-g"),
+    "profiles lumi-g": (["profiles", "lumi-g"], "MI250X"),
+    "report --no-files": (["report", "study", "--no-files"], "weak-1x2"),
+    "predict": (["predict", "study/weak-1x1", "--profile", "lumi-g", "--nproc", "1,8", "--nodes", "1,2",
+                             "--step-time", "0.1"], "2x8"),
+    "a typo": (["lnit", "train.py"], "invalid choice: 'lnit'"),
+}
+
+
+@pytest.mark.parametrize("name", VERBS)
+def test_a_verb_that_does_not_train_loads_no_torch(workdir, name):
+    argv, expected = VERBS[name]
+    code, output, loaded = run_verb(workdir, *argv)
+    assert expected in output, output[-2000:]
+    assert code in (0, 1, 2) and "Traceback" not in output, output[-2000:]
+    assert loaded == [], f"gpuscale {' '.join(argv)} imported {loaded}"
+
+
+def test_writing_a_report_draws_its_plots_without_torch(workdir):
+    code, output, loaded = run_verb(workdir, "report", "study")
+    assert code == 0, output[-2000:]
+    assert (workdir / "study" / "report.html").is_file() and list((workdir / "study" / "plots").glob("*.png"))
+    assert "torch" not in loaded and "matplotlib" in loaded  # matplotlib only because it drew
+
+
+def test_a_verb_that_trains_still_finds_its_options(workdir):
+    """Only the verb typed is built in full; every other verb's options still parse when it is the one typed."""
+    from gpuscale.cli import build_parser, verb_in
+
+    assert verb_in(["--version"]) is None and verb_in(["run", "--nproc-per-node", "2", "x.py"]) == "run"
+    assert build_parser("run").parse_args(["run", "--nproc-per-node", "2", "x.py"]).nproc_per_node == "2"
+    everything = build_parser()
+    for verb in ("demo", "run", "env", "doctor", "study", "report", "predict", "slurm", "profiles", "consolidate", "lint"):
+        assert everything._subparsers._group_actions[0].choices[verb].format_help()  # every verb's full parser builds
