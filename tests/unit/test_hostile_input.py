@@ -279,6 +279,7 @@ node2
 NODES
 else echo "scontrol $*" >> "$STUB_DIR/scontrol.log"; fi
 """
+MODULE = "#!/bin/bash\n# Lmod's module command, standing in: lumi-g's scripts start with `module --quiet purge`\nexit 0\n"
 SINGULARITY = """#!{python} -S
 # singularity stand-in: `singularity exec [--bind B] IMAGE PROGRAM ARGS...`: record, then run PROGRAM
 import json, os, sys
@@ -302,8 +303,8 @@ ACTIVATE = 'venv_dir=${BASH_SOURCE[0]%/bin/activate}; export GS_VENV_ACTIVATED=$
 
 def _stand_ins(bin_dir: Path, python_name: str) -> None:
     bin_dir.mkdir()
-    for name, text in (("srun", SRUN), ("scontrol", SCONTROL), ("singularity", SINGULARITY), (python_name, PYTHON)):
-        (bin_dir / name).write_text(text.format(python=sys.executable) if name != "srun" and name != "scontrol" else text)
+    for name, text in (("srun", SRUN), ("scontrol", SCONTROL), ("singularity", SINGULARITY), ("module", MODULE), (python_name, PYTHON)):
+        (bin_dir / name).write_text(text.format(python=sys.executable) if name not in ("srun", "scontrol", "module") else text)
         (bin_dir / name).chmod(0o755)
 
 

@@ -113,11 +113,63 @@ def test_earlier_lumi_images_activate_with_with_conda_and_bind_the_network_and_f
     assert "module load" not in text
 
 
-def test_any_other_image_gets_the_hand_binds_and_no_variables():
+def test_any_other_image_gets_the_hand_binds_and_the_networks_interfaces():
+    """An image of the user's own (cotainr on a LUMI base) gets what the network needs: RCCL otherwise picks an
+    interface it cannot use (LUMI's PyTorch container recipe sets it too); no GPU-direct level, no activation."""
     text = _render("/scratch/project_465000/images/mine.sif")
     argv = _srun_argv(text)
     assert argv[argv.index("--bind") + 1].split(",") == NETWORK_BINDS + FILE_SYSTEMS
-    assert "NCCL_" not in text and "$WITH_CONDA" not in text and "module load" not in text
+    assert "export NCCL_SOCKET_IFNAME=hsn0,hsn1,hsn2,hsn3" in text.splitlines()
+    assert "NCCL_NET_GDR_LEVEL" not in text and "$WITH_CONDA" not in text and "\nmodule load" not in text
+    mine = render_sbatch(load_profile("lumi-g"), JobSpec(script="train.py", nodes=2, mode="srun", account="p",
+                                                         container="/images/mine.sif", env=(("NCCL_SOCKET_IFNAME", "hsn0"),)))
+    exports = [line for line in mine.splitlines() if line.startswith("export NCCL_SOCKET_IFNAME=")]
+    assert exports[-1] == "export NCCL_SOCKET_IFNAME=hsn0"  # the user's --env comes last and wins
+
+
+def _fake_lmod(loaded: dict[str, str]) -> str:
+    """A `module` shell function as Lmod's behaves for this test: `purge` unsets what the loaded modules set,
+    `load NAME` records NAME."""
+    unsets = " ".join(loaded)
+    return ('module() { case "$*" in *purge*) unset ' + unsets + '; export LOADEDMODULES= ;; '
+            '*load*) export LOADEDMODULES="${LOADEDMODULES:+$LOADEDMODULES:}${*: -1}" ;; esac; }\nexport -f module\n')
+
+
+def test_jobs_start_from_a_clean_module_environment_and_keep_what_the_user_named():
+    """What a shell that had LUMI's PyTorch module loaded hands the job is gone before srun; the user's --module
+    and --env, named in the script, are what the step gets. The script's own lines run in bash to show it."""
+    job = JobSpec(script="train.py", nodes=2, mode="srun", account="p", container="/images/mine.sif", modules=("mine/1.0",),
+                  env=(("SINGULARITYENV_MY_FLAG", "1"),))
+    lines = render_sbatch(load_profile("lumi-g"), job).splitlines()
+    start = lines.index("set -euo pipefail")
+    end = next(i for i, line in enumerate(lines) if line.startswith("stop_dir="))
+    body = [line for line in lines[start:end] if not line.startswith(("MASTER_ADDR=", "MASTER_PORT="))]
+    inherited = {"SINGULARITYENV_PYTHONPATH": "/site", "NCCL_SOCKET_IFNAME": "hsn", "SINGULARITYENV_LEFT": "x",
+                 "APPTAINERENV_OLD": "y"}
+    module_set = {k: v for k, v in inherited.items() if k in ("SINGULARITYENV_PYTHONPATH", "NCCL_SOCKET_IFNAME")}
+    program = _fake_lmod(module_set) + "\n".join(body) + '\npython3 -c "import json, os; print(json.dumps(dict(os.environ)))"'
+    result = subprocess.run(["bash", "-c", program], capture_output=True, text=True, timeout=30,
+                            env={"PATH": os.environ["PATH"], "SLURM_JOB_ID": "7", "SLURM_JOB_ACCOUNT": "p", "USER": "u",
+                                 "LOADEDMODULES": "PyTorch/2.7", **inherited})
+    assert result.returncode == 0, result.stderr
+    env = json.loads(result.stdout)
+    assert not any(name.startswith(("SINGULARITYENV_PYTHONPATH", "SINGULARITYENV_LEFT", "APPTAINERENV_")) for name in env)
+    assert env["NCCL_SOCKET_IFNAME"] == "hsn0,hsn1,hsn2,hsn3"  # the image's, not the module's "hsn"
+    assert env["LOADEDMODULES"] == "mine/1.0" and env["SINGULARITYENV_MY_FLAG"] == "1"
+    assert lines.index("module --quiet purge") < lines.index("module load mine/1.0")
+
+
+def test_every_task_makes_the_miopen_folders_before_the_script_starts(tmp_path):
+    for mode in ("srun", "torchrun"):
+        text = _render(AI_FACTORY_IMAGE, mode=mode)
+        inner = _srun_argv(text)[-1]  # bash -c '...' inside the container
+        assert inner.startswith('mkdir -p "$MIOPEN_USER_DB_PATH" "$MIOPEN_CUSTOM_CACHE_DIR"; '), inner
+        prefix = inner.split(";", 1)[0]
+        env = {"PATH": os.environ["PATH"], "MIOPEN_USER_DB_PATH": str(tmp_path / mode / "db"),
+               "MIOPEN_CUSTOM_CACHE_DIR": str(tmp_path / mode / "cache")}
+        for _ in range(2):  # a node's second task finds them made: no error
+            assert subprocess.run(["bash", "-c", prefix], env=env, timeout=30).returncode == 0
+        assert (tmp_path / mode / "db").is_dir() and (tmp_path / mode / "cache").is_dir()
 
 
 def test_no_container_runs_the_hosts_python_without_any_images_needs():
@@ -178,7 +230,9 @@ def test_caches_go_to_the_projects_scratch_and_per_node_tmp_unless_the_user_set_
     env = _exported(text, job)
     assert env["HF_HOME"] == "/scratch/project_465000/alice/hf-home"
     assert env["TORCH_HOME"] == "/scratch/project_465000/alice/torch-home"
-    assert env["MIOPEN_USER_DB_PATH"] == env["MIOPEN_CUSTOM_CACHE_DIR"] == "/tmp/alice-miopen-cache-4242"
+    assert env["MIOPEN_USER_DB_PATH"] == env["MIOPEN_CUSTOM_CACHE_DIR"] == "/tmp/alice-miopen-cache-4242-0"
+    requeued = _exported(text, {**job, "SLURM_RESTART_COUNT": "1"})  # a fresh cache for the requeued run
+    assert requeued["MIOPEN_USER_DB_PATH"] == "/tmp/alice-miopen-cache-4242-1"
     assert not any(env[name].startswith(job["HOME"]) for name in ("HF_HOME", "TORCH_HOME", "MIOPEN_USER_DB_PATH"))
     mine = _exported(text, {**job, "HF_HOME": "/flash/project_465000/hf"})
     assert mine["HF_HOME"] == "/flash/project_465000/hf"  # the user's own choice stands

@@ -33,7 +33,7 @@ CASES = {
     # an earlier LUMI image: $WITH_CONDA, binds by hand, its RCCL variables
     "lumi-g-2nodes-torchrun": JobSpec(script="train.py", script_args=("--epochs", "3"), nodes=2, mode="torchrun",
                                       account="project_465000", reservation="course", container=OLD_IMAGE),
-    # a user's own image: the hand binds, no variables
+    # a user's own image: the hand binds and the network's interfaces for RCCL
     "lumi-g-2nodes-srun": JobSpec(script="train.py", nodes=2, mode="srun", account="project_465000",
                                   container="/scratch/p/pytorch.sif", env=(("HF_HOME", "/scratch/p/hf cache"),)),
     # a study cell of a script without gpuscale.Meter: the probe loads in every rank, inside the container
@@ -314,3 +314,70 @@ def test_a_job_that_owns_whole_nodes_asks_for_their_memory_where_the_profile_say
     assert "#SBATCH --mem-per-gpu=60G" in lumi and "#SBATCH --mem=" not in lumi
     with pytest.raises(ValueError, match="full_node_mem='all' is not a SLURM size"):
         load_profile("generic-nvidia", {"full_node_mem": "all"})
+
+
+# --------------------------------------------------------------------------------------------------
+# NVIDIA clusters as their users run them: whole nodes owned, containers through pyxis
+
+
+def _sbatch_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("#SBATCH ")]
+
+
+def test_a_job_on_every_gpu_of_shared_nodes_asks_to_own_them():
+    nvidia = load_profile("generic-nvidia")
+    whole = render_sbatch(nvidia, JobSpec(script="train.py", nodes=2))
+    assert "#SBATCH --exclusive" in _sbatch_lines(whole) and "#SBATCH --mem=0" in _sbatch_lines(whole)
+    half = render_sbatch(nvidia, JobSpec(script="train.py", nodes=1, gpus_per_node=4))
+    assert "#SBATCH --exclusive" not in _sbatch_lines(half)  # it shares its node, as it asked
+    asked = render_sbatch(nvidia, JobSpec(script="train.py", nodes=1, gpus_per_node=4, exclusive=True))
+    assert _sbatch_lines(asked).count("#SBATCH --exclusive") == 1
+    # a partition that hands out whole nodes anyway (LUMI's standard-g) needs no --exclusive
+    lumi = render_sbatch(load_profile("lumi-g"), JobSpec(script="train.py", nodes=2, account="p", no_container=True))
+    assert "#SBATCH --partition=standard-g" in _sbatch_lines(lumi) and "#SBATCH --exclusive" not in _sbatch_lines(lumi)
+
+
+def _pyxis_parser():
+    """srun's container options as pyxis documents them (`--container-image=IMAGE`, `--container-mounts=SRC[:DST],...`,
+    `--container-workdir=DIR`); whatever follows is the program."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="srun", add_help=False, allow_abbrev=False)
+    for option in ("--container-image", "--container-mounts", "--container-workdir", "--cpus-per-task", "--ntasks-per-node",
+                   "--cpu-bind"):
+        parser.add_argument(option)
+    parser.add_argument("--kill-on-bad-exit", type=int)
+    parser.add_argument("program", nargs=argparse.REMAINDER)
+    return parser
+
+
+@pytest.mark.parametrize("mode", ["torchrun", "srun"])
+def test_pyxis_images_start_with_srun_and_parse_back(tmp_path, mode):
+    """The srun line of a pyxis job, expanded by bash in a folder whose name has a space, parses with pyxis's options:
+    the image, the job's folder mounted at its own path plus the profile's binds, that folder as the workdir."""
+    profile = profile_from_dict("site", {
+        "description": "x", "gpu_vendor": "nvidia", "gpus_per_node": 4, "cpus_per_node": 32, "full_node_partition": "gpu",
+        "partial_node_partition": "gpu", "partitions": {"gpu": {"whole_node": False, "max_time": "01:00:00"}},
+        "container": {"exec": "pyxis", "binds": ["/lustre/data:/data:ro"]}})
+    image = "nvcr.io#nvidia/pytorch:24.10-py3"
+    text = render_sbatch(profile, JobSpec(script="train.py", nodes=2, mode=mode, container=image))
+    assert "singularity" not in text and f"IMAGE='{image}'" in text.splitlines()
+    srun = next(line for line in text.splitlines() if line.startswith("srun ")).rstrip(" &")
+    folder = tmp_path / "my runs"
+    folder.mkdir()
+    program = "\n".join([f"IMAGE='{image}'", 'srun() { python3 -c "import json, sys; print(json.dumps(sys.argv[1:]))" "$@"; }',
+                         srun])
+    result = subprocess.run(["bash", "-c", program], cwd=folder, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    args = _pyxis_parser().parse_args(json.loads(result.stdout))
+    assert args.container_image == image
+    assert args.container_mounts.split(",") == [f"{folder}:{folder}", "/lustre/data:/data:ro"]
+    assert args.container_workdir == str(folder)
+    assert args.program[:2] == ["bash", "-c"] and "train.py" in args.program[2]
+    assert args.kill_on_bad_exit == 1
+
+
+def test_generic_nvidia_takes_a_container_through_pyxis():
+    text = render_sbatch(load_profile("generic-nvidia"), JobSpec(script="train.py", container="/images/pytorch.sqsh"))
+    srun = next(line for line in text.splitlines() if line.startswith("srun "))
+    assert '--container-image="$IMAGE"' in srun and "IMAGE=/images/pytorch.sqsh" in text.splitlines()

@@ -69,8 +69,12 @@ def run(args: argparse.Namespace) -> int:
                                       ("a software environment (--container, --module, --venv or --no-container)", profile.require_software)) if on]
     if requires:
         print(f"  requires    {' and '.join(requires)}")
+    if profile.clean_modules:
+        print("  starts      from a clean module environment (module --quiet purge; inherited SINGULARITYENV_* cleared)")
     for name, value in {**profile.env, **profile.env_shell}.items():
         print(f"  env         {name}={value}")
+    if profile.node_dirs:
+        print(f"  makes       the folders of {', '.join(profile.node_dirs)} on every node, before the script starts")
     if profile.forbid_cpus_per_gpu:
         print("  refuses     --cpus-per-gpu")
     return 0

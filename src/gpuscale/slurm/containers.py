@@ -7,6 +7,13 @@ with ``$WITH_CONDA`` and need the network libraries bound by hand, and were run 
 newer image must not get. The first [containers] table whose pattern (shell-style, ``*`` and ``?``) matches
 the image's file name applies: its exec and activate replace [container]'s, its binds add to them, its
 modules and environment come with it. No table matching leaves [container]'s settings alone.
+
+NVIDIA clusters start containers through pyxis, SLURM's plugin for enroot: ``exec = "pyxis"`` has srun
+start the image itself (``srun --container-image=IMAGE --container-mounts=SRC[:DST],...
+--container-workdir=DIR``, the flags pyxis documents) instead of wrapping the program in a container
+command. The image is a registry reference (``nvcr.io#nvidia/pytorch:24.10-py3``) or a squashfs file; the
+binds become the mounts, after the job's own folder, which is mounted at its own path and is the workdir
+unless ``workdir`` names another.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ from typing import Any
 
 from gpuscale.slurm.values import ENV_NAME, check_keys
 
-__all__ = ["Container", "ContainerImage", "ContainerSetup", "resolve", "container_from_dict", "images_from_dict",
+__all__ = ["PYXIS", "Container", "ContainerImage", "ContainerSetup", "resolve", "container_from_dict", "images_from_dict",
            "check_containers"]
 
 
@@ -27,13 +34,20 @@ class Container:
     """How to start Python inside the cluster's container image."""
 
     exec: str = "singularity exec"
-    """Command that runs a program in an image: `<exec> [--bind ...] IMAGE program`."""
+    """Command that runs a program in an image: `<exec> [--bind ...] IMAGE program`; "pyxis": srun starts the image
+    (`--container-image`, `--container-mounts`, `--container-workdir`)."""
     activate: str | None = None
     """Shell text run inside the container first (LUMI: $WITH_CONDA), expanded there."""
     binds: tuple[str, ...] = ()
     """Host paths the container needs (network libraries, SLURM's spool for RCCL)."""
     image: str | None = None
     """Default image, if the site has one; --container overrides it."""
+    workdir: str | None = None
+    """pyxis: the folder the program starts in inside the image (default: the job's folder, mounted at its path)."""
+
+
+PYXIS = "pyxis"
+"""The exec value of images that srun starts itself, through pyxis and enroot."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,6 +82,13 @@ class ContainerSetup:
     env: dict[str, str]
     pattern: str | None
     """The [containers] pattern that matched the image's file name; None when none did."""
+    workdir: str | None = None
+    """pyxis: --container-workdir (None: the job's folder)."""
+
+    @property
+    def pyxis(self) -> bool:
+        """srun starts this image itself (pyxis), rather than a container command inside the step."""
+        return self.exec == PYXIS
 
 
 def resolve(base: Container, images: dict[str, ContainerImage], image: str, pattern: str | None = None) -> ContainerSetup:
@@ -80,7 +101,8 @@ def resolve(base: Container, images: dict[str, ContainerImage], image: str, patt
     activate = base.activate if extra.activate is None else (extra.activate or None)
     binds = tuple(dict.fromkeys((*base.binds, *extra.binds)))  # in order, each once
     return ContainerSetup(image=image, exec=extra.exec or base.exec, activate=activate, binds=binds,
-                          module_use=extra.module_use, modules=extra.modules, env=dict(extra.env), pattern=pattern)
+                          module_use=extra.module_use, modules=extra.modules, env=dict(extra.env), pattern=pattern,
+                          workdir=base.workdir)
 
 
 def check_containers(container: Container | None, images: dict[str, ContainerImage], where: str) -> None:
@@ -96,7 +118,7 @@ def check_containers(container: Container | None, images: dict[str, ContainerIma
 def _check_container(container: Container, where: str) -> None:
     if not isinstance(container.exec, str) or not container.exec.strip():
         raise ValueError(f"{where} [container]: exec={container.exec!r} must be a command, e.g. exec = \"singularity exec\"")
-    for key in ("activate", "image"):
+    for key in ("activate", "image", "workdir"):
         if getattr(container, key) is not None and not isinstance(getattr(container, key), str):
             raise ValueError(f"{where} [container]: {key}={getattr(container, key)!r} must be a string")
     if not all(isinstance(b, str) for b in container.binds):

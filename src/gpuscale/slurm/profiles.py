@@ -33,6 +33,10 @@ Schema (top level, then tables):
     [env]              NAME = "literal value"         (quoted in the script)
     [env_shell]        NAME = "shell ${EXPRESSION}"   (expanded by the batch shell: trusted profile text)
     setup = ["module load ...", ...]     # optional shell lines run first (trusted profile text)
+    clean_modules = true                 # start every job from a clean module environment (`module --quiet purge`,
+                                         #   inherited SINGULARITYENV_*/APPTAINERENV_* cleared), as the site's own
+                                         #   job scripts do; --module and --env come after it
+    node_dirs = ["MIOPEN_USER_DB_PATH"]  # folders (named by environment variables) each task makes before the script
     intra_node_gbps = 50.0               # optional: all-reduce bandwidth between GPUs of a node, GB/s per direction
     intra_node_latency_us = 10.0         #   ... and the latency of one ring step, microseconds
     inter_node_gbps = 100.0              # optional: a node's bandwidth off the node, GB/s per direction
@@ -127,6 +131,8 @@ class Profile:
     env: dict[str, str] = field(default_factory=dict)
     env_shell: dict[str, str] = field(default_factory=dict)
     setup: tuple[str, ...] = ()
+    clean_modules: bool = False
+    node_dirs: tuple[str, ...] = ()
     intra_node_gbps: float | None = None
     intra_node_latency_us: float | None = None
     inter_node_gbps: float | None = None
@@ -148,7 +154,7 @@ class Profile:
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{where}: {key}={value!r} must be a positive whole number")
-        for key in ("forbid_cpus_per_gpu", "require_account", "require_software"):
+        for key in ("forbid_cpus_per_gpu", "require_account", "require_software", "clean_modules"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"{where}: {key}={getattr(self, key)!r} must be true or false")
         for key in ("mem_per_gpu", "full_node_mem"):
@@ -185,6 +191,10 @@ class Profile:
         if not isinstance(warn, int) or isinstance(warn, bool) or not 0 <= warn <= 65535:  # sbatch --signal's range
             raise ValueError(f"{where}: warn_before_end_s={warn!r} must be a whole number of seconds in 0..65535")
         check_containers(self.container, self.containers, where)
+        for name in self.node_dirs:
+            if not ENV_NAME.match(name):
+                raise ValueError(f"{where}: node_dirs entry {name!r} is not an environment variable name; "
+                                 "name the variable that holds the folder, e.g. node_dirs = [\"MIOPEN_USER_DB_PATH\"]")
         for table in ("env", "env_shell"):
             for key, value in getattr(self, table).items():
                 if not isinstance(key, str) or not ENV_NAME.match(key):
@@ -272,7 +282,7 @@ def profile_from_dict(name: str, data: dict[str, Any], source: str = "<dict>") -
     container = container_from_dict(data["container"], where) if "container" in data else None
     containers = images_from_dict(data.get("containers", {}), where)
     values = {k: v for k, v in data.items() if k not in ("partitions", "container", "containers")}
-    for key in ("gpu_cores", "setup"):
+    for key in ("gpu_cores", "setup", "node_dirs"):
         if key in values and values[key] is not None:
             if not isinstance(values[key], list) or not all(isinstance(v, str) for v in values[key]):
                 raise ValueError(f"{where}: {key} must be a list of strings, e.g. {key} = [\"...\", \"...\"]")
@@ -314,7 +324,7 @@ def load_profile(name_or_path: str, overrides: dict[str, Any] | None = None) -> 
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"profile {_show(str(path))} is not valid TOML: {exc}") from None
     if overrides:
-        tables = {"partitions", "container", "containers", "env", "env_shell", "gpu_cores", "setup"} & set(overrides)
+        tables = {"partitions", "container", "containers", "env", "env_shell", "gpu_cores", "setup", "node_dirs"} & set(overrides)
         if tables:
             raise ValueError(
                 f"--set cannot change {sorted(tables)[0]!r} (only single values); copy the profile "

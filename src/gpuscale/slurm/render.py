@@ -101,9 +101,12 @@ def _torchrun_command(job: JobSpec, plan: JobPlan, program: list[str]) -> str:
     return f'trap "" USR1; signals={signals}; exec ' + " ".join(launcher) + " " + " ".join(_q(p) for p in program[1:])
 
 
-def _python_command(job: JobSpec, plan: JobPlan, program: list[str] | None = None) -> str:
-    """The program each task runs (default: the training script, behind gpuscale's start-up hook), as one shell string."""
+def _python_command(profile: Profile, job: JobSpec, plan: JobPlan, program: list[str] | None = None) -> str:
+    """The program each task runs (default: the training script, behind gpuscale's start-up hook), as one shell string,
+    after making the folders the profile's node_dirs name (mkdir -p: every task of a node may, none races another)."""
     hook = _startup_hook(job) if program is None else ""
+    if profile.node_dirs:
+        hook = "mkdir -p " + " ".join(f'"${name}"' for name in profile.node_dirs) + "; " + hook
     program = program or [job.python, job.script, *job.script_args]
     if job.mode == "torchrun":
         return hook + _torchrun_command(job, plan, program)
@@ -164,7 +167,9 @@ def _sbatch_options(profile: Profile, job: JobSpec, plan: JobPlan) -> list[str]:
         amount = "all of each node's memory (0)" if plan.mem_per_node == "0" else f"{plan.mem_per_node} of memory per node"
         lines.append(f"# The job owns whole nodes and asks for {amount}: the cluster's default per CPU is often a fraction of it.")
         lines.append(f"#SBATCH --mem={plan.mem_per_node}")
-    if job.exclusive:
+    if plan.exclusive and not job.exclusive:
+        lines.append("# Every GPU of each node, on a partition that shares nodes: the job asks to own them.")
+    if plan.exclusive:
         lines.append("#SBATCH --exclusive")
     lines += [f"#SBATCH --time={format_time(plan.time_s)}", f"#SBATCH --output={job.output}"]
     # Preemption: SLURM warns this shell (B:) with USR1 before the time limit; the output is appended
@@ -178,7 +183,7 @@ def _sbatch_options(profile: Profile, job: JobSpec, plan: JobPlan) -> list[str]:
 
 def _software(profile: Profile, job: JobSpec, plan: JobPlan) -> list[str]:
     """The profile's own set-up lines, the modules the container image needs, the modules asked for, and the image."""
-    lines = []
+    lines = _clean_modules() if profile.clean_modules else []
     if profile.setup:
         lines += ["# Site set-up from the profile (modules and the like).", *profile.setup, ""]
     image = plan.container
@@ -194,10 +199,26 @@ def _software(profile: Profile, job: JobSpec, plan: JobPlan) -> list[str]:
         # Lmod's shell function reads variables that may be unset; a module that fails to load still ends the job (-e).
         lines += [modules[0], "set +u  # the module command reads variables that may be unset", *modules[1:], "set -u", ""]
     if image:
-        lines += [f"# Python runs in this container image (started with {image.exec}"
+        how = "srun --container-image: pyxis and enroot" if image.pyxis else image.exec
+        lines += [f"# Python runs in this container image (started with {how}"
                   + (", then activated inside it" if image.activate else "") + ").",
                   f"IMAGE={_q(image.image)}", ""]
     return lines
+
+
+def _clean_modules() -> list[str]:
+    """Unload what the submitting shell had loaded, as the site's own job scripts do (its sticky modules stay)."""
+    return [
+        "# A clean module environment first, as LUMI's own job scripts start: sbatch hands the job the environment",
+        "# of the shell that submitted it, and a PyTorch module the user had in that shell would bring its container",
+        "# and network settings along. `module purge` unloads it; container variables (SINGULARITYENV_*) that no",
+        "# module owns are cleared too. The modules and the environment this script names (--module, --env) follow.",
+        "set +u  # the module command reads variables that may be unset",
+        "module --quiet purge",
+        "set -u",
+        "while read -r name; do unset \"$name\"; done < <(compgen -e | grep -E '^(SINGULARITYENV|APPTAINERENV)_' || true)",
+        "",
+    ]
 
 
 def _rendezvous() -> list[str]:
@@ -332,7 +353,7 @@ def _doctor_program(profile: Profile, job: JobSpec, plan: JobPlan) -> list[str]:
     expected = profile.inter_node_gbps if job.nodes > 1 else profile.intra_node_gbps
     if expected:
         program += ["--expect-busbw", f"{expected:g}"]
-    whole_node = job.exclusive or plan.gpus_per_node == profile.gpus_per_node
+    whole_node = plan.exclusive or plan.gpus_per_node == profile.gpus_per_node
     if profile.gpu_cores and (plan.masks or (job.mode == "torchrun" and whole_node)):
         program += ["--gpu-cores", ";".join(profile.gpu_cores)]
     return program
@@ -340,8 +361,14 @@ def _doctor_program(profile: Profile, job: JobSpec, plan: JobPlan) -> list[str]:
 
 def _step_command(profile: Profile, job: JobSpec, plan: JobPlan, srun: list[str], program: list[str] | None) -> str:
     """One srun line that runs `program` (default: the training) on every task, in the container if there is one."""
-    inner = _python_command(job, plan, program)
+    inner = _python_command(profile, job, plan, program)
     image = plan.container
+    if image and image.pyxis:  # srun starts the image (pyxis): the job's folder mounted at its own path, then the binds
+        inner = f"{image.activate} && {{ {inner}; }}" if image.activate else inner
+        mounts = ",".join(['"$PWD:$PWD"', *(_q(bind) for bind in image.binds)])
+        workdir = _q(image.workdir) if image.workdir else '"$PWD"'
+        return " ".join([*srun, '--container-image="$IMAGE"', f"--container-mounts={mounts}", f"--container-workdir={workdir}",
+                         "bash", "-c", _q(inner)])
     if image:
         binds = ["--bind", _q(",".join(image.binds))] if image.binds else []
         inner = f"{image.activate} && {{ {inner}; }}" if image.activate else inner  # nothing runs if it fails

@@ -33,6 +33,9 @@ class JobPlan:
     container: ContainerSetup | None
     """The image Python runs in and how it starts (None: the host's Python)."""
     time_s: int
+    exclusive: bool = False
+    """Ask for --exclusive: asked for, or the job takes every GPU of its nodes on a partition that shares nodes
+    (it owns them: no other job's processes on its cores, memory or network), as Megatron's and NeMo's recipes ask."""
 
 
 def validate_job(profile: Profile, job: JobSpec) -> JobPlan:
@@ -46,7 +49,8 @@ def validate_job(profile: Profile, job: JobSpec) -> JobPlan:
     time_s = _time_limit(job, partition, part)
     tasks = _tasks_per_node(job, gpus)
     _check_cpus_per_gpu(profile, job)
-    masks = _cpu_masks(profile, job, partition, part, gpus)
+    exclusive = job.exclusive or (gpus == profile.gpus_per_node and not part.whole_node)
+    masks = _cpu_masks(profile, job, partition, part.whole_node or exclusive, gpus)
     cpus_per_task = _cpus_per_task(profile, job, gpus)
     mem_per_node = _mem_per_node(profile, job, gpus)
     mem = None if mem_per_node is not None else _mem_per_gpu(profile, job)  # sbatch takes one of --mem and --mem-per-gpu
@@ -56,7 +60,7 @@ def validate_job(profile: Profile, job: JobSpec) -> JobPlan:
     _check_max_requeues(job)
     _check_warning_fits(profile, job, time_s)
     _check_sbatch_values(job, partition)
-    return JobPlan(partition, gpus, tasks, cpus_per_task, masks, mem, mem_per_node, container, time_s)
+    return JobPlan(partition, gpus, tasks, cpus_per_task, masks, mem, mem_per_node, container, time_s, exclusive)
 
 
 def _check_choices(job: JobSpec) -> None:
@@ -151,10 +155,9 @@ def _check_cpus_per_gpu(profile: Profile, job: JobSpec) -> None:
         )
 
 
-def _cpu_masks(profile: Profile, job: JobSpec, partition: str, part: Partition, gpus: int) -> list[str] | None:
+def _cpu_masks(profile: Profile, job: JobSpec, partition: str, whole_node: bool, gpus: int) -> list[str] | None:
     """srun mode's CPU masks: where the profile maps cores to GPUs and the job owns whole nodes (refused if asked
     for and impossible)."""
-    whole_node = part.whole_node or job.exclusive
     masks = None
     if job.mode == "srun" and job.cpu_bind in ("auto", "masks"):
         if job.cpu_bind == "masks" and not profile.gpu_cores:

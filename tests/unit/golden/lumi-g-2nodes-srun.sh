@@ -18,6 +18,15 @@
 
 set -euo pipefail
 
+# A clean module environment first, as LUMI's own job scripts start: sbatch hands the job the environment
+# of the shell that submitted it, and a PyTorch module the user had in that shell would bring its container
+# and network settings along. `module purge` unloads it; container variables (SINGULARITYENV_*) that no
+# module owns are cleared too. The modules and the environment this script names (--module, --env) follow.
+set +u  # the module command reads variables that may be unset
+module --quiet purge
+set -u
+while read -r name; do unset "$name"; done < <(compgen -e | grep -E '^(SINGULARITYENV|APPTAINERENV)_' || true)
+
 # Python runs in this container image (started with singularity exec).
 IMAGE=/scratch/p/pytorch.sif
 
@@ -31,9 +40,12 @@ export MASTER_ADDR MASTER_PORT
 # Environment every job on lumi-g needs (caches, tokenizers).
 export TOKENIZERS_PARALLELISM=false
 export HF_HOME="${HF_HOME:-/scratch/${SLURM_JOB_ACCOUNT}/${USER}/hf-home}"
-export MIOPEN_CUSTOM_CACHE_DIR="/tmp/${USER}-miopen-cache-${SLURM_JOB_ID}"
-export MIOPEN_USER_DB_PATH="/tmp/${USER}-miopen-cache-${SLURM_JOB_ID}"
+export MIOPEN_CUSTOM_CACHE_DIR="/tmp/${USER}-miopen-cache-${SLURM_JOB_ID}-${SLURM_RESTART_COUNT:-0}"
+export MIOPEN_USER_DB_PATH="/tmp/${USER}-miopen-cache-${SLURM_JOB_ID}-${SLURM_RESTART_COUNT:-0}"
 export TORCH_HOME="${TORCH_HOME:-/scratch/${SLURM_JOB_ACCOUNT}/${USER}/torch-home}"
+
+# Environment images named * need (it belongs to the image, not to every job).
+export NCCL_SOCKET_IFNAME=hsn0,hsn1,hsn2,hsn3
 
 # Environment asked for with --env.
 export HF_HOME='/scratch/p/hf cache'
@@ -91,7 +103,7 @@ CPU_MASKS=0x00fe000000000000,0xfe00000000000000,0x0000000000fe0000,0x00000000fe0
 # shellcheck disable=SC2016  # the single quotes are deliberate: each task expands its own variables
 # gpuscale's start-up hook: loaded first in every rank, it binds the rank to its cores and sizes its
 # thread pools before the script runs (and in a study records its steps).
-srun --kill-on-bad-exit=1 --cpus-per-task=7 --cpu-bind=v,mask_cpu:"$CPU_MASKS" singularity exec --bind /var/spool/slurmd,/opt/cray,/usr/lib64/libcxi.so.1,/usr/lib64/libjansson.so.4,/pfs,/scratch,/projappl,/project,/flash,/appl "$IMAGE" bash -c 'hook=$(python3 -c '"'"'import sys, os, importlib.util as u; print(os.path.join(os.path.dirname(u.find_spec(sys.argv[1]).origin), *sys.argv[2:]))'"'"' gpuscale probe site 2>/dev/null) && export PYTHONPATH="$hook${PYTHONPATH:+:$PYTHONPATH}"; export RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" WORLD_SIZE="$SLURM_NTASKS" LOCAL_WORLD_SIZE=8 GROUP_RANK="$SLURM_NODEID" GROUP_WORLD_SIZE="$SLURM_NNODES" ROLE_RANK="$SLURM_PROCID" ROLE_WORLD_SIZE="$SLURM_NTASKS" ROLE_NAME=default TORCHELASTIC_RUN_ID="$SLURM_JOB_ID" GPUSCALE_SRUN_TASK=1; exec python3 train.py' &
+srun --kill-on-bad-exit=1 --cpus-per-task=7 --cpu-bind=v,mask_cpu:"$CPU_MASKS" singularity exec --bind /var/spool/slurmd,/opt/cray,/usr/lib64/libcxi.so.1,/usr/lib64/libjansson.so.4,/pfs,/scratch,/projappl,/project,/flash,/appl "$IMAGE" bash -c 'mkdir -p "$MIOPEN_USER_DB_PATH" "$MIOPEN_CUSTOM_CACHE_DIR"; hook=$(python3 -c '"'"'import sys, os, importlib.util as u; print(os.path.join(os.path.dirname(u.find_spec(sys.argv[1]).origin), *sys.argv[2:]))'"'"' gpuscale probe site 2>/dev/null) && export PYTHONPATH="$hook${PYTHONPATH:+:$PYTHONPATH}"; export RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" WORLD_SIZE="$SLURM_NTASKS" LOCAL_WORLD_SIZE=8 GROUP_RANK="$SLURM_NODEID" GROUP_WORLD_SIZE="$SLURM_NNODES" ROLE_RANK="$SLURM_PROCID" ROLE_WORLD_SIZE="$SLURM_NTASKS" ROLE_NAME=default TORCHELASTIC_RUN_ID="$SLURM_JOB_ID" GPUSCALE_SRUN_TASK=1; exec python3 train.py' &
 step_pid=$!
 status=0
 wait_for_step || status=$?

@@ -19,6 +19,15 @@
 
 set -euo pipefail
 
+# A clean module environment first, as LUMI's own job scripts start: sbatch hands the job the environment
+# of the shell that submitted it, and a PyTorch module the user had in that shell would bring its container
+# and network settings along. `module purge` unloads it; container variables (SINGULARITYENV_*) that no
+# module owns are cleared too. The modules and the environment this script names (--module, --env) follow.
+set +u  # the module command reads variables that may be unset
+module --quiet purge
+set -u
+while read -r name; do unset "$name"; done < <(compgen -e | grep -E '^(SINGULARITYENV|APPTAINERENV)_' || true)
+
 # Python runs in this container image (started with singularity exec, then activated inside it).
 IMAGE=/appl/local/containers/sif-images/lumi-pytorch-rocm-6.2.4-python-3.12-pytorch-v2.7.1.sif
 
@@ -32,8 +41,8 @@ export MASTER_ADDR MASTER_PORT
 # Environment every job on lumi-g needs (caches, tokenizers).
 export TOKENIZERS_PARALLELISM=false
 export HF_HOME="${HF_HOME:-/scratch/${SLURM_JOB_ACCOUNT}/${USER}/hf-home}"
-export MIOPEN_CUSTOM_CACHE_DIR="/tmp/${USER}-miopen-cache-${SLURM_JOB_ID}"
-export MIOPEN_USER_DB_PATH="/tmp/${USER}-miopen-cache-${SLURM_JOB_ID}"
+export MIOPEN_CUSTOM_CACHE_DIR="/tmp/${USER}-miopen-cache-${SLURM_JOB_ID}-${SLURM_RESTART_COUNT:-0}"
+export MIOPEN_USER_DB_PATH="/tmp/${USER}-miopen-cache-${SLURM_JOB_ID}-${SLURM_RESTART_COUNT:-0}"
 export TORCH_HOME="${TORCH_HOME:-/scratch/${SLURM_JOB_ACCOUNT}/${USER}/torch-home}"
 
 # Environment images named lumi-pytorch-* need (it belongs to the image, not to every job).
@@ -101,7 +110,7 @@ export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=120
 # shellcheck disable=SC2016  # the single quotes are deliberate: each task expands its own variables
 # gpuscale's start-up hook: loaded first in every rank, it binds the rank to its cores and sizes its
 # thread pools before the script runs (and in a study records its steps).
-srun --kill-on-bad-exit=1 --cpus-per-task=56 --ntasks-per-node=1 singularity exec --bind /var/spool/slurmd,/opt/cray,/usr/lib64/libcxi.so.1,/usr/lib64/libjansson.so.4,/pfs,/scratch,/projappl,/project,/flash,/appl "$IMAGE" bash -c '$WITH_CONDA && { hook=$(python3 -c '"'"'import sys, os, importlib.util as u; print(os.path.join(os.path.dirname(u.find_spec(sys.argv[1]).origin), *sys.argv[2:]))'"'"' gpuscale probe site 2>/dev/null) && export PYTHONPATH="$hook${PYTHONPATH:+:$PYTHONPATH}"; trap "" USR1; signals=$(python3 -c '"'"'import sys, importlib.metadata as m; v = m.version("torch").split("."); (int(v[0]), int(v[1])) >= (2, 10) and print(*sys.argv[1:])'"'"' --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 2>/dev/null); exec python3 -m torch.distributed.run --nnodes="$SLURM_NNODES" --rdzv-id="$SLURM_JOB_ID" --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --nproc-per-node=8 ${signals:+"$signals"} train.py --epochs 3; }' &
+srun --kill-on-bad-exit=1 --cpus-per-task=56 --ntasks-per-node=1 singularity exec --bind /var/spool/slurmd,/opt/cray,/usr/lib64/libcxi.so.1,/usr/lib64/libjansson.so.4,/pfs,/scratch,/projappl,/project,/flash,/appl "$IMAGE" bash -c '$WITH_CONDA && { mkdir -p "$MIOPEN_USER_DB_PATH" "$MIOPEN_CUSTOM_CACHE_DIR"; hook=$(python3 -c '"'"'import sys, os, importlib.util as u; print(os.path.join(os.path.dirname(u.find_spec(sys.argv[1]).origin), *sys.argv[2:]))'"'"' gpuscale probe site 2>/dev/null) && export PYTHONPATH="$hook${PYTHONPATH:+:$PYTHONPATH}"; trap "" USR1; signals=$(python3 -c '"'"'import sys, importlib.metadata as m; v = m.version("torch").split("."); (int(v[0]), int(v[1])) >= (2, 10) and print(*sys.argv[1:])'"'"' --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 2>/dev/null); exec python3 -m torch.distributed.run --nnodes="$SLURM_NNODES" --rdzv-id="$SLURM_JOB_ID" --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --nproc-per-node=8 ${signals:+"$signals"} train.py --epochs 3; }' &
 step_pid=$!
 status=0
 wait_for_step || status=$?
