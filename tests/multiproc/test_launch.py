@@ -75,10 +75,19 @@ def test_ranks_set_by_hand_like_the_course_srun_recipe(tmp_path):
     _assert_disjoint_cores(ranks)
 
 
-def test_bind_none_leaves_affinity_alone(tmp_path):
-    assert_ok(run(gpuscale_cmd("run", "--nproc-per-node", "2", "--bind", "none", PROBE, str(tmp_path)), timeout=300))
+def test_bind_none_leaves_affinity_alone_and_shares_fewer_cores_one_thread_each(tmp_path):
+    """Two CPU ranks on one core: refused in one line, as `gpuscale study` refuses; with --bind none they share it,
+    one thread each (torchrun's way), and keep the core they were given."""
+    one_core = ["taskset", "-c", "0"]
+    refused = run([*one_core, *gpuscale_cmd("run", "--nproc-per-node", "2", PROBE, str(tmp_path / "refused"))], timeout=120)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "asks for 2 CPU processes but this process may use 1 cores" in refused.stderr and "--bind none" in refused.stderr
+    assert not (tmp_path / "refused").exists()  # nothing started
+    assert_ok(run([*one_core, *gpuscale_cmd("run", "--nproc-per-node", "2", "--bind", "none", PROBE, str(tmp_path))],
+                  timeout=300))
     ranks = read_ranks(tmp_path, 2)
-    assert ranks[0]["cores"] == ranks[1]["cores"]  # both keep the whole machine
+    assert ranks[0]["cores"] == ranks[1]["cores"] == [0]
+    assert [r["torch_threads"] for r in ranks] == [1, 1]
     assert all(p["binding"] == "none" for p in ranks[0]["placements"])
 
 

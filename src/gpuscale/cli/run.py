@@ -43,7 +43,7 @@ from gpuscale.env import check_master_addr, check_one_launcher_per_node, port_fr
 from gpuscale.slurm.render import TORCHRUN_SIGNALS
 from gpuscale.failures import FAILURE_DIR, note_from_record, quiet_torchrun_logs, read_notes, unseen_tracebacks, verdict
 from gpuscale.runtime import LAUNCH_TIME, OMP_FROM_LAUNCHER
-from gpuscale.topology import allowed_cores
+from gpuscale.topology import allowed_cores, check_cpu_processes
 from gpuscale.cli.verbs import verb_parser
 
 EPILOG = """examples:
@@ -187,7 +187,11 @@ def run(args: argparse.Namespace) -> int:
     if args.script is None:
         raise ValueError(NO_SCRIPT)
     check_one_launcher_per_node(os.environ)
-    nproc = resolve_nproc(args.nproc_per_node, _gpu_count(), len(allowed_cores()))
+    gpus, cores = _gpu_count(), len(allowed_cores())
+    nproc = resolve_nproc(args.nproc_per_node, gpus, cores)
+    if (args.nproc_per_node == "cpu" or gpus < nproc) and args.bind != "none":
+        check_cpu_processes(nproc, cores, "--nproc-per-node",
+                            " (or --bind none to share them anyway, one thread each, as torchrun does)")
     argv = torchrun_argv(args, nproc, dict(os.environ))
     if not args.module and not os.path.isfile(args.script):
         raise ValueError(f"script {args.script!r} does not exist; give the path of a Python file (or -m for a module)")

@@ -29,6 +29,7 @@ from typing import Any
 from gpuscale.files import atomic_write_json, make_dir
 from gpuscale.probe import RECORDS as PROBE_RECORDS, SUMMARY as SUMMARY_FILE, collect, probe_enabled, probe_environ, read_records
 from gpuscale.study.matrix import SCALINGS, Cell, cpu_cores_for, local_argv
+from gpuscale.topology import check_cpu_processes
 from gpuscale.slurm import jobs
 from gpuscale.slurm.render import render_sbatch
 
@@ -237,11 +238,8 @@ class LocalRunner:
         if num_gpus and max_nproc > num_gpus:
             raise ValueError(f"--nproc asks for {max_nproc} processes but this node has {num_gpus} GPUs; "
                              f"use at most {num_gpus}, or --launcher slurm for more nodes")
-        if not num_gpus and max_nproc > len(cores):
-            # measured here: 4 gloo processes on 2 cores ran 7x slower than 2, so such a cell measures nothing
-            raise ValueError(f"--nproc asks for {max_nproc} processes but this process may use {len(cores)} cores; on CPUs "
-                             f"every process needs a core of its own (processes sharing cores spin in gloo's waits): "
-                             f"use at most {len(cores)}")
+        if not num_gpus:  # a cell of processes sharing cores measures nothing
+            check_cpu_processes(max_nproc, len(cores), "--nproc")
         self.argv_for = argv_for  # the script's argv in a cell
         self.max_nproc = max_nproc
         self.num_gpus = num_gpus
