@@ -278,3 +278,20 @@ def test_demo_prints_weak_and_strong_scaling_and_writes_the_report(installed_whe
     again = run(gpuscale_cmd("report", str(out), "--no-files"))
     assert_ok(again)
     assert _table(again.stdout) == table
+
+
+def test_a_ddp_script_without_a_dataloader_is_studied_with_samples_per_s(tmp_path):
+    """nanoGPT's way of feeding batches: the probe counts the samples the DDP model trained on (30 steps of 8 per
+    rank, the evaluations left out) and says so; the cells' throughput is samples over training time."""
+    script = str(SCRIPTS / "memmap_batches.py")
+    out = tmp_path / "study"
+    result = run(gpuscale_cmd("study", "--nproc", "1,2", "--scaling", "weak", "--no-predict", "--out", str(out), "--",
+                              script, "--steps", "30", "--batch-size", "8"), timeout=300)
+    assert_ok(result)
+    for world in (1, 2):
+        summary = json.loads((out / f"weak-1x{world}" / "summary.json").read_text())
+        assert summary["samples"] == 30 * 8 * world and summary["samples_from"] == "model inputs"
+        assert summary["steps"] == 30 and summary["per_device_batch"] == 8 and summary["global_batch"] == 8 * world
+        assert summary["samples_per_s"] == pytest.approx(summary["samples"] / summary["train_time_s"])
+    rows = {r["name"]: r for r in json.loads((out / "results.json").read_text())["rows"]}
+    assert rows["weak-1x2"]["samples_per_s"] > 0 and rows["weak-1x2"]["efficiency"] is not None

@@ -194,3 +194,50 @@ def test_probe_environment(monkeypatch):
     assert probe_enabled({}) and not probe_enabled({"GPUSCALE_PROBE": "0"})
     with pytest.raises(ValueError, match="GPUSCALE_PROBE=0"):
         probe_enabled({"GPUSCALE_PROBE": "off"})
+
+
+def test_a_script_without_a_dataloader_is_counted_from_its_models_inputs_or_the_studys_batch():
+    """nanoGPT-style batches: no DataLoader pass. The DDP model's training forwards count the samples (each rank's
+    own: 40 forwards of 12 on rank 0, of 12 on rank 1); training starts at the first forward."""
+    inputs = {"calls": 40, "samples": 480, "unknown_batch": None, "first_at": T0 + 2.0, "batch_sizes": {"12": 40}}
+    records = [_record(rank, passes=[], inputs=inputs) for rank in (0, 1)]
+    summary, _ = merge_records(records, world_size=2, scaling="weak")
+    assert summary["complete"] and summary["samples"] == 960 and summary["samples_from"] == "model inputs"
+    assert summary["train_time_s"] == pytest.approx(10.0)  # first forward at 2.0 to the last step at 12.0
+    assert summary["samples_per_s"] == pytest.approx(96.0)
+    assert summary["per_device_batch"] == 12 and summary["grad_accum_steps"] == 2 and summary["global_batch"] == 48
+    assert any(text.startswith("data wait") for text in summary["probe"]["not_measured"])
+    assert "counted from: model inputs" in describe(summary)
+
+    # neither a DataLoader nor a DDP model: the study's batch per step (its --global-batch carried into the script)
+    bare = [_record(rank, passes=[]) for rank in (0, 1)]
+    told, _ = merge_records(bare, world_size=2, scaling="weak", step_samples=64)
+    assert told["complete"] and told["samples"] == 20 * 64 and told["samples_from"] == "study batch"
+    assert told["global_batch"] == 64
+    # and without it, no samples: the run says what this kind of script is missing, not "0 samples"
+    lost, _ = merge_records(bare, world_size=2, scaling="weak")
+    assert lost["complete"] is False and lost["samples"] is None
+    assert "no DistributedDataParallel model" in lost["probe"]["why"] and "--global-batch" in lost["probe"]["why"]
+    assert runner.summary_problem(lost) is not None
+
+
+def test_model_inputs_count_training_forwards_only():
+    import torch
+
+    from gpuscale.probe.model_inputs import ModelInputs
+
+    model, counted = torch.nn.Linear(4, 2), ModelInputs()
+    counted.watch(model)
+    model(torch.zeros(8, 4))
+    model(input=torch.zeros(3, 4))
+    with torch.no_grad():
+        model(torch.zeros(5, 4))  # evaluation under no_grad
+    model.eval()
+    model(torch.zeros(7, 4))  # evaluation mode
+    model.train()
+    other = torch.nn.Linear(4, 2)
+    counted.watch(other)  # a larger model made later: only its forwards count from now on
+    model(torch.zeros(9, 4))
+    other(torch.zeros(2, 4))
+    assert counted.as_dict() | {"first_at": None} == {"calls": 3, "samples": 13, "unknown_batch": None, "first_at": None,
+                                                      "batch_sizes": {"2": 1, "3": 1, "8": 1}}

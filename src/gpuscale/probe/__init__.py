@@ -82,7 +82,7 @@ def summary_name(summary: Mapping[str, Any]) -> str:
 
 
 def collect(records_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str] | None, *, world_size: int | None = None,
-            scaling: str | None = None, failure: str | None = None) -> dict[str, Any] | None:
+            scaling: str | None = None, failure: str | None = None, step_samples: int | None = None) -> dict[str, Any] | None:
     """Merge the records of one run; write timeline.json and the summary into `out_dir` (if given), as
     summary.json when the run is complete, else as summary-incomplete.json (the other one is removed).
 
@@ -92,7 +92,8 @@ def collect(records_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str]
     records = read_records(records_dir)
     if not records or any(r.get("meter") for r in records):
         return None
-    summary, timeline = merge_records(records, world_size=world_size, scaling=scaling, failure=failure)
+    summary, timeline = merge_records(records, world_size=world_size, scaling=scaling, failure=failure,
+                                      step_samples=step_samples)
     if out_dir is not None:
         name = summary_name(summary)
         stale = INCOMPLETE_SUMMARY if name == SUMMARY else SUMMARY  # an earlier run's, in the same folder
@@ -105,8 +106,10 @@ def describe(summary: dict[str, Any]) -> str:
     """What the probe measured, in a few lines for the end of `gpuscale run`."""
     world = summary["world_size"]
     head = f"{world} rank{'s' if world != 1 else ''}" + (f" ({summary['backend']})" if summary.get("backend") else "")
+    counted = summary.get("samples_from")
     lines = [f"measured by the probe: {head}, {summary['steps']} optimizer steps"
-             + (f", {summary['samples']} samples" if summary.get("samples") is not None else "")]
+             + (f", {summary['samples']} samples" if summary.get("samples") is not None else "")
+             + (f" (counted from: {counted})" if counted and counted != "data loader" else "")]
     if summary.get("samples_per_s"):
         split = summary["time_split_s"]
         train = summary["samples"] / summary["samples_per_s"]

@@ -12,6 +12,9 @@ their times. Per rank:
   passes too); the time after the last step (a final evaluation, saving) counts only in time to
   result;
 - **samples** are the training passes' samples; **data wait** the time their batches were waited for.
+  A rank that trained on no DataLoader's batches (nanoGPT's `get_batch`) counts the samples its DDP
+  model received in training forward passes instead (``"samples_from": "model inputs"``); its
+  training starts at the first such forward, and its data wait is not measured (it stays in compute).
 
 Over the ranks, as `gpuscale.Meter` does it: samples add up, training time is the slowest rank's,
 throughput is samples over it. Startup is launch to the first training batch; time to result
@@ -49,6 +52,7 @@ NOT_MEASURED = {
                     "timers; FSDP, DeepSpeed and hand-written collectives are not timed)",
     "checkpoint": "checkpoint time: saving between steps stays in the training time",
     "metrics": "accuracy and loss: the script's own numbers, which the probe does not read",
+    "data_wait": "data wait: the batches came from no DataLoader (the script's own batching stays in compute)",
 }
 
 
@@ -66,17 +70,22 @@ def rank_account(record: dict[str, Any]) -> dict[str, Any]:
     passes = record.get("passes") or []
     training = [p for p in passes if p["steps"] > 0]
     evaluation = [p for p in passes if p["steps"] == 0]
+    inputs = record.get("inputs") if not training else None  # no DataLoader: the model's training forwards count
     account: dict[str, Any] = {
         "rank": record["rank"], "host": record.get("host"), "steps": main["steps"] if main else 0,
         "gradient_bytes": main.get("gradient_bytes") if main else None,
         "batches": sum(p["batches"] for p in training), "epochs": len(training),
-        "samples": None if any(p["samples"] is None for p in training) else sum(p["samples"] for p in training),
+        "samples": None if not training or any(p["samples"] is None for p in training) else sum(p["samples"] for p in training),
+        "samples_from": "data loader" if training else None,
         "unknown_batch": next((p["unknown_batch"] for p in training if p.get("unknown_batch")), None),
         "data_wait_s": sum(p["wait_s"] for p in training), "start": None, "end": None,
         "train_s": None, "eval_s": 0.0, "steady_step_s": None, "batch_size": None, "probes": [],
     }
+    if inputs:
+        account.update(batches=inputs["calls"], samples=inputs["samples"], unknown_batch=inputs["unknown_batch"],
+                       samples_from="model inputs")
     sizes: Counter[int] = Counter()
-    for p in training:
+    for p in [*training, *([inputs] if inputs else [])]:
         sizes.update({int(k): v for k, v in (p.get("batch_sizes") or {}).items()})
     if sizes:
         account["batch_size"] = sizes.most_common(1)[0][0]
@@ -86,7 +95,7 @@ def rank_account(record: dict[str, Any]) -> dict[str, Any]:
     account["probes"] = [{"step": d["iteration"], "forward_s": d["forward_s"], "backward_s": d["backward_s"],
                           "synced_backward_s": d["backward_s"] + d["sync_wait_s"], "micro_batches": micro_batches}
                          for d in (record.get("ddp") or {}).get("samples") or []]
-    start = min(p["first_at"] for p in training) if training else main["first_step_at"]
+    start = min(p["first_at"] for p in training) if training else (inputs or {}).get("first_at") or main["first_step_at"]
     end = main["last_step_at"]
     eval_s = sum(_overlap(p["first_at"], p["last_at"], start, end) for p in evaluation)
     account.update(start=start, end=end, eval_s=eval_s, train_s=max(end - start - eval_s, 0.0))
@@ -177,7 +186,9 @@ def _counting_problems(accounts: list[dict[str, Any]], totals: _Totals) -> list[
     if totals.samples is None:
         kind = next((a["unknown_batch"] for a in accounts if a["unknown_batch"]), None)
         return [f"the probe cannot count the samples of a batch of type {kind}" if kind
-                else "no training batch came from a torch DataLoader, so the probe cannot count samples"]
+                else "no training batch came from a torch DataLoader and no DistributedDataParallel model trained on "
+                     "one, so the probe cannot count samples; give the study the batch (--global-batch or "
+                     "--per-device-batch, with the script's batch option as {per_device_batch})"]
     return []
 
 
@@ -229,6 +240,7 @@ def _results(records: list[dict[str, Any]], accounts: list[dict[str, Any]], tota
         "steps": totals.steps,
         "epochs": lead["epochs"] if lead else 0,
         "samples": totals.samples,
+        "samples_from": _samples_from(accounts) if totals.samples is not None else None,
         "train_time_s": totals.window_s,
         "time_to_result_s": time_to_result,
         "samples_per_s": totals.throughput,
@@ -239,6 +251,11 @@ def _results(records: list[dict[str, Any]], accounts: list[dict[str, Any]], tota
         "final_loss": None,
         "peak_memory_bytes": max((int(r.get("peak_memory_bytes") or 0) for r in records), default=None),
     }
+
+
+def _samples_from(accounts: list[dict[str, Any]]) -> str:
+    """What counted the samples: "data loader" (its batches), "model inputs" (the DDP model's training forwards)."""
+    return " and ".join(sorted({a["samples_from"] for a in accounts if a["samples_from"]}))
 
 
 def _time_split(startup: float, totals: _Totals, split: dict[str, Any], accounts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -256,23 +273,31 @@ def _time_split(startup: float, totals: _Totals, split: dict[str, Any], accounts
 def _probe_part(problems: list[str], split: dict[str, Any], accounts: list[dict[str, Any]],
                 by_rank: dict[int, dict[str, Any]]) -> dict[str, Any]:
     """The summary's "probe": whether the run is complete and why not, what was not measured, each rank's account."""
-    not_measured = [text for key, text in NOT_MEASURED.items() if key != "exposed_comm" or split["status"] != "measured"]
+    no_loader = any(a["samples_from"] in ("model inputs", "study batch") for a in accounts)
+    not_measured = [text for key, text in NOT_MEASURED.items()
+                    if (key != "exposed_comm" or split["status"] != "measured") and (key != "data_wait" or no_loader)]
     return {"complete": not problems, "why": "; ".join(problems) or None, "not_measured": not_measured,
             "ranks": [{k: a[k] for k in ("rank", "host", "steps", "samples", "train_s", "eval_s", "data_wait_s")}
                       | {k: by_rank[a["rank"]].get(k) for k in ("ended", "error", "signal")} for a in accounts]}
 
 
 def merge_records(records: list[dict[str, Any]], *, world_size: int | None = None, scaling: str | None = None,
-                  failure: str | None = None) -> tuple[dict[str, Any], dict[str, Any] | None]:
+                  failure: str | None = None, step_samples: int | None = None) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The summary (Meter's format, ``"measured_by": "probe"``) and the timeline of one run from its ranks' records.
 
     world_size: how many ranks the launcher started (else what the records say); scaling: the study
-    cell's ('weak'/'strong'), None outside a study; failure: the launcher's word on a failed run.
+    cell's ('weak'/'strong'), None outside a study; failure: the launcher's word on a failed run;
+    step_samples: the study's batch per optimizer step over all ranks (its --global-batch or
+    --per-device-batch, carried into the script's arguments), used only where the ranks counted no samples.
     """
     by_rank = {r["rank"]: r for r in records}
     world = world_size or _world_size_seen(records)
     accounts = [rank_account(by_rank[rank]) for rank in sorted(by_rank)]
     totals = _totals(accounts)
+    if totals.samples is None and step_samples and totals.steps and not any(a["unknown_batch"] for a in accounts):
+        totals = totals._replace(samples=totals.steps * step_samples)
+        for account in accounts:
+            account["samples_from"] = "study batch"
     problems = _problems(by_rank, world, failure) + _counting_problems(accounts, totals)
     zero, startup, time_to_result = _clock(records, totals.starts)
     split = _step_split(totals, accounts)
@@ -290,4 +315,6 @@ def merge_records(records: list[dict[str, Any]], *, world_size: int | None = Non
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "utilisation": utilisation,
     }
+    if summary["samples_from"] == "study batch":
+        summary["global_batch"] = step_samples
     return summary, timeline

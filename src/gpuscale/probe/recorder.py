@@ -14,6 +14,9 @@ Installed by the probe's ``sitecustomize`` right after the script imports torch 
 - **the process group** (world size, backend), read once it exists, and the device the script uses
   (the GPU it made current, else the CPU), whose utilisation `gpuscale.monitor` samples from the
   first batch or step on;
+- **the model's inputs**: the largest DDP model's training forward passes (a forward pre-hook,
+  `model_inputs`), whose batch dimension counts the samples of a script that feeds batches without
+  a DataLoader;
 - **DDP's own timers**: every ``DistributedDataParallel`` made is noted (its ``__init__`` is
   wrapped) and, after each optimizer step, the largest one's logging data is read
   (``_get_ddp_logging_data()``, a few microseconds). DDP times iterations 1-10 and every 100th:
@@ -54,6 +57,7 @@ from typing import Any
 import torch
 
 from gpuscale.monitor import Monitor, monitor_enabled
+from gpuscale.probe.model_inputs import ModelInputs
 from gpuscale.files import atomic_write_json, make_dir
 from gpuscale.env import detect_env
 from gpuscale.pinning import PLACED
@@ -103,6 +107,7 @@ class Recorder:
         self.ddp: weakref.ref[Any] | None = None  # the largest DistributedDataParallel module made
         self.ddp_parameters = 0
         self.ddp_samples: list[dict[str, Any]] = []
+        self.inputs = ModelInputs()  # the largest DDP model's training forwards: samples where no DataLoader counts them
         self.process_group: Any = None  # the DDP's group, held until exit (see ddp_created)
         self.placement: dict[str, Any] | None = None  # cores and threads as the training found them
 
@@ -156,6 +161,7 @@ class Recorder:
         if self.ddp is None or self.ddp() is None or size > self.ddp_parameters:
             self.ddp, self.ddp_parameters = weakref.ref(module), size
             self.ddp_samples = []
+            self.inputs.watch(module)
         # Keep the DDP's process group alive until this process's exit handlers (`at_exit`). A script that ends
         # with destroy_process_group() and returns frees its DDP model right away; if that frees the group too,
         # gloo's destructor joins its worker threads while the main thread holds the GIL, and a worker still
@@ -229,6 +235,7 @@ class Recorder:
             "warmup_steps": WARMUP_STEPS, "peak_memory_bytes": _peak_memory_bytes(),
             "series": series, "torch_version": torch.__version__, "argv": list(sys.argv),
             "ddp": {"parameters": self.ddp_parameters, "samples": list(self.ddp_samples)} if self.ddp_parameters else None,
+            "inputs": self.inputs.as_dict(),
         }
 
     def write(self, ended: str | None) -> None:

@@ -122,6 +122,15 @@ class StudyCommand:
             share = self.global_batch // baseline_world_size
         return plan_batch(share, cell.world_size, "weak", self.max_device_batch)
 
+    def step_samples(self, cell: Cell, baseline_world_size: int) -> int | None:
+        """Samples per optimizer step over all ranks, where the script's arguments carry the cell's batch (a batch
+        template): what the probe counts a step as when the script's batches come from neither a DataLoader
+        nor a DDP model's forward passes. None otherwise."""
+        if not _templates_in(self.argv) & set(BATCH_TEMPLATES):
+            return None
+        plan = self.batch_plan(cell, baseline_world_size)
+        return plan.global_batch if plan is not None else None
+
     def check_cells(self, cells: list[Cell]) -> None:
         """Refuse, before anything runs, a batch that some cell cannot have exactly (naming the choices that fit all)."""
         if not self.has_batch:

@@ -213,13 +213,14 @@ def _missing_summary(cell_dir: Path) -> str:
             "or its Python does not load the probe (a PYTHONPATH reset inside the job?); " + SELF_MEASURED)
 
 
-def _collect_probe(cell: Cell, cell_dir: Path, error: str | None) -> dict[str, Any] | None:
-    """Merge the cell's probe records into its summary.json (unless the script's gpuscale.Meter wrote one)."""
+def _collect_probe(cell: Cell, cell_dir: Path, error: str | None, step_samples: int | None = None) -> dict[str, Any] | None:
+    """Merge the cell's probe records into its summary.json (unless the script's gpuscale.Meter wrote one);
+    `step_samples`: the study's batch per optimizer step, for a script whose samples nothing else counts."""
     if (cell_dir / SUMMARY_FILE).exists():
         return None
     try:
         return collect(cell_dir / PROBE_RECORDS, cell_dir, world_size=cell.world_size, scaling=cell.scaling,
-                       failure="the run failed" if error else None)
+                       failure="the run failed" if error else None, step_samples=step_samples)
     except (ValueError, KeyError, TypeError) as exc:  # a damaged record: say so, keep the study going
         return {"complete": False, "probe": {"why": f"its probe records do not merge ({type(exc).__name__}: {exc})"}}
 
@@ -303,8 +304,11 @@ class SlurmRunner:
 
 
 def run_cells(out: Path, cells: list[Cell], runner: Any, progress: Callable[[str], None] = print,
-              unit: str = "process") -> list[Outcome]:
-    """Run every unfinished cell; report each start and end through `progress`."""
+              unit: str = "process", step_samples: Callable[[Cell], int | None] = lambda cell: None,
+              uses_gpuscale: bool = True) -> list[Outcome]:
+    """Run every unfinished cell; report each start and end through `progress`. `step_samples(cell)`: the study's
+    batch per optimizer step where the script's arguments carry it (the probe's last way to count samples);
+    `uses_gpuscale`: the script imports gpuscale, so a summary it should have written is its own to write."""
     outcomes = []
     for index, cell in enumerate(cells, 1):
         cell_dir = out / cell.name
@@ -321,10 +325,11 @@ def run_cells(out: Path, cells: list[Cell], runner: Any, progress: Callable[[str
         start = time.perf_counter()
         error = runner.run(cell, cell_dir)
         seconds = time.perf_counter() - start
-        merged = _collect_probe(cell, cell_dir, error)
+        merged = _collect_probe(cell, cell_dir, error, step_samples(cell))
         summary = read_summary(cell_dir, cell) if error is None else None
         if error is None and summary is None:
-            error = _missing_summary(cell_dir) if merged is None else f"the probe's summary is incomplete: {merged['probe']['why']}; {SELF_MEASURED}"
+            error = _missing_summary(cell_dir) if merged is None else f"the probe's summary is incomplete: {merged['probe']['why']}" \
+                + (f"; {SELF_MEASURED}" if uses_gpuscale else "")
         elif error and merged and merged["probe"].get("why"):
             error += f"\n    the probe: {merged['probe']['why']}"
         if error:

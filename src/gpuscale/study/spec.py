@@ -182,7 +182,9 @@ def run_study(spec: StudySpec, progress: Callable[[str], None] = print) -> Study
         run_one = runner.LocalRunner(argv_for, max(nproc), num_gpus, cores, timeout_s=spec.cell_timeout_s)
 
     runner.record_study(out, list(spec.command), spec.launcher, cells, command.as_record())
-    outcomes = runner.run_cells(out, cells, run_one, progress, unit)
+    outcomes = runner.run_cells(out, cells, run_one, progress, unit,
+                                step_samples=lambda cell: command.step_samples(cell, baseline_world_size(cells, cell)),
+                                uses_gpuscale=command.appends_cell_options)
     medians = analysis.median_runs([(o.cell, o.summary) for o in outcomes if o.summary is not None])
     summaries = {cell.base_name: summary for cell, summary, _ in medians}
     shapes = [c for c in cells if c.repeat == 1]
