@@ -510,3 +510,68 @@ def main():
 def test_gs106_follows_a_state_dict_into_the_helper_that_saves_it(helper, call, flagged):
     findings = lint_source(SAVE_HELPER.format(helper=helper, call=call), rules=select_rules(["GS106"]))
     assert [f.line for f in findings] == ([10] if flagged else [])
+
+
+SPAWNED = ("import torch\nimport torch.distributed as dist\nimport torch.multiprocessing as mp\n\n"
+           "def worker({param}, world):\n    dist.init_process_group('gloo', rank={param}, world_size=world)\n"
+           "    if {test}:\n        print('loss', 1.0)\n    dist.destroy_process_group()\n\n"
+           "if __name__ == '__main__':\n    mp.spawn(worker, args=(2,), nprocs=2)\n")
+
+
+@pytest.mark.parametrize("param, test, flagged", [
+    ("gpu", "gpu == 0", False), ("proc_id", "not proc_id", False), ("idx", "0 == idx and True", False),
+    ("gpu", "gpu is not None", True),  # true on every process: no guard
+    ("gpu", "world > 1", True),
+])
+def test_the_spawned_process_index_is_a_rank_whatever_it_is_called(param, test, flagged):
+    found = [f.rule for f in lint_source(SPAWNED.format(param=param, test=test))]
+    assert ("GS103" in found) == flagged, found
+
+
+SAMPLED = ("import torch\nimport torch.distributed as dist\nfrom torch.utils.data import DataLoader, DistributedSampler, "
+           "SequentialSampler\ndist.init_process_group('gloo')\nds = list(range(10))\n{choice}\n"
+           "loader = DataLoader(ds, sampler=sampler)\ndist.destroy_process_group()\n")
+
+
+@pytest.mark.parametrize("choice, flagged", [
+    ("sampler = DistributedSampler(ds) if args.dist_eval else SequentialSampler(ds)", True),
+    ("if args.dist_eval:\n    sampler = DistributedSampler(ds)\nelse:\n    sampler = SequentialSampler(ds)", True),
+    ("sampler = DistributedSampler(ds) if args.distributed else SequentialSampler(ds)", False),  # one process: right
+    ("sampler = DistributedSampler(ds) if world_size > 1 else SequentialSampler(ds)", False),
+    ("sampler = DistributedSampler(ds)", False),
+])
+def test_a_sampler_an_option_picks_is_reported_by_its_plain_branch(choice, flagged):
+    found = [f for f in lint_source(SAMPLED.format(choice=choice)) if f.rule == "GS101"]
+    assert bool(found) == flagged, found
+    if flagged:
+        assert "plain one unless args.dist_eval" in found[0].title
+
+
+def test_print_replaced_by_the_scripts_own_module_or_shown_by_force(tmp_path):
+    main = ("import torch\nimport torch.distributed as dist\nimport {module}\n{module}.init_distributed_mode()\n"
+            "model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))\n"
+            "print('epoch 1')\ndist.destroy_process_group()\n")
+    (tmp_path / "helpers").mkdir()
+    (tmp_path / "helpers" / "dist.py").write_text(
+        "import builtins\nimport torch.distributed as dist\n\ndef init_distributed_mode():\n"
+        "    dist.init_process_group('gloo')\n    original = builtins.print\n"
+        "    builtins.print = lambda *a, **k: dist.get_rank() == 0 and original(*a)\n")
+    (tmp_path / "plain.py").write_text("import torch.distributed as dist\n\ndef init_distributed_mode():\n"
+                                       "    dist.init_process_group('gloo')\n")
+    script = tmp_path / "train.py"
+    script.write_text(main.format(module="helpers.dist"))
+    assert [f.rule for f in lint_paths([script])] == []
+    script.write_text(main.format(module="plain"))  # a module of its own that does not replace print
+    assert [f.rule for f in lint_paths([script])] == ["GS103"]
+    script.write_text(main.format(module="plain").replace("print('epoch 1')", "print('epoch 1', force=True)"))
+    assert [f.rule for f in lint_paths([script])] == []  # force= exists only on a replaced print
+
+
+def test_findings_of_one_rule_in_one_script_are_grouped(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("import torch.distributed as dist\ndist.init_process_group('gloo')\n"
+                      + "".join(f"print({i})\n" for i in range(20)) + "dist.destroy_process_group()\n")
+    lines = gpuscale.lint.format_findings(lint_paths([script]))
+    assert len(lines) == 20 and lines[0].count("\n") == 2  # one block with why and fix, then one line per place
+    assert all(line.endswith("(why and fix as above)") and ":GS103" not in line for line in lines[1:])
+    assert [line.split(":")[1] for line in lines] == [str(n) for n in range(3, 23)]

@@ -36,7 +36,7 @@ import json
 import sys
 from typing import Any
 
-from gpuscale.lint import RULE_IDS, lint_paths, select_rules
+from gpuscale.lint import RULE_IDS, format_findings, lint_paths, select_rules
 from gpuscale.cli.verbs import verb_parser
 
 EPILOG = """examples:
@@ -70,8 +70,8 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps([f.as_dict() for f in findings], indent=2))
     else:
-        for finding in findings:
-            print(finding.format())
+        for line in format_findings(findings):
+            print(line)
         files = len({f.path for f in findings})
         print(f"{len(findings)} finding(s) in {files} file(s)" if findings else "no findings")
     if errors:

@@ -45,8 +45,11 @@ function, an enclosing one, or one that runs it or that it runs), not by any `% 
 GS107 points at the line that reports the unreduced number (rank 0's
 print or log first), and is silent for a counter over a loader without a DistributedSampler (that
 number is the whole dataset's). GS103 is silent in a script that replaces the built-in print (the
-torchvision references' setup_for_distributed); a print or INFO log that includes the rank is a
-deliberate line from each rank.
+torchvision references' setup_for_distributed), itself or in a module of its own next to it that it
+imports (`util/misc.py`), or whose prints pass `force=` (which only a replaced print takes); a print or
+INFO log that includes the rank is a deliberate line from each rank. GS101 reports a loader whose
+sampler an option picks (`DistributedSampler(...) if args.dist_eval else SequentialSampler(...)`) by its
+plain branch, unless the option says whether the run is distributed at all.
 
 Measured on tests/unit/lint_corpus/realistic (realistic DDP scripts with hand-written truths, which the
 rules were refined on) and on tests/unit/lint_corpus/heldout (scripts written afterwards, measured as
@@ -55,10 +58,14 @@ they are); the figures are in README.md and checked by tests/unit/test_lint_prec
 Rank guards are understood generously (see `gpuscale.lint.guards`): an enclosing `if` or
 conditional whose test mentions the rank or the main process, an earlier `if not is_main: return`,
 a function every call of which is guarded (a method's calls resolved through `self.` where they
-can be), a `@rank_zero_only` decorator. The function that calls mp.spawn runs once; the function mp.spawn
+can be), a `@rank_zero_only` decorator, a test of the process index mp.spawn passes as its target's
+first parameter, whatever it is called (`if gpu == 0:`). The function that calls mp.spawn runs once; the function mp.spawn
 (or a Process that joins the group) runs is per-rank code, even where the script also calls it directly for
 one GPU (`gpuscale.lint.launch`). A distributed-or-not test (`local_rank != -1`,
 `rank is not None`) is not a rank guard: it is true on every rank.
+
+The text output groups a rule's findings in one script: the first with its why and fix, every further
+one as a line of its own (`path:line:col: GS103 ... (why and fix as above)`).
 
 Silence one finding with a comment on its line (or any line of its statement, for a call spread
 over several lines): `# gpuscale: ignore[GS103]` (ids comma separated), or `# gpuscale: ignore`
@@ -66,7 +73,7 @@ for every rule there.
 """
 
 from gpuscale.lint.engine import expand, lint_paths, lint_source, select_rules, suppressions
-from gpuscale.lint.findings import Finding, Rule
+from gpuscale.lint.findings import Finding, Rule, format_findings
 from gpuscale.lint.rules import RULE_IDS, RULES
 
-__all__ = ["Finding", "Rule", "RULES", "RULE_IDS", "expand", "lint_paths", "lint_source", "select_rules", "suppressions"]
+__all__ = ["Finding", "Rule", "format_findings", "RULES", "RULE_IDS", "expand", "lint_paths", "lint_source", "select_rules", "suppressions"]

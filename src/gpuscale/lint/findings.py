@@ -43,6 +43,20 @@ class Finding:
         return f"{self.path}:{self.line}:{self.col}: {self.rule} {self.title}\n    why: {self.why}\n    fix: {self.fix}"
 
 
+def format_findings(findings: Iterable[Finding]) -> list[str]:
+    """Text lines of findings, grouped: the first of a rule's findings in a script with its why and fix, every
+    further one of the same rule and title there as one line of its own (compiler style, for editors to jump to)."""
+    lines, told = [], set()
+    for finding in findings:
+        key = (finding.path, finding.rule, finding.title)
+        if key in told:
+            lines.append(f"{finding.path}:{finding.line}:{finding.col}: {finding.rule} {finding.title} (why and fix as above)")
+        else:
+            told.add(key)
+            lines.append(finding.format())
+    return lines
+
+
 @dataclass(frozen=True)
 class Hit:
     """Where a check found its rule broken; `detail`, naming the offending code, replaces the rule's title."""

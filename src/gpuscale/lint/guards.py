@@ -18,7 +18,9 @@ Read generously, because a missed guard is a false alarm: a node is guarded when
   the ranks' Processes; see `gpuscale.lint.launch`), unless it is in a function the ranks run: a spawn
   target is per-rank code even where the script also calls it directly for the single-GPU case, and so
   is what it calls;
-- it is in the single-process branch of a distributed-or-not test (`if local_rank == -1:`).
+- it is in the single-process branch of a distributed-or-not test (`if local_rank == -1:`);
+- in a function `mp.spawn` runs, a test of its first parameter, the process index spawn passes
+  whatever the parameter is called (`def main_worker(gpu, ...)`: `if gpu == 0:`).
 
 A distributed-or-not test (`local_rank != -1`, `rank >= 0`, `local_rank is not None`, or a flag
 assigned one: `is_dist = local_rank != -1`) is true on every rank of a distributed run: it is not
@@ -102,6 +104,20 @@ def is_rank_test(expr: ast.AST) -> bool:
     return mentions_rank(expr)
 
 
+def _tests_index(test: ast.AST, index: str) -> bool:
+    """Whether a test compares the spawned process's index with a constant (`gpu == 0`, `not proc_id`): it tells
+    the first process from the others, as a rank test does."""
+    if isinstance(test, ast.BoolOp):
+        return any(_tests_index(v, index) for v in test.values)
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return isinstance(test.operand, ast.Name) and test.operand.id == index or _tests_index(test.operand, index)
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and not isinstance(test.ops[0], (ast.Is, ast.IsNot)):
+        sides = (test.left, test.comparators[0])
+        return any(isinstance(a, ast.Name) and a.id == index for a in sides) and any(
+            isinstance(b, ast.Constant) and type(b.value) is int for b in sides)
+    return False
+
+
 def _leaves(body: list[ast.stmt]) -> bool:
     """Whether a block ends by leaving: return, continue, break, raise, or sys.exit()."""
     if not body:
@@ -141,9 +157,11 @@ class Guards:
         if script.scope(node) in self._launches.launching_scopes:
             return True
         child = node
+        index = self._process_index(node)
         for ancestor in script.ancestors(node):
             if isinstance(ancestor, (ast.If, ast.While, ast.IfExp)) and child is not ancestor.test:
-                if self.rankish(ancestor.test) or self._single_process_branch(ancestor, child):
+                if self.rankish(ancestor.test) or self._single_process_branch(ancestor, child) \
+                        or (index is not None and _tests_index(ancestor.test, index)):
                     return True
             if isinstance(ancestor, ast.BoolOp):
                 index = ancestor.values.index(child)
@@ -155,6 +173,11 @@ class Guards:
                 return self._function_guarded(ancestor)
             child = ancestor
         return False
+
+    def _process_index(self, node: ast.AST) -> str | None:
+        """The name of the process index in the spawn target that holds `node` (its first parameter), if any."""
+        indexes = self._launches.process_indexes
+        return next((indexes[a] for a in self.script.ancestors(node) if a in indexes), None) if indexes else None
 
     def _single_process_branch(self, branch: ast.If | ast.While | ast.IfExp, child: ast.AST) -> bool:
         """Whether `child` is in the branch of a distributed-or-not test that runs only without a process group

@@ -106,6 +106,18 @@ class Launches:
         return frozenset(entries)
 
     @cached_property
+    def process_indexes(self) -> dict[ast.AST, str]:
+        """Each spawn target's first parameter, whatever its name (`gpu`, `proc_id`): spawn passes the process's
+        index there, so a test of it (`if gpu == 0:`) tells the first process from the others."""
+        found = {}
+        for name in spawn_targets(self.script):
+            for function in self._defined(name):
+                params = [*function.args.posonlyargs, *function.args.args]
+                if params:
+                    found[function] = params[0].arg
+        return found
+
+    @cached_property
     def launching_scopes(self) -> frozenset[ast.AST]:
         """The functions (or the module body) that start the ranks: they run once, in the launching process; a
         rank function that starts processes itself stays a rank."""

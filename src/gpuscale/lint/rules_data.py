@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 from gpuscale.lint import calls
 from gpuscale.lint.findings import Hit
-from gpuscale.lint.guards import Guards, mentions_rank
+from gpuscale.lint.guards import Guards, is_distributed_test, mentions_rank
 from gpuscale.lint.launch import child_functions
 from gpuscale.lint.script import Script, dotted, is_world_size, keyword, last_name, names_in
 
@@ -25,9 +25,48 @@ FOLLOW_DEPTH = 3  # how many calls deep a loader handed to the script's function
 
 
 def _sampler_is_plain(script: Script, sampler: ast.AST) -> bool:
-    """Whether a sampler argument is certainly not distributed (RandomSampler(...), or a name only assigned one)."""
-    values = [sampler] if isinstance(sampler, ast.Call) else script.assignments(dotted(sampler) or "")
-    return bool(values) and all(isinstance(v, ast.Call) and last_name(v.func) in PLAIN_SAMPLERS for v in values)
+    """Whether a sampler argument is not distributed on a distributed run: RandomSampler(...), a name only assigned
+    one, or a choice between a DistributedSampler and a plain one made by an option other than whether the run is
+    distributed (`DistributedSampler(...) if args.dist_eval else SequentialSampler(...)`: plain by default)."""
+    values = [sampler] if isinstance(sampler, (ast.Call, ast.IfExp)) else script.assignments(dotted(sampler) or "")
+    choices = [(branch, test) for value in values for branch, test in _branches(script, value)]
+    plain = [(b, t) for b, t in choices if isinstance(b, ast.Call) and last_name(b.func) in PLAIN_SAMPLERS]
+    if not choices or not plain:
+        return False
+    if len(plain) == len(choices):
+        return True
+    distributed = [b for b, _ in choices if isinstance(b, ast.Call) and last_name(b.func).endswith("DistributedSampler")]
+    return len(plain) + len(distributed) == len(choices) and any(t is not None and not _distributed_switch(t) for _, t in plain)
+
+
+def _plain_sampler_chooser(script: Script, sampler: ast.AST | None) -> str | None:
+    """The option that picks a DistributedSampler over a plain sampler (`args.dist_eval`), as written; None when the
+    sampler is not chosen by one."""
+    if sampler is None:
+        return None
+    values = [sampler] if isinstance(sampler, (ast.Call, ast.IfExp)) else script.assignments(dotted(sampler) or "")
+    tests = [t for v in values for b, t in _branches(script, v)
+             if t is not None and isinstance(b, ast.Call) and last_name(b.func).endswith("DistributedSampler")]
+    return ast.unparse(tests[0]) if tests else None
+
+
+def _branches(script: Script, value: ast.AST) -> list[tuple[ast.AST, ast.AST | None]]:
+    """A sampler value's possible samplers, each with the test that chooses it (None: unconditional): the branches
+    of a conditional expression, or the value of an assignment made inside an `if`."""
+    if isinstance(value, ast.IfExp):
+        return [(value.body, value.test), (value.orelse, value.test)]
+    test = next((a.test for a in script.ancestors(value) if isinstance(a, ast.If)), None)
+    return [(value, test)]
+
+
+DISTRIBUTED_SWITCH = re.compile(r"distributed|is_dist|^dist$|ddp|world_size|multi_?gpu|n_?gpus?$|num_gpus|use_dist$",
+                                re.IGNORECASE)
+
+
+def _distributed_switch(test: ast.AST) -> bool:
+    """Whether a test asks if the run is distributed at all (`args.distributed`, `world_size > 1`, `local_rank != -1`):
+    its plain branch is the single-process run's, which is right."""
+    return is_distributed_test(test) or any(DISTRIBUTED_SWITCH.search(name) for name in names_in(test))
 
 
 def _handed_to_library(script: Script, call: ast.Call) -> bool:
@@ -76,7 +115,11 @@ def check_loader_sampler(script: Script) -> Iterator[Hit]:
             continue
         if _only_used_on_main(script, guards, call):
             continue
-        yield Hit(call, "DataLoader without a DistributedSampler: every rank reads the whole dataset")
+        chooser = _plain_sampler_chooser(script, _argument(call, "sampler", 3))
+        if chooser is not None:
+            yield Hit(call, f"DataLoader whose sampler is a plain one unless {chooser}: every rank reads the whole dataset")
+        else:
+            yield Hit(call, "DataLoader without a DistributedSampler: every rank reads the whole dataset")
 
 
 def _argument(call: ast.Call, name: str, position: int) -> ast.AST | None:

@@ -25,7 +25,8 @@ def check_print(script: Script) -> Iterator[Hit]:
     """GS103: `print(...)` outside any rank guard (not to a file or stderr, not while handling an error).
 
     A script that replaces the built-in print (`builtins.print = ...`, as the torchvision reference
-    scripts' setup_for_distributed does to silence every rank but the first) is left alone.
+    scripts' setup_for_distributed does to silence every rank but the first), itself or in a module of its
+    own it imports, is left alone.
     """
     if _replaces_print(script):
         return
@@ -39,7 +40,14 @@ def check_print(script: Script) -> Iterator[Hit]:
 
 
 def _replaces_print(script: Script) -> bool:
-    """Whether the script assigns `builtins.print` (or Python 2's `__builtin__.print`): print is then its own."""
+    """Whether print is the script's own: it assigns `builtins.print` (or Python 2's `__builtin__.print`), a module of
+    its own that it imports does (`utils.init_distributed_mode(args)`, whose module replaces print on every rank but
+    the first), or a call passes `force=` (the replacement's keyword to print on every rank anyway)."""
+    return _assigns_print(script) or any(_assigns_print(module) for module in script.own_modules) or any(
+        isinstance(c.func, ast.Name) and c.func.id == "print" and keyword(c, "force") is not None for c in script.calls)
+
+
+def _assigns_print(script: Script) -> bool:
     return any(isinstance(node, ast.Assign) and any(
         isinstance(t, ast.Attribute) and t.attr == "print" and script.qualname(t.value) in ("builtins", "__builtin__")
         for t in node.targets) for node in script.nodes)

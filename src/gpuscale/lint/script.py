@@ -141,6 +141,31 @@ class Script:
         path = Path(self.path)
         return path.parent if path.is_file() else None
 
+    @cached_property
+    def own_modules(self) -> list[Script]:
+        """The modules of the script's own that it imports, parsed: files next to it (`import utils`,
+        `from util import misc`, `import util.misc as misc`), where research code keeps its set-up helpers.
+        One level deep; a module that is missing or does not parse is left out."""
+        folder = self.directory
+        if folder is None:
+            return []
+        names = set()
+        for node in self.nodes:
+            if isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names.add(node.module)
+                names.update(f"{node.module}.{alias.name}" for alias in node.names)
+        found = []
+        for name in sorted(names):
+            path = folder.joinpath(*name.split(".")).with_suffix(".py")
+            if path.is_file() and path.resolve() != Path(self.path).resolve():
+                try:
+                    found.append(Script(path.read_text(encoding="utf-8"), str(path)))
+                except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+                    continue
+        return found
+
     def qualname(self, expr: ast.AST) -> str:
         """The fully qualified name of a callee: aliases of the script's imports resolved; '' if not a name."""
         if isinstance(expr, ast.Call):
