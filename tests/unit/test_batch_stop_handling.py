@@ -43,12 +43,13 @@ time.sleep(float(sys.argv[1]))
 open(os.environ["STEP_SEEN"], "w").write("ran to its end")
 """
 
-# srun's stand-in: runs task 0 only, passes USR1 on to it (as srun does) and notes the step's exit status.
+# srun's stand-in: runs task 0 only, passes USR1 on to every process of it (as SLURM signals every process of a
+# step) and notes the step's exit status.
 SRUN = """#!/bin/bash
 while [[ "$1" == --* ]]; do shift; done
 "$@" &
 task=$!
-trap 'kill -USR1 "$task"' USR1
+trap 'for p in "$task" $(pgrep -P "$task"); do kill -USR1 "$p" 2>/dev/null; done' USR1
 code=0; wait "$task" || code=$?
 while kill -0 "$task" 2>/dev/null; do code=0; wait "$task" || code=$?; done
 echo "$code" > "$STEP_STATUS"

@@ -126,7 +126,7 @@ def test_lumi_srun_one_node_has_what_the_course_asks_for():
     assert f"CPU_MASKS={LUMI_MASKS}" in text and '--cpu-bind=v,mask_cpu:"$CPU_MASKS"' in text
     assert 'export RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID"' in text  # inside single quotes: per task
     assert 'singularity run "$IMAGE" bash -c' in text and "module load lumi-aif-singularity-bindings" in text
-    assert "LOCAL_WORLD_SIZE=8 GROUP_RANK=\"$SLURM_NODEID\"" in text and "GPUSCALE_SRUN_TASK=1; exec python3 train.py" in text
+    assert "LOCAL_WORLD_SIZE=8 GROUP_RANK=\"$SLURM_NODEID\"" in text and "GPUSCALE_SRUN_TASK=1; trap : USR1 TERM; python3 train.py; code=$?" in text
     assert "--cpus-per-gpu" not in text
 
 

@@ -30,7 +30,7 @@ from gpuscale._version import __version__
 from gpuscale.env import SRUN_TASK_MARKER
 from gpuscale.slurm.jobspec import CPU_BINDS, MODES, JobSpec
 from gpuscale.slurm.profiles import Profile
-from gpuscale.slurm.stopping import requeue_block, stop_handling
+from gpuscale.slurm.stopping import requeue_block, stop_handling, task_exit_note
 from gpuscale.slurm.times import format_time
 from gpuscale.slurm.validate import JobPlan, validate_job
 
@@ -110,7 +110,7 @@ def _python_command(profile: Profile, job: JobSpec, plan: JobPlan, program: list
     program = program or [job.python, job.script, *job.script_args]
     if job.mode == "torchrun":
         return hook + _torchrun_command(job, plan, program)
-    return f"{hook}{_srun_task_exports(plan)}; exec " + " ".join(_q(p) for p in program)
+    return f"{hook}{_srun_task_exports(plan)}; " + task_exit_note(" ".join(_q(p) for p in program))
 
 
 def render_sbatch(profile: Profile, job: JobSpec) -> str:
@@ -120,7 +120,7 @@ def render_sbatch(profile: Profile, job: JobSpec) -> str:
     """
     plan = validate_job(profile, job)
     blocks = (_header(profile, job, plan), _sbatch_options(profile, job, plan), ["", "set -euo pipefail", ""],
-              _software(profile, job, plan), _rendezvous(), _environment(profile, job, plan), _venv(job), [*stop_handling(), ""],
+              _software(profile, job, plan), _rendezvous(), _environment(profile, job, plan), _venv(job), [*stop_handling(job.mode), ""],
               _launch(profile, job, plan))
     return "\n".join(line for block in blocks for line in block) + "\n"
 
@@ -324,7 +324,7 @@ def _launch(profile: Profile, job: JobSpec, plan: JobPlan) -> list[str]:
               "# thread pools before the script runs (and in a study records its steps)."]
     if job.probe_dir:
         lines.append("# This is a study's cell: the records go to GPUSCALE_PROBE_DIR (the script stays as it is).")
-    return lines + [_step_command(profile, job, plan, srun, None) + " &", *requeue_block(job.max_requeues)]
+    return lines + [_step_command(profile, job, plan, srun, None) + " &", *requeue_block(job.max_requeues, job.mode)]
 
 
 def _torchrun_exports(profile: Profile, job: JobSpec) -> list[str]:

@@ -11,13 +11,25 @@ signals, time limits and requeue):
   codes on), or the note the ranks leave beside the marker (torchrun turns its workers' 75 into a 1).
 - TERM (scancel, preemption, the time limit) is passed on the same way but never requeues: a job someone
   cancelled stays cancelled.
+- The job's exit code is the first failing rank's own. In srun mode srun returns the highest code of its
+  tasks, which is a victim's 143 once --kill-on-bad-exit has ended the others; so every task notes its
+  non-zero exit code and when it ended (`task_exit_note`) in a folder of the job's own on the file system
+  its nodes share (GPUSCALE_EXIT_DIR, in the submit directory), and the batch script takes the earliest of
+  the ranks that failed on their own: gpuscale's ranks note there whether their error only says that a peer
+  went away (GPUSCALE_FAILURE_DIR), and a task srun ended (143) is a victim too.
+  torchrun reports a failed worker as 1 itself.
 """
 
 from __future__ import annotations
 
 from gpuscale.exits import EXIT_STOPPED, STOP_MARKER, stopped_marker
+from gpuscale.failures import FAILURE_DIR
 
-__all__ = ["stop_handling", "requeue_block"]
+__all__ = ["stop_handling", "requeue_block", "task_exit_note", "EXIT_DIR"]
+
+EXIT_DIR = "GPUSCALE_EXIT_DIR"
+"""Where each srun task of a gpuscale batch script notes its non-zero exit code: task-<SLURM_PROCID>, one line
+`<unix time> <code> <rank>`."""
 
 _MARKER = "$" + STOP_MARKER
 
@@ -25,15 +37,46 @@ _NO_STOP_SIGNAL = ("gpuscale: the script does not stop at a checkpoint on SLURM'
                    "it runs on to its time limit and is not requeued")
 
 
-def stop_handling() -> list[str]:
-    """The lines before the step: the marker's folder, the traps, and the wait that a trapped signal cannot cut short."""
+def task_exit_note(program: str) -> str:
+    """An srun task's shell around `program`: it stays the program's parent (no exec) and, when the program ends with
+    a non-zero code, notes the code and the time in GPUSCALE_EXIT_DIR. Its traps only keep it alive through the
+    signals the step's processes get (USR1, TERM): the program gets them too, and acts on them as it would alone."""
+    note = ('code=$?; if [ "$code" -ne 0 ] && [ -d "${' + EXIT_DIR + ':-}" ]; then '
+            'echo "$(date +%s.%N) $code $SLURM_PROCID" > "$' + EXIT_DIR + '/task-$SLURM_PROCID"; fi; exit "$code"')
+    return f"trap : USR1 TERM; {program}; {note}"
+
+
+def stop_handling(mode: str = "torchrun") -> list[str]:
+    """The lines before the step: the marker's folder (and in srun mode the tasks' exit notes' folder), the traps,
+    and the wait that a trapped signal cannot cut short."""
+    exits = [
+        "# The job ends with the first failing rank's own exit code. srun returns its tasks' highest, a victim's 143",
+        "# once --kill-on-bad-exit ended the others: every task notes its code and when it ended here, in a folder of",
+        "# this job's own that all its nodes see (the submit directory's file system), and the earliest note wins.",
+        "# A rank of gpuscale notes there too whether its error only says that a peer went away (rank-N.json): such",
+        "# a victim, and a task srun ended (143), come after the ranks that failed on their own.",
+        'exit_dir="${SLURM_SUBMIT_DIR:-$PWD}/.gpuscale-$SLURM_JOB_ID"',
+        f'if mkdir -p "$exit_dir" 2>/dev/null; then export {EXIT_DIR}="$exit_dir" {FAILURE_DIR}="$exit_dir"; else exit_dir=""; fi',
+        "# shellcheck disable=SC2317,SC2329  # called below",
+        "first_failure() {",
+        "    local note when code rank victim",
+        '    for note in "$exit_dir"/task-*; do',
+        '        [ -e "$note" ] || continue',
+        '        read -r when code rank < "$note"',
+        '        victim=0',
+        "        if [ \"$code\" -eq 143 ] || grep -qs '\"symptom\": true' \"$exit_dir/rank-$rank.json\"; then victim=1; fi",
+        '        echo "$victim $when $code $rank"',
+        "    done | sort -k1,1n -k2,2n | head -n 1",
+        "}",
+        "trap 'rm -rf \"$stop_dir\" ${exit_dir:+\"$exit_dir\"}' EXIT",
+    ] if mode == "srun" else ["trap 'rm -rf \"$stop_dir\"' EXIT"]
     return [
         "# Stopping in time. SLURM sends USR1 before the time limit (and TERM on scancel, preemption or at the limit).",
         "# USR1's default action ends a process, so it goes on to the step only if the script stops at a checkpoint",
         "# on it: gpuscale.StopSignal says so by creating GPUSCALE_STOP_MARKER, in a folder of this job's own on this",
         "# node's /tmp (the ranks here share it). The step runs in the background so this shell can react.",
         'stop_dir=$(mktemp -d "/tmp/gpuscale-$SLURM_JOB_ID.XXXXXX")',
-        "trap 'rm -rf \"$stop_dir\"' EXIT",
+        *exits,
         f'export {STOP_MARKER}="$stop_dir/stops-at-checkpoint"',
         'warned=""',
         'cancelled=""',
@@ -71,12 +114,24 @@ def stop_handling() -> list[str]:
     ]
 
 
-def requeue_block(max_requeues: int) -> list[str]:
-    """The lines after the step: wait for it, requeue it if it stopped at a checkpoint (not after TERM), exit."""
+def requeue_block(max_requeues: int, mode: str = "torchrun") -> list[str]:
+    """The lines after the step: wait for it, take the first failing rank's exit code (srun mode), requeue it if it
+    stopped at a checkpoint (not after TERM), exit."""
+    first = [
+        "# The first failing rank's own exit code (its task's note), not the highest of all tasks (srun's).",
+        'first=""',
+        'if [ "$status" -ne 0 ] && [ -n "$exit_dir" ]; then first=$(first_failure || true); fi',
+        'if [ -n "$first" ]; then',
+        '    read -r _ _ first_code first_rank <<< "$first"',
+        '    echo "gpuscale: rank $first_rank failed first, with exit code $first_code (srun: $status); the job ends with $first_code" >&2',
+        '    status=$first_code',
+        "fi",
+    ] if mode == "srun" else []
     lines = [
         "step_pid=$!",
         "status=0",
         "wait_for_step || status=$?",
+        *first,
         f"# Stopped at a checkpoint: {EXIT_STOPPED} from the ranks (srun passes it on), or their note beside the marker",
         f"# (torchrun reports its workers' {EXIT_STOPPED} as a failure, 1).",
         'stopped=""',

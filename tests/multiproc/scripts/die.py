@@ -1,7 +1,9 @@
 """Rank 1 fails at step 3 while rank 0 keeps calling all_reduce: the job must end, not hang.
 
 argv: MODE where MODE is 'raise' (a Python exception), 'exit' (the process vanishes, as os._exit does),
-'kill' (SIGKILL) or 'hang' (rank 1 stops taking part, alive: only the collective timeout ends the job).
+'kill' (SIGKILL), 'hang' (rank 1 stops taking part, alive: only the collective timeout ends the job) or
+'requeue' (rank 1 exits 75, EX_TEMPFAIL, asking for the job to run again; a requeued run, SLURM_RESTART_COUNT
+set, goes on to its end).
 """
 
 import os
@@ -24,6 +26,9 @@ with gpuscale.init() as rt:  # the collective timeout: GPUSCALE_TIMEOUT or gpusc
                 os.kill(os.getpid(), signal.SIGKILL)
             if mode == "hang":
                 time.sleep(3600)
-            os._exit(7)
+            if mode == "requeue" and os.environ.get("SLURM_RESTART_COUNT", "0") == "0":
+                sys.exit(75)
+            if mode == "exit":
+                os._exit(7)
         dist.all_reduce(torch.ones(4))
         time.sleep(0.01)
