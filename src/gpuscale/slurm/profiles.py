@@ -191,10 +191,7 @@ class Profile:
         if not isinstance(warn, int) or isinstance(warn, bool) or not 0 <= warn <= 65535:  # sbatch --signal's range
             raise ValueError(f"{where}: warn_before_end_s={warn!r} must be a whole number of seconds in 0..65535")
         check_containers(self.container, self.containers, where)
-        for name in self.node_dirs:
-            if not ENV_NAME.match(name):
-                raise ValueError(f"{where}: node_dirs entry {name!r} is not an environment variable name; "
-                                 "name the variable that holds the folder, e.g. node_dirs = [\"MIOPEN_USER_DB_PATH\"]")
+        _check_node_dirs(self.node_dirs, where)
         for table in ("env", "env_shell"):
             for key, value in getattr(self, table).items():
                 if not isinstance(key, str) or not ENV_NAME.match(key):
@@ -332,6 +329,13 @@ def load_profile(name_or_path: str, overrides: dict[str, Any] | None = None) -> 
             )
         data.update(overrides)
     return profile_from_dict(name, data, source=str(path))
+
+
+def _check_node_dirs(names: tuple[str, ...], where: str) -> None:
+    for name in names:
+        if not ENV_NAME.match(name):
+            raise ValueError(f"{where}: node_dirs entry {name!r} is not an environment variable name; "
+                             "name the variable that holds the folder, e.g. node_dirs = [\"MIOPEN_USER_DB_PATH\"]")
 
 
 def parse_override(key: str, text: str) -> Any:

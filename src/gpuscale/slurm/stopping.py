@@ -46,10 +46,9 @@ def task_exit_note(program: str) -> str:
     return f"trap : USR1 TERM; {program}; {note}"
 
 
-def stop_handling(mode: str = "torchrun") -> list[str]:
-    """The lines before the step: the marker's folder (and in srun mode the tasks' exit notes' folder), the traps,
-    and the wait that a trapped signal cannot cut short."""
-    exits = [
+def _exit_notes() -> list[str]:
+    """srun mode: the folder where the tasks note their exit codes, its clean-up, and the pick of the first failure."""
+    return [
         "# The job ends with the first failing rank's own exit code. srun returns its tasks' highest, a victim's 143",
         "# once --kill-on-bad-exit ended the others: every task notes its code and when it ended here, in a folder of",
         "# this job's own that all its nodes see (the submit directory's file system), and the earliest note wins.",
@@ -69,7 +68,13 @@ def stop_handling(mode: str = "torchrun") -> list[str]:
         "    done | sort -k1,1n -k2,2n | head -n 1",
         "}",
         "trap 'rm -rf \"$stop_dir\" ${exit_dir:+\"$exit_dir\"}' EXIT",
-    ] if mode == "srun" else ["trap 'rm -rf \"$stop_dir\"' EXIT"]
+    ]
+
+
+def stop_handling(mode: str = "torchrun") -> list[str]:
+    """The lines before the step: the marker's folder (and in srun mode the tasks' exit notes' folder), the traps,
+    and the wait that a trapped signal cannot cut short."""
+    exits = _exit_notes() if mode == "srun" else ["trap 'rm -rf \"$stop_dir\"' EXIT"]
     return [
         "# Stopping in time. SLURM sends USR1 before the time limit (and TERM on scancel, preemption or at the limit).",
         "# USR1's default action ends a process, so it goes on to the step only if the script stops at a checkpoint",
