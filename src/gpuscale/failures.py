@@ -57,7 +57,7 @@ def report_failure(env: DistEnv, exc: BaseException) -> None:
     A ValueError is gpuscale's (and the examples') way to say the input was wrong: one line, no
     traceback. With one process the caller (the CLI, or Python's traceback) says it, once.
     """
-    repeat_of = None if is_peer_symptom(exc) else _said_before(env, exc)
+    repeat_of = None if is_peer_symptom(exc) else _said_before(env.rank, exc)
     text = "" if repeat_of is not None else _report_text(env, exc)
     if text:
         sys.stderr.write(text)
@@ -93,16 +93,29 @@ def _lost_peer_line(who: str, exc: BaseException) -> str:
 def one_line_for_a_lost_peer() -> None:
     """For any script, gpuscale's or not: a rank that dies only because a peer died first (a collective's
     "Connection closed by peer") prints one line instead of its traceback; the peer's story is the one that
-    matters. Installed by gpuscale's start-up hook before the script runs; the hooks below it still see the
-    exception (the probe records it), with their output dropped."""
+    matters. A rank that fails with the error another rank of its node already printed (every rank refusing
+    the same start-up, a Lightning `ValueError` on each) says so in one line, and the first one's traceback
+    is headed by its rank and host. Installed by gpuscale's start-up hook before the script runs; the hooks
+    below it still see the exception (the probe records it), with their output dropped."""
     previous = sys.excepthook
 
     def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
-        if not _a_collective_lost_its_peer(value) or getattr(value, _REPORTED, False):
+        if getattr(value, _REPORTED, False) or os.environ.get("WORLD_SIZE", "1") in ("", "0", "1"):
             previous(kind, value, tb)
             return
         who = f"[gpuscale] rank {os.environ.get('RANK', '?')}/{os.environ.get('WORLD_SIZE', '?')} on {socket.gethostname()}"
-        sys.stderr.write(_lost_peer_line(who, value))
+        if _a_collective_lost_its_peer(value):
+            sys.stderr.write(_lost_peer_line(who, value))
+        else:
+            rank = int(os.environ["RANK"]) if os.environ.get("RANK", "").isdigit() else None
+            first = _said_before(rank, value) if rank is not None and not isinstance(value, SystemExit) else None
+            if first is None or first == rank:
+                sys.stderr.write(f"{who} failed:\n")
+                sys.stderr.flush()
+                previous(kind, value, tb)
+                return
+            note_failure(rank, value, first)  # type: ignore[arg-type]
+            sys.stderr.write(f"{who} failed with the error rank {first} printed: {type(value).__name__}\n")
         sys.stderr.flush()
         stderr, sys.stderr = sys.stderr, io.StringIO()
         try:
@@ -123,7 +136,7 @@ def _a_collective_lost_its_peer(exc: BaseException) -> bool:
     return from_torch or re.match(r"^\[[^\]]*\.(?:cc|cpp|h):\d+\]", str(exc)) is not None
 
 
-def _said_before(env: DistEnv, exc: BaseException) -> int | None:
+def _said_before(rank: int, exc: BaseException) -> int | None:
     """The rank of this node that already printed this very error (None: this rank is the first, or no
     `gpuscale run` to share with). The first rank claims the error's name in $GPUSCALE_FAILURE_DIR by a
     hard link, which only one rank can make; restarts (--max-restarts) claim anew."""
@@ -132,9 +145,9 @@ def _said_before(env: DistEnv, exc: BaseException) -> int | None:
         return None
     text = f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}\0{type(exc).__name__}: {exc}"
     claim = Path(directory) / f"said-{hashlib.sha256(text.encode(errors='replace')).hexdigest()[:16]}"
-    mine = claim.with_name(f"{claim.name}.rank-{env.rank}")
+    mine = claim.with_name(f"{claim.name}.rank-{rank}")
     try:
-        mine.write_text(str(env.rank))
+        mine.write_text(str(rank))
         os.link(mine, claim)
         return None
     except FileExistsError:
@@ -186,15 +199,16 @@ def is_peer_symptom(exc: BaseException) -> bool:
     return isinstance(exc, (RuntimeError, OSError)) and any(s in text for s in PEER_SYMPTOMS)
 
 
-def note_failure(env: DistEnv, exc: BaseException, repeat_of: int | None = None) -> None:
-    """Leave $GPUSCALE_FAILURE_DIR/rank-N.json for `gpuscale run`: when, whether a symptom, the message,
-    and which rank already printed the same error (`repeat_of`)."""
+def note_failure(env: DistEnv | int, exc: BaseException, repeat_of: int | None = None) -> None:
+    """Leave $GPUSCALE_FAILURE_DIR/rank-N.json for `gpuscale run` (and srun mode's batch script): when, whether a
+    symptom, the message, and which rank already printed the same error (`repeat_of`). `env`: the rank's, or its rank."""
     directory = os.environ.get(FAILURE_DIR)
     if not directory:
         return
-    note = {"rank": env.rank, "time": time.time(), "symptom": is_peer_symptom(exc), "message": str(exc)[:500], "repeat_of": repeat_of}
+    rank = env if isinstance(env, int) else env.rank
+    note = {"rank": rank, "time": time.time(), "symptom": is_peer_symptom(exc), "message": str(exc)[:500], "repeat_of": repeat_of}
     try:
-        atomic_write_json(Path(directory) / f"rank-{env.rank}.json", note)
+        atomic_write_json(Path(directory) / f"rank-{rank}.json", note)
     except Exception:  # a courtesy for the launcher's summary; the report above went out
         pass
 

@@ -111,3 +111,23 @@ def test_a_plain_script_that_raises_on_one_rank_is_named_in_the_last_line():
     assert "\n".join(lines).count("RuntimeError: boom") == 1
     assert result.stderr.splitlines()[-1] == (f"gpuscale run: rank 1 on {HOST} failed first (exit code 1; its error is above); "
                                               "the other ranks were stopped")
+
+
+def test_a_plain_script_whose_ranks_all_fail_alike_at_start_up_prints_the_error_once(tmp_path):
+    """No gpuscale in the script (a Lightning script with devices="auto" on a machine without the accelerator is
+    the case seen): every rank raises the same error before training. One traceback, headed by its rank and
+    host; one line for the other rank; the last line names both."""
+    script = tmp_path / "refuses.py"
+    script.write_text(  # both ranks reach the raise (a file barrier), before the agent stops the other one
+        "import os, pathlib, time\nimport torch\nhere = pathlib.Path(__file__).parent\n"
+        "(here / f\"up-{os.environ['RANK']}\").touch()\n"
+        "while len(list(here.glob('up-*'))) < 2:\n    time.sleep(0.01)\n"
+        "raise ValueError(\"devices='auto' found no accelerator; pass accelerator='cpu'\")\n")
+    result, lines = _story(str(script))
+    output = "\n".join(lines)
+    assert output.count("ValueError: devices='auto' found no accelerator") == 1 and output.count("Traceback") == 1
+    first = int(re.search(rf"^\[gpuscale\] rank (\d)/2 on {re.escape(HOST)} failed:$", output, re.M).group(1))
+    assert f"[gpuscale] rank {1 - first}/2 on {HOST} failed with the error rank {first} printed: ValueError" in lines
+    assert len(result.stderr.splitlines()) <= 8, result.stderr
+    assert result.stderr.splitlines()[-1] == (f"gpuscale run: rank {first} on {HOST} failed first (exit code 1; its error is above), "
+                                              f"and rank {1 - first} with the same error")
