@@ -118,6 +118,32 @@ def test_a_script_without_stop_signal_is_not_signalled_runs_on_and_is_not_requeu
             "it runs on to its time limit and is not requeued") in err.splitlines()
 
 
+# A script with a SIGUSR1 handler of its own (Lightning's SLURM auto-requeue does this when its Trainer starts), no gpuscale.
+OWN_HANDLER = """
+import os, signal, sys, time
+def on_usr1(signum, frame):
+    open(os.environ["STEP_SEEN"], "w").write("its own handler ran")
+    sys.exit(0)
+signal.signal(signal.SIGUSR1, on_usr1)
+open(os.environ["STEP_READY"], "w").write(str(os.getpid()))
+time.sleep(float(sys.argv[1]))
+open(os.environ["STEP_SEEN"], "w").write("ran to its end")
+"""
+
+
+def test_a_script_with_its_own_usr1_handler_gets_the_warning_and_gpuscale_does_not_requeue(tmp_path):
+    """gpuscale's start-up hook notes the handler the script installs; the batch script passes SLURM's warning on to
+    it (Lightning's handler checkpoints and requeues the job itself) and requeues nothing of its own."""
+    script, env = _job_script(tmp_path, step=OWN_HANDLER, seconds=20)
+    proc = _start(script, env, tmp_path)
+    proc.send_signal(signal.SIGUSR1)
+    out, err = proc.communicate(timeout=60)
+    assert (tmp_path / "seen").read_text() == "its own handler ran", err
+    assert proc.returncode == 0 and _requeues(tmp_path) == []
+    assert "gpuscale: USR1 received; passed on to the step, whose script handles it with its own SIGUSR1 handler" in err
+    assert "gpuscale did not requeue it (the script may have)" in err and "not stop at a checkpoint" not in err
+
+
 def test_term_stops_the_script_at_its_checkpoint_but_a_cancelled_job_stays_cancelled(tmp_path):
     """scancel sends TERM: the step still stops at a checkpoint (told by USR1: srun would turn TERM into KILL)."""
     script, env = _job_script(tmp_path)

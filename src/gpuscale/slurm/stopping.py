@@ -6,7 +6,9 @@ signals, time limits and requeue):
 - SLURM warns the batch shell with USR1 before the time limit. USR1's default action ends a process, so the
   shell passes it on to the step only when the script stops at a checkpoint on it: `gpuscale.StopSignal`
   says so by creating the file GPUSCALE_STOP_MARKER names, in a folder of this job's own on the batch node
-  (whose /tmp the ranks there share). A script without it runs on to its time limit.
+  (whose /tmp the ranks there share). So does a script that installs a SIGUSR1 handler of its own (gpuscale's
+  start-up hook notes it: `gpuscale.exits.watch_usr1_handlers`), such as Lightning's SLURM auto-requeue,
+  which then checkpoints and requeues the job itself. A script with neither runs on to its time limit.
 - The job requeues itself only after the step stopped at a checkpoint: exit code 75 (srun passes its tasks'
   codes on), or the note the ranks leave beside the marker (torchrun turns its workers' 75 into a 1).
 - TERM (scancel, preemption, the time limit) is passed on the same way but never requeues: a job someone
@@ -22,7 +24,7 @@ signals, time limits and requeue):
 
 from __future__ import annotations
 
-from gpuscale.exits import EXIT_STOPPED, STOP_MARKER, stopped_marker
+from gpuscale.exits import EXIT_STOPPED, STOP_MARKER, own_usr1_marker, stopped_marker
 from gpuscale.failures import FAILURE_DIR
 
 __all__ = ["stop_handling", "requeue_block", "task_exit_note", "EXIT_DIR"]
@@ -97,6 +99,12 @@ def stop_handling(mode: str = "torchrun") -> list[str]:
         '        echo "gpuscale: $1 received; passed on to the step, which stops at its next checkpoint" >&2',
         '        kill -USR1 "$step_pid" 2>/dev/null || true',
         "        passed_on=1",
+        f'    elif [ "$1" = USR1 ] && [ -e "{own_usr1_marker(_MARKER)}" ]; then',
+        "        # The script installed a SIGUSR1 handler of its own (Lightning's SLURM auto-requeue): it acts on the",
+        "        # warning itself, and requeues the job itself if it does so.",
+        '        echo "gpuscale: USR1 received; passed on to the step, whose script handles it with its own SIGUSR1 handler" >&2',
+        '        kill -USR1 "$step_pid" 2>/dev/null || true',
+        "        passed_on=1",
         '    elif [ "$1" = USR1 ]; then',
         f'        echo "{_NO_STOP_SIGNAL}" >&2',
         "    fi",
@@ -161,6 +169,8 @@ def requeue_block(max_requeues: int, mode: str = "torchrun") -> list[str]:
         'elif [ -n "$stopped" ]; then',
         f'    echo "gpuscale: the step stopped at a checkpoint; job already requeued {max_requeues} times, not again; '
         f'{resume.replace("the job", "it")}" >&2',
+        f'elif [ -n "$warned" ] && [ -n "$passed_on" ] && [ -e "{own_usr1_marker(_MARKER)}" ]; then',
+        '    echo "gpuscale: the step ended with $status after its script handled SLURM\'s warning itself; gpuscale did not requeue it (the script may have)" >&2',
         'elif [ -n "$warned" ] && [ -n "$passed_on" ]; then',
         '    echo "gpuscale: the step ended with $status after SLURM\'s warning without stopping at a checkpoint; not requeued" >&2',
         "fi",

@@ -74,6 +74,12 @@ on_signal() {
         echo "gpuscale: $1 received; passed on to the step, which stops at its next checkpoint" >&2
         kill -USR1 "$step_pid" 2>/dev/null || true
         passed_on=1
+    elif [ "$1" = USR1 ] && [ -e "$GPUSCALE_STOP_MARKER.own-usr1" ]; then
+        # The script installed a SIGUSR1 handler of its own (Lightning's SLURM auto-requeue): it acts on the
+        # warning itself, and requeues the job itself if it does so.
+        echo "gpuscale: USR1 received; passed on to the step, whose script handles it with its own SIGUSR1 handler" >&2
+        kill -USR1 "$step_pid" 2>/dev/null || true
+        passed_on=1
     elif [ "$1" = USR1 ]; then
         echo "gpuscale: the script does not stop at a checkpoint on SLURM's warning (no gpuscale.StopSignal): it runs on to its time limit and is not requeued" >&2
     fi
@@ -128,6 +134,8 @@ elif [ -n "$stopped" ] && [ "${SLURM_RESTART_COUNT:-0}" -lt 10 ]; then
     scontrol requeue "$SLURM_JOB_ID" || echo "gpuscale: could not requeue job $SLURM_JOB_ID (cancelled or timed out?); submit it again to resume from its checkpoint" >&2
 elif [ -n "$stopped" ]; then
     echo "gpuscale: the step stopped at a checkpoint; job already requeued 10 times, not again; submit it again to resume from its checkpoint" >&2
+elif [ -n "$warned" ] && [ -n "$passed_on" ] && [ -e "$GPUSCALE_STOP_MARKER.own-usr1" ]; then
+    echo "gpuscale: the step ended with $status after its script handled SLURM's warning itself; gpuscale did not requeue it (the script may have)" >&2
 elif [ -n "$warned" ] && [ -n "$passed_on" ]; then
     echo "gpuscale: the step ended with $status after SLURM's warning without stopping at a checkpoint; not requeued" >&2
 fi

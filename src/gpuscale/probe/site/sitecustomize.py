@@ -5,8 +5,9 @@ PYTHONPATH, so each rank's interpreter imports this module at start-up, before t
 does three things for any script, gpuscale's or not, and must cost nothing measurable:
 
 1. before the script's first line, it places the rank (`gpuscale.pinning`: its cores, its thread
-   pools), has a rank that only lost its peer say so in one line (`gpuscale.failures`) and, under
-   torchrun, has it end with its launcher (`gpuscale.lifeline`); none of them imports torch;
+   pools), has a rank that only lost its peer say so in one line (`gpuscale.failures`), in a batch
+   script notes a SIGUSR1 handler the script installs (`gpuscale.exits`) and, under torchrun, has it
+   end with its launcher (`gpuscale.lifeline`); none of them imports torch;
 2. once the script's own ``import torch`` has finished, it registers the exit handler that ends a
    process group the script left open without gloo's abort at exit (`gpuscale.teardown`), and,
    where a records folder is named, lets `gpuscale.probe.recorder` hook torch to measure the run;
@@ -63,6 +64,13 @@ def _before_the_script():
         one_line_for_a_lost_peer()  # a rank that only lost its peer: one line, not a second traceback
     except Exception as exc:
         _say("a rank that loses its peer will print its whole traceback", exc)
+    if os.environ.get("GPUSCALE_STOP_MARKER"):
+        try:
+            from gpuscale.exits import watch_usr1_handlers
+
+            watch_usr1_handlers()  # a script's own SIGUSR1 handler (Lightning's requeue): the batch script passes USR1 on
+        except Exception as exc:
+            _say("SLURM's warning will not reach a SIGUSR1 handler of the script's own", exc)
     if "TORCHELASTIC_RUN_ID" in os.environ and not os.environ.get("GPUSCALE_SRUN_TASK"):
         try:
             import signal
