@@ -165,3 +165,35 @@ def test_scancel_ends_a_stop_signal_job_without_requeue(cluster, tmp_path):
     time.sleep(15)  # past KillWait (10 s): a requeue would have happened by now
     assert _job_field(cluster, job, "JobState") == "CANCELLED" and _job_field(cluster, job, "Restarts") == "0", logs()
     assert "requeueing" not in logs()
+
+
+@pytest.mark.parametrize("nodes, gpus", [("1", "2")])
+def test_lightning_auto_requeue_gets_the_warning_checkpoints_and_requeues_the_job(cluster, tmp_path, nodes, gpus):
+    """Lightning's SLURM auto-requeue, as its documentation sets it up: SLURM's warning reaches its SIGUSR1 handler
+    (gpuscale's start-up hook saw the handler installed), which saves its hpc checkpoint and requeues the job itself;
+    gpuscale claims no requeue of its own."""
+    root = tmp_path / "lightning"
+    script = str(ROOT / "tests" / "slurm" / "scripts" / "lightning_requeue.py")
+    submitted = cluster.gpuscale("slurm", "submit", "--profile", "local", "--mode", "srun", "--nodes", nodes, "--gpus-per-node",
+                                 gpus, "--time", "10", "--output", str(tmp_path / "job-%j.out"), "--", script, str(root),
+                                 "--devices", gpus, "--num-nodes", nodes, cwd=tmp_path)
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.strip().split()[-1]
+
+    def logs() -> str:
+        return "\n".join(p.read_text() for p in tmp_path.glob("job-*.out"))
+
+    def progress() -> int:
+        try:
+            return int((root / "progress").read_text() or 0)
+        except (OSError, ValueError):
+            return 0
+
+    _until("Lightning to train a few steps", lambda: progress() >= 3, 240, logs)
+    _slurm(cluster, "scancel", "--signal=USR1", "--batch", job)  # what SLURM does at --signal=B:USR1@N
+    _until("Lightning to requeue the job", lambda: _job_field(cluster, job, "Restarts") == "1", 120, logs)
+    _slurm(cluster, "scancel", job)  # its resumed run is Lightning's business
+    assert list(root.glob("hpc_ckpt_*.ckpt")), f"no hpc checkpoint in {root}\n{logs()}"
+    text = logs()
+    assert "passed on to the step, whose script handles it with its own SIGUSR1 handler" in text, text
+    assert "requeueing job" not in text  # gpuscale's own requeue did not run: Lightning's did
