@@ -87,7 +87,15 @@ def _report_text(env: DistEnv, exc: BaseException) -> str:
 def _lost_peer_line(who: str, exc: BaseException) -> str:
     first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     first = re.sub(r"^\[[^\]]*\.(?:cc|cpp|h):\d+\]\s*", "", first)  # gloo's "[.../pair.cc:553] " source location
-    return f"{who} stopped: a peer rank failed first ({first[:160]}); its report above says why\n"
+    return f"{who} stopped: a peer rank failed first ({_shortened(first, 160)}); its report above says why\n"
+
+
+def _shortened(text: str, limit: int) -> str:
+    """`text` cut at a word boundary to at most `limit` characters, with an ellipsis where it was cut."""
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 3].rsplit(" ", 1)[0].rstrip(" ,;:") if " " in text[: limit - 3] else text[: limit - 3]
+    return cut + "..."
 
 
 def one_line_for_a_lost_peer() -> None:

@@ -153,3 +153,15 @@ def test_only_a_collective_that_lost_its_peer_is_cut_to_one_line(monkeypatch, ca
     sys.excepthook(type(gloo), gloo, None)
     assert capsys.readouterr().err == "TRACEBACK\n"
     assert seen == [gloo, download, gloo]  # the hooks below still see every exception
+
+
+def test_a_lost_peers_long_message_is_cut_at_a_word_not_mid_word():
+    from gpuscale.failures import _lost_peer_line
+
+    long = RuntimeError("[/src/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:6034; the remote "
+                        "process may have exited before reporting an error to this rank, so look at the other ranks' output for the "
+                        "error that ended it")
+    line = _lost_peer_line("[gpuscale] rank 0/2 on n1", long)
+    inside = line.split("first (", 1)[1].rsplit("); its report", 1)[0]
+    assert inside.endswith("...") and len(inside) <= 160 and long.args[0].split("] ", 1)[1].startswith(inside[:-3])
+    assert inside[:-3].split()[-1] in long.args[0].split()  # the last word shown is a whole word
