@@ -37,6 +37,20 @@ def _until(what: str, check, timeout: float, logs=lambda: ""):
         time.sleep(0.5)
 
 
+def _followers(tmp_path, run):
+    """The job's logs (its job-*.out files in `tmp_path`) and the step its training wrote to `run`/progress, as functions."""
+    def logs() -> str:
+        return "\n".join(p.read_text() for p in tmp_path.glob("job-*.out"))
+
+    def progress() -> int:
+        try:
+            return int((run / "progress").read_text() or 0)
+        except (OSError, ValueError):
+            return 0
+
+    return logs, progress
+
+
 def _straight_run(tmp_path):
     """The same training, uninterrupted, under `gpuscale run` on this machine (2 processes, gloo, CPU)."""
     out = tmp_path / "straight"
@@ -67,14 +81,7 @@ def test_warning_signal_checkpoints_requeues_and_resumes_bit_for_bit(cluster, tm
     assert submitted.returncode == 0, submitted.stderr
     job = submitted.stdout.strip().split()[-1]
 
-    def logs() -> str:
-        return "\n".join(p.read_text() for p in tmp_path.glob("job-*.out"))
-
-    def progress() -> int:
-        try:
-            return int((run / "progress").read_text() or 0)
-        except (OSError, ValueError):
-            return 0
+    logs, progress = _followers(tmp_path, run)
 
     straight = _straight_run(tmp_path)  # meanwhile the job starts on the cluster
     _until("the job to train a few steps", lambda: progress() >= 5, 180, logs)
@@ -180,14 +187,7 @@ def test_lightning_auto_requeue_gets_the_warning_checkpoints_and_requeues_the_jo
     assert submitted.returncode == 0, submitted.stderr
     job = submitted.stdout.strip().split()[-1]
 
-    def logs() -> str:
-        return "\n".join(p.read_text() for p in tmp_path.glob("job-*.out"))
-
-    def progress() -> int:
-        try:
-            return int((root / "progress").read_text() or 0)
-        except (OSError, ValueError):
-            return 0
+    logs, progress = _followers(tmp_path, root)
 
     _until("Lightning to train a few steps", lambda: progress() >= 3, 240, logs)
     _slurm(cluster, "scancel", "--signal=USR1", "--batch", job)  # what SLURM does at --signal=B:USR1@N
