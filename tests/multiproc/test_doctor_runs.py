@@ -33,9 +33,10 @@ def test_doctor_under_gpuscale_run_prints_the_table_and_bandwidth_and_passes():
 
 
 def test_two_ranks_forced_onto_one_core_fail_and_say_so():
-    """taskset gives the launcher one core; both ranks inherit it: doctor must flag the shared core and exit 1."""
-    result = run(["taskset", "-c", "0", *gpuscale_cmd("run", "--nproc-per-node", "2", "-m", "gpuscale", "doctor", "--no-bandwidth")],
-                 timeout=300)
+    """taskset gives the launcher one core; both ranks inherit it (`gpuscale run` refuses two CPU ranks on one core
+    unless told --bind none, as any other launcher would start them): doctor must flag the shared core and exit 1."""
+    result = run(["taskset", "-c", "0", *gpuscale_cmd("run", "--nproc-per-node", "2", "--bind", "none", "-m", "gpuscale", "doctor",
+                                                      "--no-bandwidth")], timeout=300)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "FAIL  placement    ranks 0 and 1 on " in result.stdout and "share core(s) 0 (rank 0: 0, rank 1: 0)" in result.stdout
     assert "doctor FAILED: 1 failed" in result.stdout
