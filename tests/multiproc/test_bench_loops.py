@@ -35,17 +35,18 @@ def example_data(tmp_path_factory):
 
 
 def test_gpu_benchmark_pipeline_runs_both_ways_and_computes_mfu(tmp_path, example_data):
-    """`python -m bench gpu --allow-cpu`: the course's way and gpuscale's defaults of two examples really ran, each
+    """`python -m bench gpu --allow-cpu`: the course's way and gpuscale's defaults of an example really ran, each
     with its throughput and quality, and GPT-neo's model FLOPs utilisation comes from its own summary (a check of
-    the plumbing for the first session with a GPU; CPU figures are not reported)."""
+    the plumbing for a session with a GPU; CPU figures are not reported). One case: every case goes through the
+    same two runs and the same comparison, and each costs the CPU suite a minute or more."""
     import sys
 
-    result = run([sys.executable, "-m", "bench", "gpu", "--allow-cpu", "--cases", "dogs_vs_cats,gptneo", "--out", str(tmp_path)],
+    result = run([sys.executable, "-m", "bench", "gpu", "--allow-cpu", "--cases", "gptneo", "--out", str(tmp_path)],
                  timeout=900, GPUSCALE_DATA=str(example_data))
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads((tmp_path / "gpu.json").read_text())
-    assert record["allow_cpu"] is True and record["peak"]["flops"] > 0
-    for case, quality in (("dogs_vs_cats", "test_accuracy"), ("gptneo", "perplexity")):
+    assert record["allow_cpu"] is True and record["peak"]["flops"] > 0 and set(record["cases"]) == {"gptneo"}
+    for case, quality in (("gptneo", "perplexity"),):
         entry = record["cases"][case]
         assert set(entry["samples_per_s"]) == {"course", "gpuscale"} and all(v > 0 for v in entry["samples_per_s"].values())
         for runs in entry["runs"].values():
