@@ -140,7 +140,9 @@ def test_four_jobs_at_once_on_one_node_meet_on_their_own_ports(slurm, tmp_path):
     outs = [tmp_path / f"out-{i}" for i in range(NUM_AT_ONCE)]
     scripts = [_job(mode, 1, out, tmp_path, "--gate", str(gate), "--ranks", str(2 * NUM_AT_ONCE)) for mode, out in zip(modes, outs)]
     # CPUs only (fake GPUs are never shared), on one node of the partition that lets 4 jobs share a CPU
-    on_one_node = (f"--partition={LOAD_PARTITION}", f"--nodelist={node}", "--gpus-per-node=0")
+    # (a 1 x 2 job takes every GPU of a node, so its script asks to own the node: --exclusive; --oversubscribe here
+    # overrides it, for these jobs share the node on purpose)
+    on_one_node = (f"--partition={LOAD_PARTITION}", f"--nodelist={node}", "--gpus-per-node=0", "--oversubscribe")
 
     job_ids: list[str] = []
     try:
