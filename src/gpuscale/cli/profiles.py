@@ -55,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
         for index, cores in enumerate(profile.gpu_cores):
             print(f"  GPU {index}       cores {cores}  mask {profile.cpu_masks(profile.gpus_per_node)[index]}")
     if profile.container:
-        print(f"  container   {profile.container.exec} (binds {', '.join(profile.container.binds) or 'none'}), "
+        how = "srun --container-image (pyxis)" if profile.container.exec == "pyxis" else profile.container.exec
+        print(f"  container   {how} (binds {', '.join(profile.container.binds) or 'none'}), "
               f"activate {profile.container.activate or 'nothing'}" + (f", default image {profile.container.image}" if profile.container.image else ""))
     for pattern in profile.containers:
         setup = profile.container_for(pattern, pattern=pattern)
