@@ -36,7 +36,8 @@ class ModelInputs:
         """Count `module`'s forward passes from now on (and no longer those of the module watched before)."""
         if self._handle is not None:
             self._handle.remove()
-        self._handle = module.register_forward_pre_hook(self._forward, with_kwargs=True)
+        # kept out of a compiled graph (`torch.compile(DDP(model))`): counting is host bookkeeping, not the model's
+        self._handle = module.register_forward_pre_hook(torch.compiler.disable(self._forward), with_kwargs=True)
 
     def _forward(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if not module.training or not torch.is_grad_enabled():
