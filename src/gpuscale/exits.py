@@ -49,7 +49,8 @@ def watch_usr1_handlers(environ: Mapping[str, str] = os.environ) -> None:
 
     def watched(signum: Any, handler: Any) -> Any:
         previous = original(signum, handler)
-        if signum == signal.SIGUSR1 and callable(handler):
+        own = not str(getattr(handler, "__module__", "") or "").startswith("gpuscale.")  # StopSignal's says so itself
+        if signum == signal.SIGUSR1 and callable(handler) and own:
             try:
                 with open(own_usr1_marker(marker), "w") as note:
                     note.write(f"{getattr(handler, '__qualname__', type(handler).__name__)}\n")
