@@ -204,3 +204,21 @@ def test_a_time_limit_shorter_than_the_warning_is_refused():
     with pytest.raises(ValueError, match="not longer than the 120 s warning"):
         render_sbatch(load_profile("local"), JobSpec(script="t.py", time="2"))
     assert "--signal=B:USR1@30" in render_sbatch(load_profile("local", {"warn_before_end_s": 30}), JobSpec(script="t.py", time="1"))
+
+
+def test_the_hook_notes_the_scripts_own_usr1_handler_not_gpuscales(tmp_path, monkeypatch):
+    from gpuscale.exits import own_usr1_marker, watch_usr1_handlers
+    from gpuscale.preempt import StopSignal
+
+    marker = str(tmp_path / "stops-at-checkpoint")
+    monkeypatch.setattr(signal, "signal", signal.signal)  # restored after the test: the watch replaces it
+    before = signal.getsignal(signal.SIGUSR1)
+    try:
+        watch_usr1_handlers({"GPUSCALE_STOP_MARKER": marker})
+        signal.signal(signal.SIGUSR1, StopSignal._handle.__get__(object()))  # gpuscale's own: StopSignal says so itself
+        signal.signal(signal.SIGTERM, signal.getsignal(signal.SIGTERM))  # another signal
+        assert not os.path.exists(own_usr1_marker(marker))
+        signal.signal(signal.SIGUSR1, lambda signum, frame: None)  # the script's own (Lightning's, say)
+        assert os.path.exists(own_usr1_marker(marker))
+    finally:
+        signal.signal(signal.SIGUSR1, before)
