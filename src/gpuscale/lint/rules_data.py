@@ -28,14 +28,13 @@ def _sampler_is_plain(script: Script, sampler: ast.AST) -> bool:
     """Whether a sampler argument is not distributed on a distributed run: RandomSampler(...), a name only assigned
     one, or a choice between a DistributedSampler and a plain one made by an option other than whether the run is
     distributed (`DistributedSampler(...) if args.dist_eval else SequentialSampler(...)`: plain by default)."""
-    values = [sampler] if isinstance(sampler, (ast.Call, ast.IfExp)) else script.assignments(dotted(sampler) or "")
-    choices = [(branch, test) for value in values for branch, test in _branches(script, value)]
-    plain = [(b, t) for b, t in choices if isinstance(b, ast.Call) and last_name(b.func) in PLAIN_SAMPLERS]
+    choices = _sampler_choices(script, sampler)
+    plain = [(b, t) for b, t in choices if _is_plain(b)]
     if not choices or not plain:
         return False
     if len(plain) == len(choices):
         return True
-    distributed = [b for b, _ in choices if isinstance(b, ast.Call) and last_name(b.func).endswith("DistributedSampler")]
+    distributed = [b for b, _ in choices if _is_distributed(b)]
     return len(plain) + len(distributed) == len(choices) and any(t is not None and not _distributed_switch(t) for _, t in plain)
 
 
@@ -44,10 +43,23 @@ def _plain_sampler_chooser(script: Script, sampler: ast.AST | None) -> str | Non
     sampler is not chosen by one."""
     if sampler is None:
         return None
-    values = [sampler] if isinstance(sampler, (ast.Call, ast.IfExp)) else script.assignments(dotted(sampler) or "")
-    tests = [t for v in values for b, t in _branches(script, v)
-             if t is not None and isinstance(b, ast.Call) and last_name(b.func).endswith("DistributedSampler")]
+    tests = [t for b, t in _sampler_choices(script, sampler) if t is not None and _is_distributed(b)]
     return ast.unparse(tests[0]) if tests else None
+
+
+def _is_plain(sampler: ast.AST) -> bool:
+    return isinstance(sampler, ast.Call) and last_name(sampler.func) in PLAIN_SAMPLERS
+
+
+def _is_distributed(sampler: ast.AST) -> bool:
+    return isinstance(sampler, ast.Call) and last_name(sampler.func).endswith("DistributedSampler")
+
+
+def _sampler_choices(script: Script, sampler: ast.AST) -> list[tuple[ast.AST, ast.AST | None]]:
+    """Every sampler a sampler argument may be (the call itself, or each value its name is assigned), each with the
+    test that chooses it (see `_branches`)."""
+    values = [sampler] if isinstance(sampler, (ast.Call, ast.IfExp)) else script.assignments(dotted(sampler) or "")
+    return [choice for value in values for choice in _branches(script, value)]
 
 
 def _branches(script: Script, value: ast.AST) -> list[tuple[ast.AST, ast.AST | None]]:
