@@ -122,7 +122,7 @@ def one_line_for_a_lost_peer() -> None:
                 sys.stderr.flush()
                 previous(kind, value, tb)
                 return
-            note_failure(rank, value, first)  # type: ignore[arg-type]
+            note_failure(rank, value, first)
             sys.stderr.write(f"{who} failed with the error rank {first} printed: {type(value).__name__}\n")
         sys.stderr.flush()
         stderr, sys.stderr = sys.stderr, io.StringIO()

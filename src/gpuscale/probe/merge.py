@@ -254,7 +254,7 @@ def _results(records: list[dict[str, Any]], accounts: list[dict[str, Any]], tota
 
 
 def _samples_from(accounts: list[dict[str, Any]]) -> str:
-    """What counted the samples: "data loader" (its batches), "model inputs" (the DDP model's training forwards)."""
+    """What counted the samples: "data loader" (its batches), "model inputs" (the DDP model's training forwards), "study batch"."""
     return " and ".join(sorted({a["samples_from"] for a in accounts if a["samples_from"]}))
 
 
