@@ -144,10 +144,12 @@ EOF
     done
   fi
 } >"$NEW/gres.conf"
-# two layout: the /etc/hosts every node sees (bind-mounted in its mount namespace)
+# two layout: the /etc/hosts every node sees (bind-mounted in its mount namespace). Each address also in its
+# IPv4-mapped IPv6 form: torch's c10d store names a client by that form, and without an entry the lookup goes
+# to DNS, which fails here ("[c10d] The hostname of the client socket cannot be retrieved", one line per rank).
 if [ "$LAYOUT" = two ]; then
-  { printf '127.0.0.1 localhost\n::1 localhost\n%s %s\n' "$NET.1" "$HOST"
-    i=0; for n in $NODES; do i=$((i + 1)); echo "$NET.$((10 + i)) $n"; done; } >"$NEW/hosts"
+  { printf '127.0.0.1 localhost\n::1 localhost\n::ffff:127.0.0.1 localhost\n%s %s\n::ffff:%s %s\n' "$NET.1" "$HOST" "$NET.1" "$HOST"
+    i=0; for n in $NODES; do i=$((i + 1)); echo "$NET.$((10 + i)) $n"; echo "::ffff:$NET.$((10 + i)) $n"; done; } >"$NEW/hosts"
 fi
 # slurmd initialises its cgroup plugin even without cgroup plugins configured; on a pure cgroup v2
 # host outside systemd this should keep it from failing (UNTESTED: our machines are cgroup v1).

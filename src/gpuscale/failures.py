@@ -1,19 +1,18 @@
-"""How a failure is told: the failing rank first, with its rank and host, once; `gpuscale run`'s last line names it.
+"""How a failure is told by the ranks: the failing rank first, with its rank and host, once; the launcher's last line names it.
 
 In the rank, `gpuscale.init()` calls `report_failure` when the training raises: the failing rank's
 traceback (one line for a ValueError, gpuscale's way of saying the input was wrong), a single line
-for a rank that only lost its peer (`is_peer_symptom`: the peer's report says why), the exception
-recorded for torchrun's summary, and a note in ``$GPUSCALE_FAILURE_DIR/rank-N.json`` (time,
-symptom, message). What it printed is not printed again: Python's traceback on the way out is
-skipped for it (`quiet_excepthook`), and under `gpuscale run` an error that another rank of this node
-already printed (every rank refusing the same input) is only noted, as a repeat of that rank's.
+for a rank that only lost its peer (`is_peer_symptom`: the peer's report says why; one such line per
+node, a moment after the peer's), the exception recorded for torchrun's summary, and a note in
+``$GPUSCALE_FAILURE_DIR/rank-N.json`` (time, symptom, message). What it printed is not printed again:
+Python's traceback on the way out is skipped for it (`quiet_excepthook`), and under `gpuscale run` or a
+gpuscale batch script an error that another rank already printed (every rank refusing the same input)
+is only noted, as a repeat of that rank's. gpuscale's start-up hook does the same for a script without
+gpuscale (`one_line_for_a_lost_peer`).
 
-In `gpuscale run`, `first_failure` and `verdict` read those notes (or, for a script without
-gpuscale, the probe's record of an uncaught exception: `note_from_record`) and torchrun's failures,
-and tell in the launcher's last line which rank failed first (the cause, not the first victim) and
-with what exit code. torchrun's FAILED block is left out: its tracebacks are the ones the ranks
-printed (`unseen_tracebacks` keeps one no rank printed), its exit codes are in that line, and so are
-its log lines on the workers' ends (`quiet_torchrun_logs`).
+The launcher reads those notes (`gpuscale.verdicts`, `gpuscale.agent`) and names in its last line the rank
+that failed first (the cause, not the first victim) and its exit code; a batch script does so for all its
+nodes (`slurm.stopping`).
 """
 
 from __future__ import annotations
@@ -21,16 +20,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
-import json
-import logging
 import os
 import re
-import signal
 import socket
 import sys
 import time
 import traceback
-from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,13 +33,15 @@ from gpuscale.env import DistEnv
 from gpuscale.exits import EXIT_STOPPED
 from gpuscale.files import atomic_write_json
 
-__all__ = ["FAILURE_DIR", "PEER_SYMPTOMS", "report_failure", "is_peer_symptom", "note_failure", "quiet_excepthook",
-           "one_line_for_a_lost_peer",
-           "read_notes", "note_from_record", "first_failure", "verdict",
-           "unseen_tracebacks", "quiet_torchrun_logs"]
+__all__ = ["FAILURE_DIR", "EXIT_DIR", "PEER_SYMPTOMS", "report_failure", "is_peer_symptom", "note_failure", "quiet_excepthook",
+           "one_line_for_a_lost_peer", "lost_peer_report", "LOST_PEER_PAUSE_S"]
 
 FAILURE_DIR = "GPUSCALE_FAILURE_DIR"
 """Set by `gpuscale run`: where each failing rank writes rank-N.json (time, symptom, message, repeat_of)."""
+EXIT_DIR = "GPUSCALE_EXIT_DIR"
+"""Set by a gpuscale batch script (to the same folder as FAILURE_DIR, which all its nodes see): where each of its
+tasks notes a non-zero exit, in task-<SLURM_PROCID>, one line `<unix time> <code> <rank> <host>` (rank `-`: a
+node's torchrun that a signal ended before any of its ranks failed). The batch script names the earliest."""
 PEER_SYMPTOMS = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing", "Broken pipe",
                  "NCCL communicator was aborted", "ProcessGroupNCCL is aborted")
 """Error texts of a collective whose peer went away: a rank failing so is a victim, not the cause."""
@@ -55,33 +52,55 @@ def report_failure(env: DistEnv, exc: BaseException) -> None:
     """Name the failing rank, its host and traceback first, and tell torchrun's summary about it.
 
     A ValueError is gpuscale's (and the examples') way to say the input was wrong: one line, no
-    traceback. With one process the caller (the CLI, or Python's traceback) says it, once.
+    traceback; so is a `sys.exit` with a code (75 asks for a requeue). With one process the caller
+    (the CLI, or Python's traceback) says it, once. A rank that only lost its peer notes that first
+    (it may be stopped any moment now), then says it in one line, once per node (`lost_peer_report`).
     """
     repeat_of = None if is_peer_symptom(exc) else _said_before(env.rank, exc)
-    text = "" if repeat_of is not None else _report_text(env, exc)
-    if text:
-        sys.stderr.write(text)
-        sys.stderr.flush()
-    if text or repeat_of is not None:
-        _mark_reported(exc)
     note_failure(env, exc, repeat_of)
     if os.environ.get("TORCHELASTIC_ERROR_FILE"):
         try:
             from torch.distributed.elastic.multiprocessing.errors import get_error_handler
 
             get_error_handler().record_exception(exc)
-        except Exception:  # the report above already went out; the error file is a courtesy
+        except Exception:  # the report below is what counts; the error file is a courtesy
             pass
-
-
-def _report_text(env: DistEnv, exc: BaseException) -> str:
-    """What this rank prints about `exc`: one line for a lost peer or a ValueError, else its traceback."""
     who = f"[gpuscale] rank {env.rank}/{env.world_size} on {socket.gethostname()}"
-    if is_peer_symptom(exc):  # one line: the traceback that matters is the peer's, which comes first
-        return _lost_peer_line(who, exc)
+    if is_peer_symptom(exc):
+        text, reported = lost_peer_report(who, exc, env.rank), True
+    else:
+        text = "" if repeat_of is not None else _report_text(who, env.world_size, exc)
+        reported = bool(text) or repeat_of is not None
+    if text:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+    if reported:
+        _mark_reported(exc)
+
+
+def _report_text(who: str, world_size: int, exc: BaseException) -> str:
+    """What this rank prints about `exc`: one line for a ValueError or an exit with a code, else its traceback."""
     if isinstance(exc, ValueError):
-        return f"{who} failed: {exc}\n" if env.world_size > 1 else ""
+        return f"{who} failed: {exc}\n" if world_size > 1 else ""
+    if isinstance(exc, SystemExit):
+        why = " (EX_TEMPFAIL: it asks for the job to run again)" if exc.code == EXIT_STOPPED else ""
+        return f"{who} exited with code {exc.code}{why}\n" if world_size > 1 else ""
     return f"{who} failed:\n" + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+
+
+LOST_PEER_PAUSE_S = 1.0
+"""How long a rank that lost its peer waits before it says so: the peer's own report, or the line its launcher
+prints for a rank a signal ended, is the one its line points up to. (A launcher that stops the rank meanwhile
+leaves it unsaid: the last line names the first failure either way.)"""
+
+
+def lost_peer_report(who: str, exc: BaseException, rank: int | None) -> str:
+    """The line of a rank that lost its peer: one per node, after LOST_PEER_PAUSE_S, by the first of its ranks to
+    claim it where the launcher shares a failure folder (GPUSCALE_FAILURE_DIR); "" for the others."""
+    if rank is not None and _claim(f"lost-peer on {socket.gethostname()}", rank) is not None:
+        return ""
+    time.sleep(LOST_PEER_PAUSE_S)
+    return _lost_peer_line(who, exc)
 
 
 def _lost_peer_line(who: str, exc: BaseException) -> str:
@@ -112,17 +131,20 @@ def one_line_for_a_lost_peer() -> None:
             previous(kind, value, tb)
             return
         who = f"[gpuscale] rank {os.environ.get('RANK', '?')}/{os.environ.get('WORLD_SIZE', '?')} on {socket.gethostname()}"
+        rank = int(os.environ["RANK"]) if os.environ.get("RANK", "").isdigit() else None
         if _a_collective_lost_its_peer(value):
-            sys.stderr.write(_lost_peer_line(who, value))
+            if rank is not None:
+                note_failure(rank, value)
+            sys.stderr.write(lost_peer_report(who, value, rank))
         else:
-            rank = int(os.environ["RANK"]) if os.environ.get("RANK", "").isdigit() else None
             first = _said_before(rank, value) if rank is not None and not isinstance(value, SystemExit) else None
+            if rank is not None:
+                note_failure(rank, value, None if first == rank else first)
             if first is None or first == rank:
                 sys.stderr.write(f"{who} failed:\n")
                 sys.stderr.flush()
                 previous(kind, value, tb)
                 return
-            note_failure(rank, value, first)
             sys.stderr.write(f"{who} failed with the error rank {first} printed: {type(value).__name__}\n")
         sys.stderr.flush()
         stderr, sys.stderr = sys.stderr, io.StringIO()
@@ -145,13 +167,19 @@ def _a_collective_lost_its_peer(exc: BaseException) -> bool:
 
 
 def _said_before(rank: int, exc: BaseException) -> int | None:
-    """The rank of this node that already printed this very error (None: this rank is the first, or no
-    `gpuscale run` to share with). The first rank claims the error's name in $GPUSCALE_FAILURE_DIR by a
-    hard link, which only one rank can make; restarts (--max-restarts) claim anew."""
+    """The rank that already printed this very error (None: this rank is the first, or no `gpuscale run` or batch
+    script to share with): every rank refusing the same start-up says it once."""
+    return _claim(f"{type(exc).__name__}: {exc}", rank)
+
+
+def _claim(what: str, rank: int) -> int | None:
+    """Claim saying `what` for `rank`: None if this rank is the first to, else the rank that claimed it. The first
+    rank claims its name in $GPUSCALE_FAILURE_DIR by a hard link, which only one rank can make; restarts
+    (--max-restarts) claim anew. Without that folder every rank is the first."""
     directory = os.environ.get(FAILURE_DIR)
     if not directory:
         return None
-    text = f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}\0{type(exc).__name__}: {exc}"
+    text = f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}\0{what}"
     claim = Path(directory) / f"said-{hashlib.sha256(text.encode(errors='replace')).hexdigest()[:16]}"
     mine = claim.with_name(f"{claim.name}.rank-{rank}")
     try:
@@ -219,148 +247,3 @@ def note_failure(env: DistEnv | int, exc: BaseException, repeat_of: int | None =
         atomic_write_json(Path(directory) / f"rank-{rank}.json", note)
     except Exception:  # a courtesy for the launcher's summary; the report above went out
         pass
-
-
-def read_notes(directory: str | os.PathLike[str]) -> dict[int, dict[str, Any]]:
-    """The ranks' notes in `directory`, by rank (a damaged one is skipped)."""
-    notes = {}
-    for path in Path(directory).glob("rank-*.json"):
-        try:
-            note = json.loads(path.read_text())
-            notes[int(note["rank"])] = note
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    return notes
-
-
-def note_from_record(record: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The note of a rank that raised without gpuscale's report, from its probe record (None if it did not raise).
-
-    A script that does not use gpuscale leaves no note, but the probe saw its uncaught exception
-    (after Python's hook printed it), also when the agent's SIGTERM ended the rank before its exit:
-    enough to tell the rank that raised from the one that only lost its peer.
-    """
-    if not record.get("error") or not isinstance(record.get("rank"), int):
-        return None
-    error = str(record.get("error") or "")
-    return {"rank": record["rank"], "time": record.get("written_at") or time.time(),
-            "symptom": any(symptom in error for symptom in PEER_SYMPTOMS), "message": error, "repeat_of": None}
-
-
-def first_failure(failures: Mapping[int, Any], notes: Mapping[int, Mapping[str, Any]]) -> int:
-    """The rank that failed first, of torchrun's `failures` (each with exitcode and timestamp). Pure.
-
-    torchrun orders failures by whole-second timestamps, and a rank whose collective lost its
-    peer fails within the same second as the peer: on ties it would name rank 0, the victim. The
-    ranks' own notes (precise time, and whether the error is only a lost peer) decide instead: a
-    real failure before a symptom, then the earliest; a rank without a note (killed, os._exit)
-    counts as a real failure at torchrun's time. SIGTERM is how the agent stops the survivors once
-    one rank failed, even one already on its way out: a rank it ended comes after the real failures
-    that ended on their own even with a note of its own error, before the symptoms; without such a
-    note it comes last. A rank that failed with the error another rank printed (every rank refusing
-    the same input) stands for that rank, which is named: its report is the one on screen.
-    """
-    def key(rank: int) -> tuple[int, float, int]:
-        note = notes.get(rank)
-        stopped = failures[rank].exitcode == -signal.SIGTERM
-        if note is None or (stopped and note.get("symptom")):
-            return (3 if stopped else 0), float(failures[rank].timestamp), rank
-        return (2 if note.get("symptom") else 1 if stopped else 0), float(note.get("time", failures[rank].timestamp)), rank
-
-    first = min(failures, key=key)
-    printed = notes.get(first, {}).get("repeat_of")
-    return printed if printed in failures else first
-
-
-def verdict(failures: Mapping[int, Any], notes: Mapping[int, Mapping[str, Any]], nproc: int, host: str) -> tuple[int, str]:
-    """`gpuscale run`'s exit code and last line for torchrun's `failures` of the `nproc` ranks on `host`. Pure."""
-    if all(failure.exitcode == EXIT_STOPPED for failure in failures.values()):
-        return EXIT_STOPPED, (f"gpuscale run: every rank stopped on request after writing a checkpoint (exit code {EXIT_STOPPED}); "
-                              "run the same command again to resume")
-    codes = {failure.exitcode for failure in failures.values()}
-    if len(failures) == nproc and len(codes) == 1 and min(codes) > 0 and not notes:
-        # every rank returned the same status and none raised: most likely the script's own verdict (gpuscale doctor's 1);
-        # anything a rank printed is above. (One rank's exit that made the agent stop the others is a failure, below.)
-        return min(codes), f"gpuscale run: every rank exited with code {min(codes)}"
-    rank = first_failure(failures, notes)
-    same = sorted(r for r, note in notes.items() if note.get("repeat_of") == rank and r in failures)
-    code = _story_code(failures, notes, (rank, *same))
-    where = f"signal {_signal_name(-code)}" if code < 0 else f"exit code {code}"
-    line = f"gpuscale run: rank {rank} on {host} failed first ({where}{'; its error is above' if rank in notes else ''})"
-    if same:
-        line += f", and rank{'s' if len(same) > 1 else ''} {', '.join(map(str, same))} with the same error"
-    if set(failures) - {rank, *same}:
-        line += "; the other ranks were stopped"
-    return (128 - code if code < 0 else (code or 1)), line
-
-
-def _story_code(failures: Mapping[int, Any], notes: Mapping[int, Mapping[str, Any]], ranks: tuple[int, ...]) -> int:
-    """The exit code of a failure shared by `ranks` (the first of them named): the first that ended on its own.
-
-    When the agent stopped them all (SIGTERM) on their way out after an exception they noted, 1: what
-    Python's exit after an uncaught exception is, which the agent only cut short; else the first rank's.
-    """
-    for rank in ranks:
-        if failures[rank].exitcode != -signal.SIGTERM:
-            return failures[rank].exitcode
-    note = notes.get(ranks[0])
-    return 1 if note is not None and not note.get("symptom") else failures[ranks[0]].exitcode
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return str(number)
-
-
-def unseen_tracebacks(failures: Mapping[int, Any], notes: Mapping[int, Any], host: str) -> str:
-    """The traceback in torchrun's error file of each failed rank whose own output did not show it.
-
-    An exception that reached a rank's excepthook was printed there (gpuscale run never redirects
-    the workers' output), and one gpuscale reported was printed by its report: both left a note. An
-    error file written otherwise (torch's @record around code that then exits quietly, or with the
-    probe off) may be the only trace of the error: it is shown, with the rank.
-    """
-    shown = []
-    for rank, failure in sorted(failures.items()):
-        message = failure.message if isinstance(failure.message, dict) else {}
-        text = message.get("extraInfo", {}).get("py_callstack") or ""
-        if text and rank not in notes:
-            shown.append(f"[gpuscale] rank {rank} on {host} failed (from torchrun's error file):\n{text.rstrip()}\n")
-    return "".join(shown)
-
-
-@contextlib.contextmanager
-def quiet_torchrun_logs() -> Iterator[None]:
-    """Drop torchrun's routine log lines about its workers' ends while it runs here; the last line says it instead.
-
-    They are the elastic agent's warnings and errors that a worker failed (exit code, pid) and that
-    the others are being sent SIGTERM, printed between the failing rank's report and gpuscale's
-    line. Everything else torchrun logs stays; with LOGLEVEL set (torchrun's own switch) nothing is dropped.
-    """
-    if os.environ.get("LOGLEVEL"):
-        yield
-        return
-    routine = _RoutineLines()
-    loggers = [logging.getLogger(name) for name in _ROUTINE_LOGGERS]
-    for logger in loggers:
-        logger.addFilter(routine)
-    try:
-        yield
-    finally:
-        for logger in loggers:
-            logger.removeFilter(routine)
-
-
-_ROUTINE_LOGGERS = ("torch.distributed.elastic.multiprocessing.api", "torch.distributed.elastic.agent.server.api")
-
-
-class _RoutineLines(logging.Filter):
-    """Passes every record but the routine ones on a worker's end (matched on torchrun's message formats)."""
-
-    ROUTINE = ("failed (exitcode: ", "Sending process %s closing signal", "Closing process %s via signal",
-               "Received %s death signal, shutting down workers")
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (isinstance(record.msg, str) and record.msg.startswith(self.ROUTINE))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import socket
 import subprocess
+import sys
 import time
 
 import pytest
@@ -38,8 +39,10 @@ def test_gpuscale_run_stops_everyone_when_a_rank_dies(mode):
         # saying the input was wrong) in one line, with no traceback, not even Python's on the way out ...
         assert _failure_lines(result.stderr)[0] == f"[gpuscale] rank 1/2 on {HOST} failed: planted failure on rank 1"
         assert "Traceback" not in result.stderr and result.stderr.count("planted failure on rank 1") == 1
-        # ... the victim says in one line that a peer failed first, with no traceback of its own
-        assert any(line.startswith("[gpuscale] rank 0/2") and "a peer rank failed first" in line for line in _failure_lines(result.stderr))
+        # ... the victim says at most one line, after it: that a peer failed first (a second after it noticed, unless
+        # the launcher stopped it meanwhile), with no traceback of its own
+        assert all(line.startswith("[gpuscale] rank 0/2") and "a peer rank failed first" in line for line in _failure_lines(result.stderr)[1:])
+        assert len(_failure_lines(result.stderr)) <= 2
         # ... and the launcher's last line names it as the first failure
         assert result.stderr.splitlines()[-1] == (f"gpuscale run: rank 1 on {HOST} failed first (exit code 1; its error is above); "
                                                   "the other ranks were stopped")
@@ -131,3 +134,22 @@ def test_a_plain_script_whose_ranks_all_fail_alike_at_start_up_prints_the_error_
     assert len(result.stderr.splitlines()) <= 8, result.stderr
     assert result.stderr.splitlines()[-1] == (f"gpuscale run: rank {first} on {HOST} failed first (exit code 1; its error is above), "
                                               f"and rank {1 - first} with the same error")
+
+
+def test_the_batch_scripts_node_agent_notes_the_first_failing_rank_and_leaves_torchruns_block_out(tmp_path):
+    """`python -m gpuscale.agent`, a torchrun-mode batch script's task on each node: its exit code is the failing rank's own
+    (torchrun's would be 1), it notes that rank, when and where for the batch script's last line, and prints no FAILED
+    block; without the notes' folder it names the rank itself."""
+    agent = [sys.executable, "-m", "gpuscale.agent", "--standalone", "--nnodes=1", "--nproc-per-node=2"]
+    result = run([*agent, DIE, "exit"], timeout=BOUND_S + 30, GPUSCALE_EXIT_DIR=str(tmp_path), GPUSCALE_FAILURE_DIR=str(tmp_path),
+                 SLURM_PROCID="4")
+    assert result.returncode == 7, result.stderr  # os._exit(7) on rank 1
+    when, code, rank, host = (tmp_path / "task-4").read_text().split()
+    assert (code, rank, host) == ("7", "1", HOST) and abs(float(when) - time.time()) < BOUND_S
+    assert not [line for line in result.stderr.splitlines() if "FAILED" in line or "exitcode" in line or "Traceback" in line], result.stderr
+
+    killed = run([*agent, DIE, "kill"], timeout=BOUND_S + 30)
+    assert killed.returncode == 137
+    lines = killed.stderr.splitlines()
+    assert f"[gpuscale] rank 1/2 on {HOST} was killed by SIGKILL (exit code 137)" in lines, killed.stderr
+    assert lines[-1].startswith(f"gpuscale: rank 1 on {HOST} failed first (signal SIGKILL)"), killed.stderr

@@ -37,7 +37,7 @@ def test_the_doctor_step_comes_first_with_the_profiles_expectations():
     assert doctor < training
     line = text[text.rindex("\n", 0, doctor):text.index("\n", doctor)]
     assert "--expect-busbw 100" in line  # two nodes: lumi-g's inter-node bandwidth
-    assert "49-55;57-63;17-23;25-31;1-7;9-15;33-39;41-47" in line and '--cpu-bind=v,mask_cpu:"$CPU_MASKS"' in line
+    assert "49-55;57-63;17-23;25-31;1-7;9-15;33-39;41-47" in line and '--cpu-bind=mask_cpu:"$CPU_MASKS"' in line
     assert "training was not started" in line and line.rstrip().endswith("exit 1; }")
     one_node = _render(mode="torchrun", nodes=1)
     assert "--expect-busbw 50" in one_node and "--nproc-per-node=8 ${signals:+\"$signals\"} -m gpuscale doctor" in one_node

@@ -16,7 +16,8 @@ import textwrap
 import pytest
 
 from gpuscale.env import DistEnv
-from gpuscale.failures import FAILURE_DIR, read_notes, report_failure
+from gpuscale.failures import FAILURE_DIR, report_failure
+from gpuscale.verdicts import read_notes
 
 HOST = socket.gethostname()
 BATCH = "global batch 33 does not divide among 2 ranks; use a global batch of 32 or 34"

@@ -327,3 +327,26 @@ def test_a_wrapped_model_says_whether_its_strategy_gathers_parameters():
         assert facts.gathers_parameters and not facts.collective_forward
         gpuscale.wrap(torch.nn.Linear(2, 2), strategy="ddp")
         assert not wrapped.latest().gathers_parameters
+
+
+def test_a_scaling_whose_baseline_failed_has_no_speedup_and_says_why(tmp_path):
+    """weak-1x1 failed: weak-1x2 must not become the baseline (it would read 1.00x, 100%); strong scaling is unaffected."""
+    from gpuscale.study.report import format_markdown, format_table
+
+    _write_study(tmp_path, [_summary(1, "weak", 100.0, 10.0), _summary(2, "weak", 150.0, 10.0), _summary(4, "weak", 260.0, 10.0),
+                            _summary(1, "strong", 100.0, 10.0), _summary(2, "strong", 170.0, 10.0)])
+    (tmp_path / "weak-1x1" / "summary.json").unlink()  # the failed run left no summary
+    results = analysis.analyse(tmp_path)
+    weak = [r for r in results["rows"] if r["scaling"] == "weak"]
+    assert [r["name"] for r in weak] == ["weak-1x2", "weak-1x4"]
+    assert all(r["speedup"] is None and r["efficiency"] is None and r["loss_breakdown"] is None for r in weak)
+    assert [r["samples_per_s"] for r in weak] == [150.0, 260.0]  # their own throughput is still shown
+    assert results["baseline"] == {"strong": "strong-1x1"} and results["missing_baseline"] == {"weak": "weak-1x1"}
+    strong = [r for r in results["rows"] if r["scaling"] == "strong"]
+    assert strong[1]["speedup"] == pytest.approx(1.7)
+    [note] = results["notes"]
+    assert note.startswith("weak scaling has no speed-up or efficiency: its baseline weak-1x1 did not finish")
+    table = format_table(results)
+    line = next(text for text in table.splitlines() if text.startswith("weak-1x2"))
+    assert "1.00x" not in line and "100%" not in line and "—" in line
+    assert "weak scaling has no speed-up" in table and "weak scaling has no speed-up" in format_markdown(results, plots=[])

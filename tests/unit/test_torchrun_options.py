@@ -47,15 +47,17 @@ CASES = {
     "generic-nvidia one node": ("generic-nvidia", JobSpec(script="train.py", mode="torchrun")),
 }
 
-# Stand-in for the job's Python: `-m torch.distributed.run` dumps its argv (and whether USR1 is ignored), the rest
-# is the real interpreter.
+# Stand-in for the job's Python: `-m torch.distributed.run` or `-m gpuscale.agent` (which takes torchrun's argv) dumps
+# its argv (and whether USR1 is ignored), the rest is the real interpreter. NO_GPUSCALE hides gpuscale from it.
 STAND_IN = """#!/bin/bash
-if [ "$1" = -m ] && [ "$2" = torch.distributed.run ]; then
+if [ "$1" = -m ] && {{ [ "$2" = torch.distributed.run ] || [ "$2" = gpuscale.agent ]; }}; then
+    launcher=$2
     shift 2
     exec "{python}" -c 'import json, os, signal, sys
-record = {{"argv": sys.argv[1:], "usr1_ignored": signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN}}
-open(os.environ["ARGV_OUT"], "a").write(json.dumps(record) + "\\n")' "$@"
+record = {{"launcher": sys.argv[1], "argv": sys.argv[2:], "usr1_ignored": signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN}}
+open(os.environ["ARGV_OUT"], "a").write(json.dumps(record) + "\\n")' "$launcher" "$@"
 fi
+if [ -n "${{NO_GPUSCALE:-}}" ] && [ "$1" = -c ]; then exit 1; fi  # its find_spec of gpuscale: not installed
 exec "{python}" "$@"
 """
 
@@ -68,7 +70,7 @@ def _fake_torch(root: Path, version: str) -> Path:
     return root
 
 
-def _torchrun_argvs(tmp_path: Path, profile: str, job: JobSpec, torch_version: str | None) -> list[dict]:
+def _torchrun_argvs(tmp_path: Path, profile: str, job: JobSpec, torch_version: str | None, gpuscale: bool = True) -> list[dict]:
     """Run every step line of the rendered script as its task would and return what torchrun was given."""
     stand_in = tmp_path / "python3"
     stand_in.write_text(STAND_IN.format(python=sys.executable))
@@ -79,6 +81,8 @@ def _torchrun_argvs(tmp_path: Path, profile: str, job: JobSpec, torch_version: s
            "MASTER_ADDR": "n1", "MASTER_PORT": "13456", "WITH_CONDA": "true", "ARGV_OUT": str(out)}
     if torch_version:
         env["PYTHONPATH"] = str(_fake_torch(tmp_path / "fake", torch_version))
+    if not gpuscale:
+        env["NO_GPUSCALE"] = "1"
     for line in render_sbatch(_profile(profile), job).splitlines():
         if line.startswith("srun "):
             argv = shlex.split(line.split(" || ")[0].rstrip(" &"))
@@ -105,6 +109,7 @@ def test_torchrun_lines_parse_with_the_jobs_torch(tmp_path, case, torch_version)
         options = _options(run["argv"])
         assert set(options) <= newest, options  # exact names: argparse would also take abbreviations
         assert run["usr1_ignored"], "torchrun must ignore USR1: before 2.10 it would end torchrun"
+        assert run["launcher"] == "gpuscale.agent"  # the job's Python has gpuscale: torchrun under gpuscale's account of a failure
         if torch_version:
             assert set(options) <= TORCH_2_6_OPTIONS, f"torch {torch_version} has no {set(options) - TORCH_2_6_OPTIONS}"
         else:
@@ -122,6 +127,12 @@ def test_the_flag_follows_the_jobs_torch_version(tmp_path, version, flag):
     profile, job = CASES["lumi-g one node"]
     (run,) = _torchrun_argvs(tmp_path, profile, job, version)
     assert any(token.startswith("--signals-to-handle=") for token in run["argv"]) == flag
+
+
+def test_a_job_python_without_gpuscale_gets_plain_torchrun(tmp_path):
+    profile, job = CASES["local two nodes, doctor"]
+    runs = _torchrun_argvs(tmp_path, profile, job, None, gpuscale=False)
+    assert [run["launcher"] for run in runs] == ["torch.distributed.run"] * 2
 
 
 def test_torchrun_lets_its_workers_stop_as_long_as_slurms_warning(monkeypatch):

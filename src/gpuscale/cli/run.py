@@ -25,23 +25,19 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
-import socket
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from gpuscale.files import make_dir
 from gpuscale.pinning import RANK_CORES, rank_cores_text
 from gpuscale.placement import plan_for_workers
-from gpuscale.probe import RECORDS, collect, describe, probe_enabled, probe_environ, read_records, site_environ, summary_name
+from gpuscale.agent import SIGNALS_OPTION, Outcome, launch
+from gpuscale.probe import RECORDS, collect, describe, probe_enabled, probe_environ, site_environ, summary_name
 from gpuscale.env import check_master_addr, check_one_launcher_per_node, port_from_job_id
 from gpuscale.slurm.render import TORCHRUN_SIGNALS
-from gpuscale.failures import FAILURE_DIR, note_from_record, quiet_torchrun_logs, read_notes, unseen_tracebacks, verdict
 from gpuscale.runtime import LAUNCH_TIME, OMP_FROM_LAUNCHER
 from gpuscale.topology import allowed_cores, check_cpu_processes
 from gpuscale.cli.verbs import verb_parser
@@ -67,7 +63,6 @@ TORCHRUN_SPELLINGS = {
     "--max-restarts": ("--max_restarts",),
 }
 """torchrun's spellings of gpuscale run's options, accepted too (and left out of --help)."""
-SIGNALS_OPTION = "--signals-to-handle"
 
 
 def add_parser(subparsers: Any) -> None:
@@ -152,7 +147,7 @@ def torchrun_argv(args: argparse.Namespace, nproc: int, environ: dict[str, str],
     if handles_signals_option(parser):
         # torchrun passes these signals on to the workers (USR1 too: SLURM's warning before the time limit),
         # so a script using gpuscale.StopSignal checkpoints and exits; torchrun waits 30 s for it, then kills.
-        # Before torch 2.10 torchrun has no such option: _launch passes USR1 on itself (_usr1_like_torchrun).
+        # Before torch 2.10 torchrun has no such option: gpuscale.agent.launch passes USR1 on itself.
         argv += [SIGNALS_OPTION, TORCHRUN_SIGNALS]
     if args.nnodes == 1 and args.master_addr is None and args.master_port is None:
         argv.append("--standalone")  # a c10d store on a free port: no collision with other jobs
@@ -218,15 +213,15 @@ def run(args: argparse.Namespace) -> int:
         os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
 
     records = _arm_probe(args)
-    code, last_line = 1, None
+    outcome = Outcome(1)
     try:
-        code, last_line = _launch(argv, nproc, _records_path(records))
+        outcome = launch(argv, nproc, _records_path(records))
     finally:
         if records is not None:
-            _report_probe(args, records, nproc * args.nnodes, code)
-    if last_line:  # after what the probe measured: the story ends with who failed
-        print(last_line, file=sys.stderr, flush=True)
-    return code
+            _report_probe(args, records, nproc * args.nnodes, outcome.code)
+    if outcome.line:  # after what the probe measured: the story ends with who failed
+        print(outcome.unseen + outcome.line, file=sys.stderr, flush=True)
+    return outcome.code
 
 
 def _plan_workers(args: argparse.Namespace, nproc: int) -> None:
@@ -313,61 +308,3 @@ def _report_probe(args: argparse.Namespace, records: Any, world_size: int, code:
     finally:
         if not isinstance(records, Path):
             records.cleanup()
-
-
-def _launch(argv: list[str], nproc: int, records: Path | None) -> tuple[int, str | None]:
-    """torchrun with `argv`: the exit code, and the line that ends the story (who failed first, or the signal), if any."""
-    from torch.distributed import run as torchrun
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-
-    notes_dir = tempfile.TemporaryDirectory(prefix="gpuscale-failures-")
-    os.environ[FAILURE_DIR] = notes_dir.name
-    try:
-        with quiet_torchrun_logs(), _usr1_like_torchrun(SIGNALS_OPTION not in argv, SignalException):
-            torchrun.run(torchrun.parse_args(argv))
-    except SignalException as exc:
-        name = signal.Signals(exc.sigval).name
-        return 128 + int(exc.sigval), (f"gpuscale run: got {name}; passed it on to the workers (a script using gpuscale.StopSignal "
-                                       "wrote a checkpoint: run the same command again to resume)")
-    except ChildFailedError as exc:
-        notes = _notes(notes_dir.name, records, exc.failures)
-        code, line = verdict(exc.failures, notes, nproc, socket.gethostname())
-        return code, unseen_tracebacks(exc.failures, notes, socket.gethostname()) + line
-    finally:
-        notes_dir.cleanup()
-    return 0, None
-
-
-def _notes(directory: str, records: Path | None, failures: dict[int, Any]) -> dict[int, dict[str, Any]]:
-    """What the failed ranks of this node said of their failure: gpuscale's notes, else the probe's record of an exception."""
-    notes = {}
-    for record in read_records(records) if records else []:
-        note = note_from_record(record)
-        if note is not None:
-            notes[note["rank"]] = note
-    notes.update(read_notes(directory))
-    return {rank: note for rank, note in notes.items() if rank in failures}
-
-
-@contextmanager
-def _usr1_like_torchrun(needed: bool, signal_exception: type[Exception]) -> Iterator[None]:
-    """Before torch 2.10 torchrun cannot be told to handle SIGUSR1 (no --signals-to-handle): do what it would.
-
-    Its own handler (for TERM, INT, HUP, QUIT there) raises SignalException in the launcher, and
-    the agent then stops the workers with that very signal, waits for them (30 s), and re-raises.
-    Without this USR1 (SLURM's warning before the time limit) would end the launcher at once, by
-    its default action: no worker would get the USR1 that tells gpuscale.StopSignal to checkpoint.
-    """
-    if not needed or not hasattr(signal, "SIGUSR1"):
-        yield
-        return
-
-    def raise_signal_exception(signum: int, frame: Any) -> None:
-        raise signal_exception(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
-
-    previous = signal.signal(signal.SIGUSR1, raise_signal_exception)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGUSR1, previous)

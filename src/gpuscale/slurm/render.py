@@ -62,8 +62,12 @@ def _q(value: str) -> str:
     return quoted
 
 
+AGENT_MODULE = "gpuscale.agent"
+"""The node task of torchrun mode, where the job's Python has it (found as the file agent.py beside gpuscale's
+__init__, so an older gpuscale without it gets plain torchrun)."""
+
 _PROBE_SITE = "import sys, os, importlib.util as u; print(os.path.join(os.path.dirname(u.find_spec(sys.argv[1]).origin), *sys.argv[2:]))"
-"""Where the job's own gpuscale keeps the probe's sitecustomize (found without importing gpuscale or torch);
+"""Where the job's own gpuscale keeps a file: the probe's sitecustomize, the agent (found without importing gpuscale or torch);
 the names come as arguments, so the snippet holds no quote of its own."""
 
 
@@ -87,8 +91,10 @@ def _srun_task_exports(plan: JobPlan) -> str:
 
 
 def _torchrun_command(job: JobSpec, plan: JobPlan, program: list[str]) -> str:
-    """torchrun starting `program` on every GPU of this node. It ignores USR1 (which would end a torchrun older
-    than SIGNALS_FROM_TORCH: SLURM hands a step's signal to every process in it); from that version on,
+    """torchrun starting `program` on every GPU of this node, through gpuscale's agent where the job's own Python has
+    it (`gpuscale.agent`: torchrun's FAILED block and routine lines left out, the first failing rank's own exit code,
+    noted for this script's last line), else plain torchrun. It ignores USR1 (which would end a torchrun older than
+    SIGNALS_FROM_TORCH: SLURM hands a step's signal to every process in it); from that version on,
     --signals-to-handle makes it catch USR1 too and pass it on to its workers."""
     rendezvous = (
         ["--standalone", "--nnodes=1"]
@@ -96,9 +102,11 @@ def _torchrun_command(job: JobSpec, plan: JobPlan, program: list[str]) -> str:
         else ['--nnodes="$SLURM_NNODES"', '--rdzv-id="$SLURM_JOB_ID"', "--rdzv-backend=c10d", '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"']
     )
     signals = f"$({_q(job.python)} -c {_q(_TORCH_AT_LEAST)} --signals-to-handle={TORCHRUN_SIGNALS} 2>/dev/null)"
-    launcher = [_q(job.python), "-m", "torch.distributed.run", *rendezvous, f"--nproc-per-node={plan.gpus_per_node}",
+    agent = f"$({_q(job.python)} -c {_q(_PROBE_SITE)} gpuscale agent.py 2>/dev/null)"
+    choose = f'agent={agent}; if [ -f "$agent" ]; then launcher={AGENT_MODULE}; else launcher=torch.distributed.run; fi; '
+    launcher = [_q(job.python), "-m", '"$launcher"', *rendezvous, f"--nproc-per-node={plan.gpus_per_node}",
                 '${signals:+"$signals"}']
-    return f'trap "" USR1; signals={signals}; exec ' + " ".join(launcher) + " " + " ".join(_q(p) for p in program[1:])
+    return f'trap "" USR1; signals={signals}; {choose}exec ' + " ".join(launcher) + " " + " ".join(_q(p) for p in program[1:])
 
 
 def _python_command(profile: Profile, job: JobSpec, plan: JobPlan, program: list[str] | None = None) -> str:
@@ -120,7 +128,7 @@ def render_sbatch(profile: Profile, job: JobSpec) -> str:
     """
     plan = validate_job(profile, job)
     blocks = (_header(profile, job, plan), _sbatch_options(profile, job, plan), ["", "set -euo pipefail", ""],
-              _software(profile, job, plan), _rendezvous(), _environment(profile, job, plan), _venv(job), [*stop_handling(job.mode), ""],
+              _software(profile, job, plan), _rendezvous(), _environment(profile, job, plan), _venv(job), [*stop_handling(), ""],
               _launch(profile, job, plan))
     return "\n".join(line for block in blocks for line in block) + "\n"
 
@@ -308,7 +316,7 @@ def _launch(profile: Profile, job: JobSpec, plan: JobPlan) -> list[str]:
         if plan.masks:
             lines.append("# CPU masks in GPU order: task i runs on the cores next to GPU i.")
             lines.append(f"CPU_MASKS={','.join(plan.masks)}")
-            srun.append('--cpu-bind=v,mask_cpu:"$CPU_MASKS"')
+            srun.append('--cpu-bind=mask_cpu:"$CPU_MASKS"')
         elif job.cpu_bind == "none":
             srun.append("--cpu-bind=none")
     lines.append("# shellcheck disable=SC2016  # the single quotes are deliberate: each task expands its own variables")
@@ -324,7 +332,7 @@ def _launch(profile: Profile, job: JobSpec, plan: JobPlan) -> list[str]:
               "# thread pools before the script runs (and in a study records its steps)."]
     if job.probe_dir:
         lines.append("# This is a study's cell: the records go to GPUSCALE_PROBE_DIR (the script stays as it is).")
-    return lines + [_step_command(profile, job, plan, srun, None) + " &", *requeue_block(job.max_requeues, job.mode)]
+    return lines + [_step_command(profile, job, plan, srun, None) + " &", *requeue_block(job.max_requeues)]
 
 
 def _torchrun_exports(profile: Profile, job: JobSpec) -> list[str]:

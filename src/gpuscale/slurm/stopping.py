@@ -13,25 +13,22 @@ signals, time limits and requeue):
   codes on), or the note the ranks leave beside the marker (torchrun turns its workers' 75 into a 1).
 - TERM (scancel, preemption, the time limit) is passed on the same way but never requeues: a job someone
   cancelled stays cancelled.
-- The job's exit code is the first failing rank's own. In srun mode srun returns the highest code of its
-  tasks, which is a victim's 143 once --kill-on-bad-exit has ended the others; so every task notes its
-  non-zero exit code and when it ended (`task_exit_note`) in a folder of the job's own on the file system
+- The job's exit code is the first failing rank's own. srun returns the highest code of its tasks, which is
+  a victim's 143 once --kill-on-bad-exit has ended the others, and torchrun returns 1 for any failure; so
+  every task notes its non-zero exit code, when it ended and where (srun mode: `task_exit_note`; torchrun
+  mode: `gpuscale.agent`, for its node's first failing rank) in a folder of the job's own on the file system
   its nodes share (GPUSCALE_EXIT_DIR, in the submit directory), and the batch script takes the earliest of
-  the ranks that failed on their own: gpuscale's ranks note there whether their error only says that a peer
-  went away (GPUSCALE_FAILURE_DIR), and a task srun ended (143) is a victim too.
-  torchrun reports a failed worker as 1 itself.
+  the ranks that failed on their own, and names it in its last line: gpuscale's ranks note there whether
+  their error only says that a peer went away (GPUSCALE_FAILURE_DIR), and a task stopped with TERM (143) is
+  a victim too. When every note is such a TERM, SLURM stopped the job (its time limit, scancel, preemption).
 """
 
 from __future__ import annotations
 
 from gpuscale.exits import EXIT_STOPPED, STOP_MARKER, own_usr1_marker, stopped_marker
-from gpuscale.failures import FAILURE_DIR
+from gpuscale.failures import EXIT_DIR, FAILURE_DIR
 
-__all__ = ["stop_handling", "requeue_block", "task_exit_note", "EXIT_DIR"]
-
-EXIT_DIR = "GPUSCALE_EXIT_DIR"
-"""Where each srun task of a gpuscale batch script notes its non-zero exit code: task-<SLURM_PROCID>, one line
-`<unix time> <code> <rank>`."""
+__all__ = ["stop_handling", "requeue_block", "task_exit_note"]
 
 _MARKER = "$" + STOP_MARKER
 
@@ -41,42 +38,50 @@ _NO_STOP_SIGNAL = ("gpuscale: the script does not stop at a checkpoint on SLURM'
 
 def task_exit_note(program: str) -> str:
     """An srun task's shell around `program`: it stays the program's parent (no exec) and, when the program ends with
-    a non-zero code, notes the code and the time in GPUSCALE_EXIT_DIR. Its traps only keep it alive through the
-    signals the step's processes get (USR1, TERM): the program gets them too, and acts on them as it would alone."""
-    note = ('code=$?; if [ "$code" -ne 0 ] && [ -d "${' + EXIT_DIR + ':-}" ]; then '
-            'echo "$(date +%s.%N) $code $SLURM_PROCID" > "$' + EXIT_DIR + '/task-$SLURM_PROCID"; fi; exit "$code"')
-    return f"trap : USR1 TERM; {program}; {note}"
+    a non-zero code, notes the code, the time and its host in GPUSCALE_EXIT_DIR (the host by `uname -n`, as Python's
+    socket.gethostname() names it: bash's $HOSTNAME is inherited from the environment srun passes on, the first node's). A program that a signal other than
+    TERM ended (SIGKILL: the out-of-memory killer) could not say so itself: the shell says it in one line, in place of
+    bash's own notice (its stderr goes to /dev/null around the program, whose own stderr stays). Its traps only keep
+    it alive through the signals the step's processes get (USR1, TERM): the program gets them too, and acts on them
+    as it would alone."""
+    killed = ('if [ "$code" -gt 128 ] && [ "$code" -ne 143 ]; then echo "[gpuscale] rank $SLURM_PROCID/$SLURM_NTASKS on $(uname -n) '
+              'was killed by SIG$(kill -l "$code" 2>/dev/null) (exit code $code)" >&2; fi; ')
+    note = ('if [ "$code" -ne 0 ] && [ -d "${' + EXIT_DIR + ':-}" ]; then '
+            'echo "$(date +%s.%N) $code $SLURM_PROCID $(uname -n)" > "$' + EXIT_DIR + '/task-$SLURM_PROCID"; fi; exit "$code"')
+    return f"trap : USR1 TERM; {{ {program} 2>&3 3>&-; }} 3>&2 2>/dev/null; code=$?; {killed}{note}"
 
 
 def _exit_notes() -> list[str]:
-    """srun mode: the folder where the tasks note their exit codes, its clean-up, and the pick of the first failure."""
+    """The folder where the tasks note their exit codes, its clean-up, and the pick of the first failure."""
     return [
         "# The job ends with the first failing rank's own exit code. srun returns its tasks' highest, a victim's 143",
-        "# once --kill-on-bad-exit ended the others: every task notes its code and when it ended here, in a folder of",
-        "# this job's own that all its nodes see (the submit directory's file system), and the earliest note wins.",
-        "# A rank of gpuscale notes there too whether its error only says that a peer went away (rank-N.json): such",
-        "# a victim, and a task srun ended (143), come after the ranks that failed on their own.",
-        'exit_dir="${SLURM_SUBMIT_DIR:-$PWD}/.gpuscale-$SLURM_JOB_ID"',
-        f'if mkdir -p "$exit_dir" 2>/dev/null; then export {EXIT_DIR}="$exit_dir" {FAILURE_DIR}="$exit_dir"; else exit_dir=""; fi',
+        "# once --kill-on-bad-exit ended the others (torchrun: 1 for any failure): every task notes its code, when it",
+        "# ended and where, here, in a folder of this job's own (and of this run of it) that all its nodes see (the",
+        "# submit directory's file system), and the earliest note wins. A rank of gpuscale notes there too whether its",
+        "# error only says that a peer went away (rank-N.json): such a victim, and a task stopped with TERM (143), come",
+        "# after the ranks that failed on their own.",
+        'exit_dir="${SLURM_SUBMIT_DIR:-$PWD}/.gpuscale-$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}"',
+        f'if rm -rf "$exit_dir" && mkdir -p "$exit_dir" 2>/dev/null; then export {EXIT_DIR}="$exit_dir" {FAILURE_DIR}="$exit_dir"; '
+        'else exit_dir=""; fi',
         "# shellcheck disable=SC2317,SC2329  # called below",
         "first_failure() {",
-        "    local note when code rank victim",
+        "    local note when code rank host victim",
         '    for note in "$exit_dir"/task-*; do',
         '        [ -e "$note" ] || continue',
-        '        read -r when code rank < "$note"',
+        '        read -r when code rank host < "$note"',
         '        victim=0',
         "        if [ \"$code\" -eq 143 ] || grep -qs '\"symptom\": true' \"$exit_dir/rank-$rank.json\"; then victim=1; fi",
-        '        echo "$victim $when $code $rank"',
+        '        echo "$victim $when $code $rank ${host:-?}"',
         "    done | sort -k1,1n -k2,2n | head -n 1",
         "}",
         "trap 'rm -rf \"$stop_dir\" ${exit_dir:+\"$exit_dir\"}' EXIT",
     ]
 
 
-def stop_handling(mode: str = "torchrun") -> list[str]:
-    """The lines before the step: the marker's folder (and in srun mode the tasks' exit notes' folder), the traps,
+def stop_handling() -> list[str]:
+    """The lines before the step: the marker's folder, the tasks' exit notes' folder, the traps,
     and the wait that a trapped signal cannot cut short."""
-    exits = _exit_notes() if mode == "srun" else ["trap 'rm -rf \"$stop_dir\"' EXIT"]
+    exits = _exit_notes()
     return [
         "# Stopping in time. SLURM sends USR1 before the time limit (and TERM on scancel, preemption or at the limit).",
         "# USR1's default action ends a process, so it goes on to the step only if the script stops at a checkpoint",
@@ -127,19 +132,28 @@ def stop_handling(mode: str = "torchrun") -> list[str]:
     ]
 
 
-def requeue_block(max_requeues: int, mode: str = "torchrun") -> list[str]:
-    """The lines after the step: wait for it, take the first failing rank's exit code (srun mode), requeue it if it
-    stopped at a checkpoint (not after TERM), exit."""
+def requeue_block(max_requeues: int) -> list[str]:
+    """The lines after the step: wait for it, take the first failing rank's exit code, requeue it if it stopped at a
+    checkpoint (not after TERM), exit."""
     first = [
         "# The first failing rank's own exit code (its task's note), not the highest of all tasks (srun's).",
         'first=""',
-        'if [ "$status" -ne 0 ] && [ -n "$exit_dir" ]; then first=$(first_failure || true); fi',
+        f'if [ "$status" -ne 0 ] && [ -n "$exit_dir" ] && [ ! -e "{stopped_marker(_MARKER)}" ]; then first=$(first_failure || true); fi',
         'if [ -n "$first" ]; then',
-        '    read -r _ _ first_code first_rank <<< "$first"',
-        '    echo "gpuscale: rank $first_rank failed first, with exit code $first_code (srun: $status); the job ends with $first_code" >&2',
+        '    read -r first_victim _ first_code first_rank first_host <<< "$first"',
+        '    who="rank $first_rank on $first_host"; [ "$first_rank" != - ] || who="torchrun on $first_host"',
+        '    if [ "$first_victim" = 1 ] && [ "$first_code" -eq 143 ]; then',
+        '        echo "gpuscale: the ranks were stopped with TERM (by SLURM: the time limit, scancel or preemption, as its line above says); '
+        'the job ends with $first_code" >&2',
+        f'    elif [ "$first_code" -eq {EXIT_STOPPED} ]; then',
+        f'        echo "gpuscale: $who ended first, with exit code {EXIT_STOPPED} (srun: $status), which asks for the job to run again; '
+        f'the job ends with {EXIT_STOPPED}" >&2',
+        "    else",
+        '        echo "gpuscale: $who failed first, with exit code $first_code (srun: $status); the job ends with $first_code" >&2',
+        "    fi",
         '    status=$first_code',
         "fi",
-    ] if mode == "srun" else []
+    ]
     lines = [
         "step_pid=$!",
         "status=0",

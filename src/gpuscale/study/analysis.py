@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuscale.study.matrix import SCALINGS, Cell
-from gpuscale.study.runner import STUDY_FILE, cell_from_entry, read_study, read_summary
+from gpuscale.study.runner import LOG_FILE, STUDY_FILE, cell_from_entry, read_study, read_summary
 
 RESULTS_VERSION = 2
 PARTS = ("data", "exposed_comm", "imbalance", "compute", "rest")
@@ -281,15 +281,36 @@ def _flags(row: dict[str, Any], base: dict[str, Any], device: str) -> list[str]:
     return flags + _breakdown_flags(row) + _accuracy_flags(row, base)
 
 
-def analyse_rows(rows: list[dict[str, Any]], device: str = "cpu") -> dict[str, str]:
+def group_key(variant: str, scaling: str) -> str:
+    """How results["baseline"] (and "missing_baseline") name a scaling: 'weak', or 'VARIANT/weak' in a study with variants."""
+    return f"{variant}/{scaling}" if variant else scaling
+
+
+def planned_baselines(cells: list[Cell]) -> dict[str, str]:
+    """The planned baseline of each scaling (and variant), by `group_key`: its smallest cell, whether it finished or not."""
+    smallest: dict[str, Cell] = {}
+    for cell in cells:
+        key = group_key(cell.variant, cell.scaling)
+        if key not in smallest or (cell.world_size, cell.nodes) < (smallest[key].world_size, smallest[key].nodes):
+            smallest[key] = cell
+    return {key: cell.base_name for key, cell in smallest.items()}
+
+
+def analyse_rows(rows: list[dict[str, Any]], device: str = "cpu", planned: dict[str, str] | None = None) -> dict[str, str]:
     """Fill in speed-ups, efficiency, the breakdown and flags (in place); return the baseline run of each
-    scaling (and variant), keyed 'weak' / 'strong', or 'VARIANT/weak' when the study has variants."""
+    scaling (and variant), keyed by `group_key`. A scaling whose planned baseline (`planned`: the smallest cell,
+    `planned_baselines`) did not finish has none: its runs keep their own measurements only (no speed-up,
+    efficiency or breakdown), since the next smallest run would pass for a perfect baseline."""
     baselines: dict[str, str] = {}
     for variant, scaling in sorted({(r.get("variant", ""), r["scaling"]) for r in rows}):
         group = sorted((r for r in rows if r["scaling"] == scaling and r.get("variant", "") == variant),
                        key=lambda r: (r["world_size"], r["nodes"]))
         base = group[0]
-        baselines[f"{variant}/{scaling}" if variant else scaling] = base["name"]
+        if planned and planned.get(group_key(variant, scaling), base["name"]) != base["name"]:
+            for row in group:
+                row["flags"] = _flags(row, row, device)
+            continue
+        baselines[group_key(variant, scaling)] = base["name"]
         for row in group:
             devices = row["world_size"] / base["world_size"]
             row["ideal_samples_per_s"] = base["samples_per_s"] * devices
@@ -343,13 +364,24 @@ def analyse(study_dir: Path, prediction: dict[str, Any] | None = None) -> dict[s
     rows.sort(key=lambda r: (variants.index(r["variant"]), SCALINGS.index(r["scaling"]), r["world_size"], r["nodes"]))
     first = finished[0][1] if finished else {}
     device = first.get("device", "cpu")
-    baselines = analyse_rows(rows, device)
+    planned = planned_baselines([cell_from_entry(entry) for entry in study.get("cells", [])])
+    baselines = analyse_rows(rows, device, planned)
+    missing = {key: name for key, name in planned.items() if key not in baselines}
     if prediction is not None:
         attach_prediction(rows, prediction)
     return {
         "version": RESULTS_VERSION, "command": study.get("command", []), "launcher": study.get("launcher"),
         "device": device, "device_name": first.get("device_name"),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "rows": rows, "baseline": baselines, "prediction": prediction,
+        "rows": rows, "baseline": baselines, "missing_baseline": missing, "prediction": prediction,
+        "notes": [missing_baseline_note(key, name) for key, name in missing.items()
+                  if any(group_key(r["variant"], r["scaling"]) == key for r in rows)],
     }
+
+
+def missing_baseline_note(key: str, name: str) -> str:
+    """The line that says why a scaling shows no speed-up or efficiency."""
+    return (f"{key.replace('/', ' ')} scaling has no speed-up or efficiency: its baseline {name} did not finish (why: the "
+            f"study's output, or {name}/{LOG_FILE}); its other runs show their own throughput only. Run the same study "
+            "again to retry it (finished runs are kept).")
 

@@ -102,8 +102,11 @@ def _by_scaling(results: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     return {s: sorted(rows, key=lambda r: r["world_size"]) for s, rows in sorted(groups.items())}
 
 
-def _baseline(results: dict[str, Any], scaling: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The row named in results["baseline"], else the smallest run of that scaling."""
+def _baseline(results: dict[str, Any], scaling: str, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The row named in results["baseline"], else the smallest run of that scaling; None where the planned
+    baseline did not finish (results["missing_baseline"]): no run may stand in for it."""
+    if scaling in (results.get("missing_baseline") or {}):
+        return None
     name = (results.get("baseline") or {}).get(scaling)
     return next((r for r in rows if r["name"] == name), rows[0])
 
@@ -145,11 +148,12 @@ def throughput_plot(results: dict[str, Any], path: Path) -> Path:
         colour, marker = _SCALING_STYLE.get(scaling, ("#555555", "^"))
         base = _baseline(results, scaling, rows)
         sizes = [r["world_size"] for r in rows]
-        ideal_x = sorted(set(sizes) | {base["world_size"]})
-        ideal = [base["samples_per_s"] * w / base["world_size"] for w in ideal_x]
+        ideal_x = sorted(set(sizes) | {base["world_size"]}) if base else []
+        ideal = [base["samples_per_s"] * w / base["world_size"] for w in ideal_x] if base else []
         xs, ys = _points(rows, lambda r: r["samples_per_s"])
         px, py = _points(rows, lambda r: r.get("predicted_samples_per_s"))
-        ax.plot(ideal_x, ideal, "--", color="#777777", label=f"ideal ({base['name']} per device x devices)")
+        if base:
+            ax.plot(ideal_x, ideal, "--", color="#777777", label=f"ideal ({base['name']} per device x devices)")
         if xs:
             ax.plot(xs, ys, marker=marker, color=colour, label="measured")
         if px:

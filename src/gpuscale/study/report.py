@@ -47,7 +47,7 @@ from gpuscale.study.explain import prediction_facts, prediction_table, why_not_m
 from gpuscale.study.plots import plot_paths, write_plots
 from gpuscale.study.report_cells import (BREAKDOWN_HEADER, COLUMNS, DASH, PHASE_NAMES, SPLIT_TEXT, UTIL_HEADER, UTIL_TEXT,
                                          WHY_HEADING, WHY_TEXT, basis, breakdown_rows, cells, checked_rows, columns,
-                                         command_line, flags, meta, plot_title, split_cells, utilisation_lines)
+                                         command_line, flags, meta, notes, plot_title, split_cells, utilisation_lines)
 from gpuscale.study.report_cells import BASIS as BASIS, Column as Column  # re-exported: they were defined here
 from gpuscale.study.report_html import render_html
 
@@ -64,6 +64,8 @@ def format_table(results: dict[str, Any]) -> str:
 
     out = [line([c.header for c in cols]), "  ".join("-" * w for w in widths)]
     out += [line(r) for r in texts]
+    for note in notes(results):
+        out += [""] + textwrap.wrap(note, width=110)
     out += [""] + textwrap.wrap(basis(results), width=110)
     why = why_not_more(results)
     if why:
@@ -97,6 +99,7 @@ def format_markdown(results: dict[str, Any], plots: Iterable[str] | None = None)
     out = ["# gpuscale scaling report", "", fence + "sh", command, fence, ""]
     out += [f"- {key}: {value}" for key, value in meta(results)] + ["", "## Runs", ""]
     out += _md_table([c.header for c in cols], texts, [c.numeric for c in cols])
+    out += [line for note in notes(results) for line in ("", f"**{note}**")]
     out += ["", basis(results)]
     breakdown = breakdown_rows(results)
     if breakdown:

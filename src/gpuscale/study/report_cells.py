@@ -18,7 +18,7 @@ from gpuscale.study.analysis import PART_LABELS, PARTS, RESULTS_VERSION, compare
 from gpuscale.study.explain import DASH, breakdown_cells
 
 __all__ = ["DASH", "Column", "COLUMNS", "BASIS", "basis", "checked_rows", "columns", "cells", "command_line", "flags",
-           "meta", "WHY_HEADING", "WHY_TEXT", "SPLIT_TEXT", "PHASE_NAMES", "split_cells", "UTIL_HEADER", "UTIL_TEXT",
+           "meta", "notes", "WHY_HEADING", "WHY_TEXT", "SPLIT_TEXT", "PHASE_NAMES", "split_cells", "UTIL_HEADER", "UTIL_TEXT",
            "utilisation_lines", "plot_title", "BREAKDOWN_HEADER", "breakdown_rows"]
 
 
@@ -144,6 +144,11 @@ def command_line(results: dict[str, Any]) -> str:
     """The study's training command, as one shell line."""
     command = results.get("command") or []
     return command if isinstance(command, str) else shlex.join(str(part) for part in command)
+
+
+def notes(results: dict[str, Any]) -> list[str]:
+    """What the study says of itself, under the runs table: a scaling without its baseline, and the like."""
+    return [str(note) for note in results.get("notes") or []]
 
 
 def flags(results: dict[str, Any]) -> list[tuple[str, str]]:

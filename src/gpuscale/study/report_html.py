@@ -18,7 +18,7 @@ from gpuscale.stepsplit import PHASES
 from gpuscale.study.analysis import PARTS
 from gpuscale.study.explain import prediction_facts, prediction_table, why_not_more
 from gpuscale.study.report_cells import (BREAKDOWN_HEADER, PHASE_NAMES, SPLIT_TEXT, UTIL_HEADER, UTIL_TEXT, WHY_TEXT, Column,
-                                         basis, breakdown_rows, cells, command_line, flags, meta, plot_title, split_cells,
+                                         basis, breakdown_rows, cells, command_line, flags, meta, notes, plot_title, split_cells,
                                          utilisation_lines)
 
 __all__ = ["render_html"]
@@ -96,7 +96,8 @@ def _runs(results: dict[str, Any], cols: list[Column], texts: list[list[str]]) -
     head = ['<thead><tr>', *(_th(c.header, c.key) for c in cols), '</tr></thead>']
     rows = (_tr(row["name"], (_td(t, c.key, row["name"], c.numeric) for c, t in zip(cols, line)))
             for row, line in zip(results["rows"], texts))
-    return ['<h2>Runs</h2>', *_table("runs", head, rows), f'<p id="basis">{_e(basis(results))}</p>']
+    said = [f'<p class="note">{_e(note)}</p>' for note in notes(results)]
+    return ['<h2>Runs</h2>', *_table("runs", head, rows), *said, f'<p id="basis">{_e(basis(results))}</p>']
 
 
 def _why(results: dict[str, Any]) -> list[str]:

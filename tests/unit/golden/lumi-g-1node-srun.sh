@@ -56,21 +56,22 @@ export TORCH_HOME="${TORCH_HOME:-/scratch/${SLURM_JOB_ACCOUNT}/${USER}/torch-hom
 # node's /tmp (the ranks here share it). The step runs in the background so this shell can react.
 stop_dir=$(mktemp -d "/tmp/gpuscale-$SLURM_JOB_ID.XXXXXX")
 # The job ends with the first failing rank's own exit code. srun returns its tasks' highest, a victim's 143
-# once --kill-on-bad-exit ended the others: every task notes its code and when it ended here, in a folder of
-# this job's own that all its nodes see (the submit directory's file system), and the earliest note wins.
-# A rank of gpuscale notes there too whether its error only says that a peer went away (rank-N.json): such
-# a victim, and a task srun ended (143), come after the ranks that failed on their own.
-exit_dir="${SLURM_SUBMIT_DIR:-$PWD}/.gpuscale-$SLURM_JOB_ID"
-if mkdir -p "$exit_dir" 2>/dev/null; then export GPUSCALE_EXIT_DIR="$exit_dir" GPUSCALE_FAILURE_DIR="$exit_dir"; else exit_dir=""; fi
+# once --kill-on-bad-exit ended the others (torchrun: 1 for any failure): every task notes its code, when it
+# ended and where, here, in a folder of this job's own (and of this run of it) that all its nodes see (the
+# submit directory's file system), and the earliest note wins. A rank of gpuscale notes there too whether its
+# error only says that a peer went away (rank-N.json): such a victim, and a task stopped with TERM (143), come
+# after the ranks that failed on their own.
+exit_dir="${SLURM_SUBMIT_DIR:-$PWD}/.gpuscale-$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}"
+if rm -rf "$exit_dir" && mkdir -p "$exit_dir" 2>/dev/null; then export GPUSCALE_EXIT_DIR="$exit_dir" GPUSCALE_FAILURE_DIR="$exit_dir"; else exit_dir=""; fi
 # shellcheck disable=SC2317,SC2329  # called below
 first_failure() {
-    local note when code rank victim
+    local note when code rank host victim
     for note in "$exit_dir"/task-*; do
         [ -e "$note" ] || continue
-        read -r when code rank < "$note"
+        read -r when code rank host < "$note"
         victim=0
         if [ "$code" -eq 143 ] || grep -qs '"symptom": true' "$exit_dir/rank-$rank.json"; then victim=1; fi
-        echo "$victim $when $code $rank"
+        echo "$victim $when $code $rank ${host:-?}"
     done | sort -k1,1n -k2,2n | head -n 1
 }
 trap 'rm -rf "$stop_dir" ${exit_dir:+"$exit_dir"}' EXIT
@@ -127,16 +128,23 @@ CPU_MASKS=0x00fe000000000000,0xfe00000000000000,0x0000000000fe0000,0x00000000fe0
 # shellcheck disable=SC2016  # the single quotes are deliberate: each task expands its own variables
 # gpuscale's start-up hook: loaded first in every rank, it binds the rank to its cores and sizes its
 # thread pools before the script runs (and in a study records its steps).
-srun --kill-on-bad-exit=1 --cpus-per-task=7 --cpu-bind=v,mask_cpu:"$CPU_MASKS" singularity run "$IMAGE" bash -c 'mkdir -p "$MIOPEN_USER_DB_PATH" "$MIOPEN_CUSTOM_CACHE_DIR"; hook=$(python3 -c '"'"'import sys, os, importlib.util as u; print(os.path.join(os.path.dirname(u.find_spec(sys.argv[1]).origin), *sys.argv[2:]))'"'"' gpuscale probe site 2>/dev/null) && export PYTHONPATH="$hook${PYTHONPATH:+:$PYTHONPATH}"; export RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" WORLD_SIZE="$SLURM_NTASKS" LOCAL_WORLD_SIZE=8 GROUP_RANK="$SLURM_NODEID" GROUP_WORLD_SIZE="$SLURM_NNODES" ROLE_RANK="$SLURM_PROCID" ROLE_WORLD_SIZE="$SLURM_NTASKS" ROLE_NAME=default TORCHELASTIC_RUN_ID="$SLURM_JOB_ID" GPUSCALE_SRUN_TASK=1; trap : USR1 TERM; python3 train.py; code=$?; if [ "$code" -ne 0 ] && [ -d "${GPUSCALE_EXIT_DIR:-}" ]; then echo "$(date +%s.%N) $code $SLURM_PROCID" > "$GPUSCALE_EXIT_DIR/task-$SLURM_PROCID"; fi; exit "$code"' &
+srun --kill-on-bad-exit=1 --cpus-per-task=7 --cpu-bind=mask_cpu:"$CPU_MASKS" singularity run "$IMAGE" bash -c 'mkdir -p "$MIOPEN_USER_DB_PATH" "$MIOPEN_CUSTOM_CACHE_DIR"; hook=$(python3 -c '"'"'import sys, os, importlib.util as u; print(os.path.join(os.path.dirname(u.find_spec(sys.argv[1]).origin), *sys.argv[2:]))'"'"' gpuscale probe site 2>/dev/null) && export PYTHONPATH="$hook${PYTHONPATH:+:$PYTHONPATH}"; export RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" WORLD_SIZE="$SLURM_NTASKS" LOCAL_WORLD_SIZE=8 GROUP_RANK="$SLURM_NODEID" GROUP_WORLD_SIZE="$SLURM_NNODES" ROLE_RANK="$SLURM_PROCID" ROLE_WORLD_SIZE="$SLURM_NTASKS" ROLE_NAME=default TORCHELASTIC_RUN_ID="$SLURM_JOB_ID" GPUSCALE_SRUN_TASK=1; trap : USR1 TERM; { python3 train.py 2>&3 3>&-; } 3>&2 2>/dev/null; code=$?; if [ "$code" -gt 128 ] && [ "$code" -ne 143 ]; then echo "[gpuscale] rank $SLURM_PROCID/$SLURM_NTASKS on $(uname -n) was killed by SIG$(kill -l "$code" 2>/dev/null) (exit code $code)" >&2; fi; if [ "$code" -ne 0 ] && [ -d "${GPUSCALE_EXIT_DIR:-}" ]; then echo "$(date +%s.%N) $code $SLURM_PROCID $(uname -n)" > "$GPUSCALE_EXIT_DIR/task-$SLURM_PROCID"; fi; exit "$code"' &
 step_pid=$!
 status=0
 wait_for_step || status=$?
 # The first failing rank's own exit code (its task's note), not the highest of all tasks (srun's).
 first=""
-if [ "$status" -ne 0 ] && [ -n "$exit_dir" ]; then first=$(first_failure || true); fi
+if [ "$status" -ne 0 ] && [ -n "$exit_dir" ] && [ ! -e "$GPUSCALE_STOP_MARKER.stopped" ]; then first=$(first_failure || true); fi
 if [ -n "$first" ]; then
-    read -r _ _ first_code first_rank <<< "$first"
-    echo "gpuscale: rank $first_rank failed first, with exit code $first_code (srun: $status); the job ends with $first_code" >&2
+    read -r first_victim _ first_code first_rank first_host <<< "$first"
+    who="rank $first_rank on $first_host"; [ "$first_rank" != - ] || who="torchrun on $first_host"
+    if [ "$first_victim" = 1 ] && [ "$first_code" -eq 143 ]; then
+        echo "gpuscale: the ranks were stopped with TERM (by SLURM: the time limit, scancel or preemption, as its line above says); the job ends with $first_code" >&2
+    elif [ "$first_code" -eq 75 ]; then
+        echo "gpuscale: $who ended first, with exit code 75 (srun: $status), which asks for the job to run again; the job ends with 75" >&2
+    else
+        echo "gpuscale: $who failed first, with exit code $first_code (srun: $status); the job ends with $first_code" >&2
+    fi
     status=$first_code
 fi
 # Stopped at a checkpoint: 75 from the ranks (srun passes it on), or their note beside the marker

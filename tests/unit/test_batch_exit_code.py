@@ -1,0 +1,103 @@
+"""The batch script's exit code and last line, from the notes its tasks leave: run in bash with planted notes.
+
+The lines are the rendered ones (`slurm.stopping`); the step is a stand-in that leaves the notes a real job's
+tasks would (a rank that failed, a victim that lost its peer, a task srun or SLURM stopped with TERM, a node's
+agent) and exits as srun would, with the highest code. What the job must end with is known from the plant.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuscale.slurm.stopping import requeue_block, stop_handling, task_exit_note
+
+
+def _run(tmp_path: Path, notes: dict[str, str], srun_code: int, symptoms: tuple[int, ...] = (), stopped: bool = False,
+         max_requeues: int = 0) -> tuple[int, list[str]]:
+    """Run the stop handling around a step that writes `notes` (task -> line) and exits `srun_code`."""
+    plant = []
+    for task, line in notes.items():
+        plant.append(f'echo {shlex.quote(line)} > "$GPUSCALE_EXIT_DIR/task-{task}"')
+    for rank in symptoms:
+        note = json.dumps({"rank": rank, "time": 1.0, "symptom": True, "message": "Connection closed by peer"}, indent=1)
+        plant.append(f'echo {shlex.quote(note)} > "$GPUSCALE_FAILURE_DIR/rank-{rank}.json"')
+    if stopped:
+        plant.append('touch "$GPUSCALE_STOP_MARKER.stopped"')
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "scontrol").write_text(f"#!/bin/sh\necho \"$@\" >> {shlex.quote(str(tmp_path / 'scontrol.calls'))}\n")
+    (bin_dir / "scontrol").chmod(0o755)
+    script = "\n".join(["set -euo pipefail", *stop_handling(), f"( {'; '.join(plant) or ':'}; exit {srun_code} ) &",
+                        *requeue_block(max_requeues)])
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "77", "SLURM_SUBMIT_DIR": str(tmp_path), "HOME": str(tmp_path)}
+    result = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30)
+    assert not list(tmp_path.glob(".gpuscale-77*")), "the notes' folder outlived the batch script"
+    return result.returncode, [line for line in result.stderr.splitlines() if line.startswith("gpuscale:")]
+
+
+def test_the_rank_that_failed_on_its_own_is_named_not_the_victim_srun_ended(tmp_path):
+    code, lines = _run(tmp_path, {"0": "100.5 143 0 n1", "1": "100.2 1 1 n2"}, srun_code=143)
+    assert code == 1
+    assert lines == ["gpuscale: rank 1 on n2 failed first, with exit code 1 (srun: 143); the job ends with 1"]
+
+
+def test_a_victim_that_noted_its_lost_peer_comes_after_the_cause_even_when_it_ended_first(tmp_path):
+    code, lines = _run(tmp_path, {"0": "100.1 1 0 n1", "1": "100.9 137 1 n2"}, srun_code=137, symptoms=(0,))
+    assert code == 137
+    assert lines == ["gpuscale: rank 1 on n2 failed first, with exit code 137 (srun: 137); the job ends with 137"]
+
+
+def test_a_node_whose_torchrun_was_stopped_before_its_ranks_failed_is_named_by_its_host(tmp_path):
+    code, lines = _run(tmp_path, {"0": "100.1 143 - n1", "1": "100.4 7 1 n2"}, srun_code=143)
+    assert code == 7 and lines == ["gpuscale: rank 1 on n2 failed first, with exit code 7 (srun: 143); the job ends with 7"]
+
+
+def test_every_task_stopped_with_term_is_slurms_doing_not_a_ranks_failure(tmp_path):
+    code, lines = _run(tmp_path, {"0": "100.1 143 0 n1", "1": "100.2 143 - n2"}, srun_code=143)
+    assert code == 143
+    assert lines == ["gpuscale: the ranks were stopped with TERM (by SLURM: the time limit, scancel or preemption, as its line above "
+                     "says); the job ends with 143"]
+
+
+def test_a_rank_that_exits_75_first_ends_the_job_with_75_and_requeues_it(tmp_path):
+    code, lines = _run(tmp_path, {"0": "100.6 143 0 n1", "1": "100.3 75 1 n2"}, srun_code=143, max_requeues=3)
+    assert code == 75
+    assert lines[0] == ("gpuscale: rank 1 on n2 ended first, with exit code 75 (srun: 143), which asks for the job to run again; "
+                        "the job ends with 75")
+    assert lines[1].startswith("gpuscale: the step stopped at a checkpoint; requeueing job 77 (restart 1 of at most 3)")
+    assert (tmp_path / "scontrol.calls").read_text().split() == ["requeue", "77"]
+
+
+def test_a_stop_at_a_checkpoint_is_not_told_as_a_failure(tmp_path):
+    """Every rank stopped at a checkpoint (StopSignal's note): 75 from each, and no rank 'failed first'."""
+    code, lines = _run(tmp_path, {"0": "100.1 75 0 n1", "1": "100.2 75 1 n2"}, srun_code=75, stopped=True)
+    assert code == 75 and lines == ["gpuscale: the step stopped at a checkpoint; not requeued (--max-requeues 0); submit the job again "
+                                    "to resume from its checkpoint"]
+
+
+def test_a_job_that_succeeded_says_nothing(tmp_path):
+    assert _run(tmp_path, {}, srun_code=0) == (0, [])
+
+
+@pytest.mark.parametrize("how, code, said", [("os.kill(os.getpid(), signal.SIGKILL)", 137, "was killed by SIGKILL (exit code 137)"),
+                                             ("os.kill(os.getpid(), signal.SIGTERM)", 143, None),
+                                             ("sys.exit(3)", 3, None)])
+def test_an_srun_task_notes_its_code_and_host_and_names_a_kill_in_place_of_bashs_notice(tmp_path, how, code, said):
+    program = f"{shlex.quote(sys.executable)} -c {shlex.quote(f'import os, signal, sys; print(1, file=sys.stderr); {how}')}"
+    env = {"PATH": os.environ["PATH"], "GPUSCALE_EXIT_DIR": str(tmp_path), "SLURM_PROCID": "3", "SLURM_NTASKS": "4",
+           "HOSTNAME": "first-node"}  # as srun passes it on from the batch shell: not this task's host
+    result = subprocess.run(["bash", "-c", task_exit_note(program)], env=env, capture_output=True, text=True, timeout=30)
+    host = socket.gethostname()
+    assert result.returncode == code
+    expected = ["1"] + ([f"[gpuscale] rank 3/4 on {host} {said}"] if said else [])
+    assert result.stderr.splitlines() == expected  # the program's own stderr stays; no "Killed" or "Terminated" from bash
+    when, noted, rank, where = (tmp_path / "task-3").read_text().split()
+    assert (int(noted), rank, where) == (code, "3", host) and float(when) > 1e9
