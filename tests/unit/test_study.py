@@ -350,3 +350,57 @@ def test_a_scaling_whose_baseline_failed_has_no_speedup_and_says_why(tmp_path):
     line = next(text for text in table.splitlines() if text.startswith("weak-1x2"))
     assert "1.00x" not in line and "100%" not in line and "—" in line
     assert "weak scaling has no speed-up" in table and "weak scaling has no speed-up" in format_markdown(results, plots=[])
+
+
+def _write_batch_study(tmp_path, trained, probe=None):
+    """A study of a script with a batch template and --global-batch 64, whose runs trained `trained` per rank."""
+    cells = [Cell("weak", 1, 1), Cell("weak", 1, 2), Cell("strong", 1, 1), Cell("strong", 1, 2)]
+    runner.record_study(tmp_path, ["train.py", "--batch-size", "{per_device_batch}"], "local", cells, batch={"global_batch": 64})
+    for cell, sps in zip(cells, (100.0, 190.0, 101.0, 180.0)):
+        summary = {**_summary(cell.world_size, cell.scaling, sps, 10.0), "per_device_batch": trained,
+                   "global_batch": trained * cell.world_size, "measured_by": "probe", "samples_from": "data loader",
+                   "probe": probe or {"synchronised": True}}
+        (tmp_path / cell.name).mkdir()
+        (tmp_path / cell.name / "summary.json").write_text(json.dumps(summary))
+
+
+def test_a_script_that_ignores_the_batch_template_is_told_with_the_batch_it_trained(tmp_path):
+    """Planned per device: weak 64 (64 on the baseline's one device), strong 64 then 32. The script trained 32 each."""
+    _write_batch_study(tmp_path, trained=32)
+    results = analysis.analyse(tmp_path)
+    by_name = {r["name"]: r for r in results["rows"]}
+    assert by_name["weak-1x2"]["planned_per_device_batch"] == 64 and by_name["strong-1x2"]["planned_per_device_batch"] == 32
+    assert by_name["weak-1x2"]["per_device_batch"] == 32  # the table shows what was trained
+    ignored, *same = results["notes"]
+    assert ignored.startswith("The script ignored the batch the study planned") and "weak-1x1 (32, not 64)" in ignored
+    assert "weak-1x2 (32, not 64)" in ignored and "strong-1x1 (32, not 64)" in ignored and "strong-1x2" not in ignored
+    assert same == ["weak-1x1 and strong-1x1 ran the same experiment (the same batches on the same devices): their difference is noise",
+                    "weak-1x2 and strong-1x2 ran the same experiment (the same batches on the same devices): their difference is noise"]
+
+
+def test_only_the_runs_that_trained_another_batch_are_named(tmp_path):
+    _write_batch_study(tmp_path, trained=64)  # right for weak and strong-1x1; strong-1x2 planned 32
+    ignored, shared, same = analysis.analyse(tmp_path)["notes"]
+    assert ignored.endswith("in strong-1x2 (64, not 32). Pass the batch template to the option the script reads "
+                            "(e.g. --batch-size {per_device_batch}).")
+    assert shared.startswith("weak-1x1 and strong-1x1 ran the same experiment") and same.startswith("weak-1x2 and strong-1x2")
+
+
+def test_ranks_that_trained_independent_copies_show_no_speedup(tmp_path):
+    _write_batch_study(tmp_path, trained=64, probe={"synchronised": False})
+    results = analysis.analyse(tmp_path)
+    rows = {r["name"]: r for r in results["rows"]}
+    assert rows["weak-1x2"]["speedup"] is None and rows["weak-1x2"]["efficiency"] is None and rows["strong-1x1"]["speedup"] == 1.0
+    assert any(n.startswith("weak-1x2: its 2 ranks trained independent copies of the model") and "ACCELERATE_USE_CPU=1" in n
+               for n in results["notes"])
+
+
+def test_the_probe_tells_synchronised_ranks_from_independent_copies():
+    from gpuscale.probe.merge import synchronised
+
+    ddp = {"world": {"world_size": 2}, "ddp": {"parameters": 10}}
+    alone = {"world": None, "ddp": None}
+    assert synchronised([ddp, ddp]) is True
+    assert synchronised([alone, alone]) is False  # no process group, no DDP: two copies
+    assert synchronised([{"world": {"world_size": 2}, "ddp": None}] * 2) is None  # a group but no DDP: FSDP, own all-reduces
+    assert synchronised([alone]) is None and synchronised([{"ddp": None}, {"ddp": None}]) is None  # one rank; old records

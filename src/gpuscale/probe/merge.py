@@ -45,7 +45,7 @@ from gpuscale._version import __version__
 from gpuscale.timeline import device_stats, make_timeline
 from gpuscale.stepsplit import split_step, time_split
 
-__all__ = ["rank_account", "merge_records", "NOT_MEASURED", "DDP_SCHEDULE"]
+__all__ = ["rank_account", "merge_records", "synchronised", "NOT_MEASURED", "DDP_SCHEDULE"]
 
 NOT_MEASURED = {
     "exposed_comm": "exposed communication and imbalance: no DDP model timed its all-reduce (the probe reads DDP's own "
@@ -277,8 +277,23 @@ def _probe_part(problems: list[str], split: dict[str, Any], accounts: list[dict[
     not_measured = [text for key, text in NOT_MEASURED.items()
                     if (key != "exposed_comm" or split["status"] != "measured") and (key != "data_wait" or no_loader)]
     return {"complete": not problems, "why": "; ".join(problems) or None, "not_measured": not_measured,
+            "synchronised": synchronised(list(by_rank.values())),
             "ranks": [{k: a[k] for k in ("rank", "host", "steps", "samples", "train_s", "eval_s", "data_wait_s")}
                       | {k: by_rank[a["rank"]].get(k) for k in ("ended", "error", "signal")} for a in accounts]}
+
+
+def synchronised(records: list[dict[str, Any]]) -> bool | None:
+    """Whether the ranks trained one model together: True where every rank made a DDP model; False where no rank
+    made one and none joined a process group of more than one rank (independent copies, as a Trainer or Accelerate
+    script on CPUs not told to distribute trains); None where the records cannot tell (one rank, FSDP, DeepSpeed,
+    a script's own all-reduces, records without the world)."""
+    if len(records) < 2 or any("world" not in r for r in records):
+        return None
+    if all((r.get("ddp") or {}).get("parameters") for r in records):
+        return True
+    if any(r.get("ddp") for r in records) or any(int((r.get("world") or {}).get("world_size") or 1) > 1 for r in records):
+        return None
+    return False
 
 
 def merge_records(records: list[dict[str, Any]], *, world_size: int | None = None, scaling: str | None = None,

@@ -38,8 +38,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from gpuscale.study.experiments import check_experiments, group_key, missing_baseline_note, planned_baselines
 from gpuscale.study.matrix import SCALINGS, Cell
-from gpuscale.study.runner import LOG_FILE, STUDY_FILE, cell_from_entry, read_study, read_summary
+from gpuscale.study.runner import STUDY_FILE, cell_from_entry, read_study, read_summary
 
 RESULTS_VERSION = 2
 PARTS = ("data", "exposed_comm", "imbalance", "compute", "rest")
@@ -117,6 +118,8 @@ def row_from_summary(cell: Cell, summary: dict[str, Any], study_dir: Path, runs:
         "measured_by": summary.get("measured_by") or "meter",
         "not_measured": (summary.get("probe") or {}).get("not_measured") or [],
         "gradient_bytes": summary.get("gradient_bytes"),
+        "samples_from": summary.get("samples_from"), "synchronised": (summary.get("probe") or {}).get("synchronised"),
+        "planned_per_device_batch": None,
         "ideal_samples_per_s": None, "speedup": None, "efficiency": None,
         "time_speedup": None, "loss_breakdown": None, "predicted_breakdown": None,
         "metric": metric, "metric_value": value, "lr": _lr(summary), "per_epoch": summary.get("per_epoch"),
@@ -281,21 +284,6 @@ def _flags(row: dict[str, Any], base: dict[str, Any], device: str) -> list[str]:
     return flags + _breakdown_flags(row) + _accuracy_flags(row, base)
 
 
-def group_key(variant: str, scaling: str) -> str:
-    """How results["baseline"] (and "missing_baseline") name a scaling: 'weak', or 'VARIANT/weak' in a study with variants."""
-    return f"{variant}/{scaling}" if variant else scaling
-
-
-def planned_baselines(cells: list[Cell]) -> dict[str, str]:
-    """The planned baseline of each scaling (and variant), by `group_key`: its smallest cell, whether it finished or not."""
-    smallest: dict[str, Cell] = {}
-    for cell in cells:
-        key = group_key(cell.variant, cell.scaling)
-        if key not in smallest or (cell.world_size, cell.nodes) < (smallest[key].world_size, smallest[key].nodes):
-            smallest[key] = cell
-    return {key: cell.base_name for key, cell in smallest.items()}
-
-
 def analyse_rows(rows: list[dict[str, Any]], device: str = "cpu", planned: dict[str, str] | None = None) -> dict[str, str]:
     """Fill in speed-ups, efficiency, the breakdown and flags (in place); return the baseline run of each
     scaling (and variant), keyed by `group_key`. A scaling whose planned baseline (`planned`: the smallest cell,
@@ -312,6 +300,9 @@ def analyse_rows(rows: list[dict[str, Any]], device: str = "cpu", planned: dict[
             continue
         baselines[group_key(variant, scaling)] = base["name"]
         for row in group:
+            if row["world_size"] > 1 and row["synchronised"] is False:  # independent copies: more samples/s, but not one training sped up
+                row["flags"] = _flags(row, row, device)
+                continue
             devices = row["world_size"] / base["world_size"]
             row["ideal_samples_per_s"] = base["samples_per_s"] * devices
             row["speedup"] = row["samples_per_s"] / base["samples_per_s"]
@@ -364,7 +355,9 @@ def analyse(study_dir: Path, prediction: dict[str, Any] | None = None) -> dict[s
     rows.sort(key=lambda r: (variants.index(r["variant"]), SCALINGS.index(r["scaling"]), r["world_size"], r["nodes"]))
     first = finished[0][1] if finished else {}
     device = first.get("device", "cpu")
-    planned = planned_baselines([cell_from_entry(entry) for entry in study.get("cells", [])])
+    cells = [cell_from_entry(entry) for entry in study.get("cells", [])]
+    planned = planned_baselines(cells)
+    checks = check_experiments(rows, study, cells)
     baselines = analyse_rows(rows, device, planned)
     missing = {key: name for key, name in planned.items() if key not in baselines}
     if prediction is not None:
@@ -374,14 +367,6 @@ def analyse(study_dir: Path, prediction: dict[str, Any] | None = None) -> dict[s
         "device": device, "device_name": first.get("device_name"),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "rows": rows, "baseline": baselines, "missing_baseline": missing, "prediction": prediction,
-        "notes": [missing_baseline_note(key, name) for key, name in missing.items()
-                  if any(group_key(r["variant"], r["scaling"]) == key for r in rows)],
+        "notes": checks + [missing_baseline_note(key, name) for key, name in missing.items()
+                           if any(group_key(r["variant"], r["scaling"]) == key for r in rows)],
     }
-
-
-def missing_baseline_note(key: str, name: str) -> str:
-    """The line that says why a scaling shows no speed-up or efficiency."""
-    return (f"{key.replace('/', ' ')} scaling has no speed-up or efficiency: its baseline {name} did not finish (why: the "
-            f"study's output, or {name}/{LOG_FILE}); its other runs show their own throughput only. Run the same study "
-            "again to retry it (finished runs are kept).")
-

@@ -1,0 +1,88 @@
+"""Is each run of a study the experiment it planned? Checked before any speed-up is shown. Pure.
+
+- the planned baseline of each scaling (its smallest cell), finished or not: a scaling whose baseline failed
+  shows no speed-up, since its next smallest run would pass for a perfect baseline (`planned_baselines`);
+- the batch each rank really trained against the one planned, and runs that were one experiment twice;
+- ranks that trained independent copies instead of one model (`check_experiments`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from gpuscale.study.command import BATCH_TEMPLATES, StudyCommand, baseline_world_size
+from gpuscale.study.matrix import Cell
+from gpuscale.study.runner import LOG_FILE
+
+__all__ = ["group_key", "planned_baselines", "check_experiments", "missing_baseline_note"]
+
+
+def group_key(variant: str, scaling: str) -> str:
+    """How results["baseline"] (and "missing_baseline") name a scaling: 'weak', or 'VARIANT/weak' in a study with variants."""
+    return f"{variant}/{scaling}" if variant else scaling
+
+
+def planned_baselines(cells: list[Cell]) -> dict[str, str]:
+    """The planned baseline of each scaling (and variant), by `group_key`: its smallest cell, whether it finished or not."""
+    smallest: dict[str, Cell] = {}
+    for cell in cells:
+        key = group_key(cell.variant, cell.scaling)
+        if key not in smallest or (cell.world_size, cell.nodes) < (smallest[key].world_size, smallest[key].nodes):
+            smallest[key] = cell
+    return {key: cell.base_name for key, cell in smallest.items()}
+
+
+def check_experiments(rows: list[dict[str, Any]], study: dict[str, Any], cells: list[Cell]) -> list[str]:
+    """Check that each run is the experiment the study planned, before any speed-up is shown: one line per finding.
+
+    - Each rank trained the per-device batch the study planned (where the script's arguments carry a batch
+      template and something other than that template counted the samples): a script that ignores the
+      template trains its own batch, and its row shows the batch it really trained. Runs of weak and strong
+      scaling on the same devices that trained the same batches were then one experiment, twice.
+    - With more than one rank, the ranks trained one model (`probe.merge.synchronised`); independent copies get
+      no speed-up (`analyse_rows`).
+    """
+    notes = []
+    argv = tuple(str(arg) for arg in study.get("command") or [])
+    command = None
+    if study.get("batch") and set(BATCH_TEMPLATES) & {t for arg in argv for t in re.findall(r"\{(\w+)\}", arg)}:
+        command = StudyCommand(argv=argv, appends_cell_options=False, **study["batch"])
+    by_name = {cell.base_name: cell for cell in cells}
+    ignored = []
+    for row in rows:
+        cell = by_name.get(row["name"])
+        if command is not None and cell is not None:
+            plan = command.batch_plan(cell, baseline_world_size(cells, cell))
+            row["planned_per_device_batch"] = plan.per_device_batch if plan else None
+            trained = row.get("per_device_batch")
+            if plan and trained and row.get("samples_from") != "study batch" and trained != plan.per_device_batch:
+                ignored.append(f"{row['name']} ({trained}, not {plan.per_device_batch})")
+        if row["world_size"] > 1 and row["synchronised"] is False:
+            notes.append(f"{row['name']}: its {row['world_size']} ranks trained independent copies of the model (no rank joined a "
+                         "process group of more than one, and none made a DDP model), so it shows no speed-up. An HF Trainer "
+                         "or Accelerate script on CPUs distributes only when told to: ACCELERATE_USE_CPU=1, or Accelerator(cpu=True).")
+    if ignored:
+        notes.append("The script ignored the batch the study planned: each rank trained its own batch per step, shown in the "
+                     "table, in " + ", ".join(ignored) + ". Pass the batch template to the option the script reads "
+                     "(e.g. --batch-size {per_device_batch}).")
+    return notes + _same_experiments(rows)
+
+
+def _same_experiments(rows: list[dict[str, Any]]) -> list[str]:
+    """Runs of different scalings on the same devices that trained the same batches: one experiment, twice (the
+    baselines of weak and strong scaling often are; so are all runs of a script that ignored the planned batch)."""
+    seen: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for row in rows:
+        key = (row.get("variant"), row["nodes"], row["nproc_per_node"], row.get("per_device_batch"), row.get("grad_accum_steps"))
+        seen.setdefault(key, []).append(row)
+    return [f"{' and '.join(r['name'] for r in same)} ran the same experiment (the same batches on the same devices): "
+            "their difference is noise" for same in seen.values() if len({r["scaling"] for r in same}) > 1]
+
+
+def missing_baseline_note(key: str, name: str) -> str:
+    """The line that says why a scaling shows no speed-up or efficiency."""
+    return (f"{key.replace('/', ' ')} scaling has no speed-up or efficiency: its baseline {name} did not finish (why: the "
+            f"study's output, or {name}/{LOG_FILE}); its other runs show their own throughput only. Run the same study "
+            "again to retry it (finished runs are kept).")
+
