@@ -22,7 +22,8 @@ A study directory holds:
 
 Modules: `spec` (StudySpec, run_study), `matrix` (the cells, pure), `command` (the script's
 arguments in each cell: templates, exact batches; pure), `runner` (runs cells locally or as SLURM
-jobs, resumable), `analysis` (speed-up, efficiency, flags; pure), `predict` (the ring all-reduce
+jobs, resumable), `experiments` (is each run the experiment planned; pure), `analysis` (speed-up,
+efficiency, flags; pure), `predict` (the ring all-reduce
 cost model), `report` and `plots` (Markdown, HTML, PNG).
 
 results.json, the contract between analysis and report (version 2):
@@ -51,8 +52,13 @@ results.json, the contract between analysis and report (version 2):
         "predicted_breakdown": {"exposed_comm": .15, "compute": 0.0, "data": None, ...}|None,
         "utilisation": the summary's "utilisation" or None,
         "timeline": "weak-1x2/timeline.json"|None,   # relative to the study directory
+        "samples_from": "data loader"|"model inputs"|"study batch"|None,   # what counted the probe's samples
+        "planned_per_device_batch": 32|None,   # what the batch template planned (None: no template)
+        "synchronised": True|False|None,       # the probe's view: one model (DDP), independent copies, or cannot tell
         "flags": ["waited for data 31% of its training time ...", ...] } ],
      "baseline": {"weak": "weak-1x1", "strong": "strong-1x1"},
+     "missing_baseline": {"weak": "weak-1x1"},   # a planned baseline that did not finish: no speed-ups for that scaling
+     "notes": ["The script ignored the batch the study planned: ...", ...],   # `experiments.check_experiments`'s findings
      "prediction": {...} | None}    # predict.Prediction as a dict, when the study made one
 
 One basis for both scalings: speed-up is training throughput (samples/s of optimizer steps, data
