@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -404,3 +405,29 @@ def test_the_probe_tells_synchronised_ranks_from_independent_copies():
     assert synchronised([alone, alone]) is False  # no process group, no DDP: two copies
     assert synchronised([{"world": {"world_size": 2}, "ddp": None}] * 2) is None  # a group but no DDP: FSDP, own all-reduces
     assert synchronised([alone]) is None and synchronised([{"ddp": None}, {"ddp": None}]) is None  # one rank; old records
+
+
+def test_a_part_within_the_noise_reads_about_zero_and_never_negative(tmp_path):
+    """strong-1x2 by hand: compute -3.75% (the baseline's compute per sample was larger), imbalance 3.75%, exposed
+    communication 15%. Single runs: noise 3%; with repeats spreading 20% the noise is 20% and the 15% no longer flags."""
+    from gpuscale.study.explain import breakdown_cells, why_not_more
+
+    base = _summary(1, "strong", 100.0, 10.0)
+    base["step_breakdown_s"] = _split(0.32, data=0.032, compute=0.272, comm=0.0, imbalance=0.0)
+    strong = _summary(2, "strong", 150.0, 10.0)  # t = 0.013333 s per sample; compute 0.0085 vs 0.0085 + 0.0005 ...
+    strong["step_breakdown_s"] = _split(2 / 150 * 16, data=0.016, compute=0.128, comm=0.032, imbalance=0.008)
+    _write_study(tmp_path, [base, strong])
+    results = analysis.analyse(tmp_path)
+    row = results["rows"][1]
+    assert row["loss_breakdown"]["compute"] == pytest.approx((0.008 - 0.0085) / (2 / 150))  # -3.75%: really negative
+    assert row["noise"] == analysis.NOISE_FLOOR
+    cells = breakdown_cells(row)
+    assert cells[3] == "~0% (±3%)" and cells[1] == "15%" and cells[2] == "4%"  # compute, communication, imbalance
+    line = why_not_more(results)[0][1]
+    assert "per-device compute ~0% (±3%)" in line and not re.search(r"-\d", line)  # no negative share
+    assert any("to exposed communication" in f for f in row["flags"])
+
+    row["samples_per_s_runs"] = [130.0, 150.0, 160.0]  # --repeat 3 spreading 20% of the median
+    analysis.analyse_rows(results["rows"])
+    assert row["noise"] == pytest.approx(0.2)
+    assert breakdown_cells(row)[1] == "~0% (±20%)" and not any("to exposed communication" in f for f in row["flags"])

@@ -58,7 +58,10 @@ ACCURACY_DROP = 0.02
 SPREAD = 0.1
 """Repeated runs whose throughput spreads over more than this share of the median are flagged."""
 PART_FLAG = 0.1
-"""A part of lost efficiency above this share of ideal throughput gets a flag with its fix."""
+"""A part of lost efficiency above this share of ideal throughput (and beyond the noise) gets a flag with its fix."""
+NOISE_FLOOR = 0.03
+"""The least noise a comparison of two runs is taken to have, as a share of ideal throughput: a part of lost
+efficiency within the noise reads "~0%". With --repeat, the spread of the runs' throughput raises it."""
 
 
 def _metric(summary: dict[str, Any]) -> tuple[str | None, float | None]:
@@ -165,6 +168,17 @@ def breakdown(row: dict[str, Any], base: dict[str, Any]) -> dict[str, float | No
     return shares
 
 
+def _spread(row: dict[str, Any]) -> float:
+    runs = row.get("samples_per_s_runs") or []
+    return (max(runs) - min(runs)) / row["samples_per_s"] if len(runs) > 1 and row["samples_per_s"] else 0.0
+
+
+def noise(row: dict[str, Any], base: dict[str, Any]) -> float:
+    """How far a part of `row`'s lost efficiency may be from zero by chance, as a share of ideal throughput: the
+    spread of the repeated runs' throughput of the row or its baseline (--repeat), at least NOISE_FLOOR."""
+    return max(NOISE_FLOOR, _spread(row), _spread(base))
+
+
 def predicted_breakdown(cell: dict[str, Any] | None) -> dict[str, float | None] | None:
     """The prediction's parts, as fractions of ideal: the model has only exposed communication
     (compute per sample is assumed constant: 0); data, imbalance and the rest it does not model (None)."""
@@ -232,8 +246,9 @@ def _breakdown_flags(row: dict[str, Any]) -> list[str]:
     shares = row.get("loss_breakdown") or {}
     if all(shares.get(part) is None for part in PARTS[:-1]):
         return []  # nothing measured the causes: "rest" would be all of the loss, not an unexplained remainder
+    threshold = max(PART_FLAG, row.get("noise") or NOISE_FLOOR)
     return [f"lost {100 * share:.0f}% of ideal throughput to {PART_LABELS[part]}: {_PART_FIXES[part]}"
-            for part, share in shares.items() if share is not None and share > PART_FLAG]
+            for part, share in shares.items() if share is not None and share > threshold]
 
 
 def _phase_of_gap(row: dict[str, Any], base: dict[str, Any], key: str) -> str | None:
@@ -309,6 +324,7 @@ def analyse_rows(rows: list[dict[str, Any]], device: str = "cpu", planned: dict[
             row["efficiency"] = row["speedup"] / devices
             row["time_speedup"] = _per_epoch(base, "time_to_result_s") / _per_epoch(row, "time_to_result_s")
             row["loss_breakdown"] = breakdown(row, base)
+            row["noise"] = noise(row, base)
             row["flags"] = _flags(row, base, device)
     return baselines
 

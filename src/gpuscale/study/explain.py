@@ -15,7 +15,7 @@ from typing import Any
 
 from gpuscale.study.analysis import PART_LABELS, PARTS, compared_rows
 
-__all__ = ["DASH", "pct", "why_not_more", "breakdown_cells", "prediction_facts", "prediction_table"]
+__all__ = ["DASH", "pct", "part_share", "why_not_more", "breakdown_cells", "prediction_facts", "prediction_table"]
 
 DASH = "—"
 """What a missing value (None) renders as, everywhere."""
@@ -24,6 +24,16 @@ DASH = "—"
 def pct(share: float | None) -> str:
     """A fraction as whole per cent ("24%", "-3%"); None as DASH."""
     return DASH if share is None else f"{100 * share:.0f}%"
+
+
+def part_share(share: float | None, noise: float | None) -> str:
+    """A part of lost efficiency: "12%"; "~0% (±3%)" within the noise, and for a negative part, which only says that
+    the baseline's time for it per sample came out larger (measurement noise, never a gain); None as DASH."""
+    if share is None:
+        return DASH
+    if noise is not None and share <= noise:
+        return f"~0% (±{100 * noise:.0f}%)"
+    return pct(share)
 
 
 def _not_measured(row: dict[str, Any]) -> str:
@@ -43,7 +53,7 @@ def why_not_more(results: dict[str, Any]) -> list[tuple[str, str]]:
             if shares.get(part) is None:
                 parts.append(f"{PART_LABELS[part]} {DASH}")
                 continue
-            text = f"{PART_LABELS[part]} {pct(shares[part])}"
+            text = f"{PART_LABELS[part]} {part_share(shares[part], row.get('noise'))}"
             if predicted.get(part) is not None:
                 text += f" (predicted {pct(predicted[part])})"
             parts.append(text)
@@ -61,7 +71,7 @@ def breakdown_cells(row: dict[str, Any]) -> list[str]:
     predicted = row.get("predicted_breakdown") or {}
     cells = []
     for part in PARTS:
-        text = pct(shares.get(part))
+        text = part_share(shares.get(part), row.get("noise"))
         if predicted.get(part) is not None and shares.get(part) is not None:
             text += f" (pred. {pct(predicted[part])})"
         cells.append(text)
