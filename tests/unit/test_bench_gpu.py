@@ -207,11 +207,12 @@ def test_a_tests_step_cut_off_by_its_budget_still_says_what_passed(tmp_path):
     """Killed before pytest writes its JUnit file: the outcomes come from the lines written as each test ended."""
     folder = tmp_path / "fake"
     folder.mkdir()
-    (folder / "test_slow.py").write_text("import time\n\ndef test_first():\n    pass\n\n\ndef test_second():\n    time.sleep(60)\n")
-    result = gpu_check.tests_step(tmp_path, str(folder), 15, {**os.environ, "PYTHONPATH": str(ROOT)})
+    (folder / "test_slow.py").write_text("import time\n\ndef test_first():\n    pass\n\n\ndef test_second():\n    time.sleep(120)\n")
+    # 25 s: pytest's own start on a loaded 2-core machine took over 15 s once, before test_first could pass
+    result = gpu_check.tests_step(tmp_path, str(folder), 25, {**os.environ, "PYTHONPATH": str(ROOT)})
     assert result["timed_out"] and result["junit"] is None
     assert result["passed"] == ["test_slow::test_first"] and result["failed"] == []
-    assert gpu_check.step_reasons("tests", result) == ["tests: over its budget of 15 s, killed"]
+    assert gpu_check.step_reasons("tests", result) == ["tests: over its budget of 25 s, killed"]
 
 
 def test_quick_runs_the_tests_then_gptneos_sweep_without_the_course_baselines(tmp_path, monkeypatch):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuscale.study.numbers import three_figures
 from gpuscale.study.plots import plot_paths, utilisation_plot
 from gpuscale.study.report import DASH, format_markdown, format_table, render_html, write_report
 
@@ -102,7 +103,7 @@ def test_markdown_holds_every_rows_formatted_numbers(study):
     md = (study_dir / "report.md").read_text()
     for row in results["rows"]:
         line = next(line for line in md.splitlines() if line.startswith(f"| {row['name']} |") and "x" in line)
-        assert f"| {row['samples_per_s']:.1f} |" in line
+        assert f"| {three_figures(row['samples_per_s'])} |" in line
         assert f"| {row['time_to_result_s']:.1f}s |" in line and f"| {row['time_speedup']:.2f}x |" in line
         assert f"| {row['speedup']:.2f}x |" in line
         assert f"| {round(100 * row['efficiency'])}% |" in line
@@ -116,16 +117,22 @@ def test_markdown_holds_every_rows_formatted_numbers(study):
     assert "| a step communicates longer than it computes below a per-device batch of | 1x2: 12 samples; 1x4: 19 samples |" in md
     assert "| interconnect | measured (gloo, 2 processes): within a node 12.5 GB/s per direction, 20 µs per ring step |" in md
     assert "| synchronised per optimizer step | 3.81 MiB of gradients |" in md
-    assert "### Predicted runs" in md and "| weak-1x4 | 4 | 1 | 32 | 100 | 9 | 9 | 109 | 392.8 | 97% |" in md
+    assert "### Predicted runs" in md and "| weak-1x4 | 4 | 1 | 32 | 100 | 9 | 9 | 109 | 393 | 97% |" in md
     # why not more: each part in % of ideal, the prediction beside the one it models
     weak4 = next(r for r in results["rows"] if r["name"] == "weak-1x4")
     half, rest = round(100 * (1 - weak4["efficiency"]) / 2), round(100 * weak4["loss_breakdown"]["rest"])
     assert f"| weak-1x4 | 1% | {half}% (pred. 3%) | 2% | -1% (pred. 0%) | {rest}% | 13% |" in md
-    assert f"- **weak-1x4**: 87% of ideal (405.0 samples/s); lost 13%: data 1%, exposed communication {half}% (predicted 3%)" in md
+    assert f"- **weak-1x4**: 87% of ideal (405 samples/s); lost 13%: data 1%, exposed communication {half}% (predicted 3%)" in md
     # startup 2.0 s of strong-1x1's 41.5 s
     assert re.search(r"^\| strong-1x1 \| 2\.0s \(5%\) \|", md, re.M)
     for rel in plot_paths(results).values():
         assert f"]({rel})" in md and (study_dir / rel).is_file()
+
+
+@pytest.mark.parametrize("value, text", [(1479.31, "1480"), (351.7, "352"), (12.345, "12.3"), (0.01234, "0.0123"),
+                                         (999.6, "1000"), (99.96, "100"), (5, "5.00"), (123456.7, "123000")])
+def test_throughput_is_written_to_three_significant_figures(value, text):
+    assert three_figures(value) == text
 
 
 def test_format_table_is_deterministic_aligned_and_lists_flags(study):
@@ -139,10 +146,10 @@ def test_format_table_is_deterministic_aligned_and_lists_flags(study):
     assert [line.split()[0] for line in body] == [r["name"] for r in results["rows"]]
     assert len(lines[1]) == max(len(line) for line in lines[:2 + len(results["rows"])]), "the rule spans the table"
     weak4 = next(line for line in body if line.startswith("weak-1x4"))
-    assert "351.7" in weak4 and "14.2s" in weak4 and "3.47x" in weak4 and "87%" in weak4 and "0.940" in weak4
+    assert " 352 " in weak4 and "14.2s" in weak4 and "3.47x" in weak4 and "87%" in weak4 and "0.940" in weak4
     assert "linear x4" in weak4
     assert "  strong-1x4: rank 1 (cpu) used 12%" in text and "  weak-1x4: rank 1" in text
-    assert "  weak-1x4: 87% of ideal (405.0 samples/s); lost 13%: data 1%, exposed communication 7% (predicted 3%), " \
+    assert "  weak-1x4: 87% of ideal (405 samples/s); lost 13%: data 1%, exposed communication 7% (predicted 3%), " \
            "imbalance 2%, per-device compute -1% (predicted 0%), rest (unexplained) 5%" in text
 
 

@@ -14,6 +14,7 @@ import math
 from typing import Any
 
 from gpuscale.study.analysis import PART_LABELS, PARTS, compared_rows
+from gpuscale.study.numbers import three_figures
 
 __all__ = ["DASH", "pct", "part_share", "why_not_more", "breakdown_cells", "prediction_facts", "prediction_table"]
 
@@ -57,7 +58,7 @@ def why_not_more(results: dict[str, Any]) -> list[tuple[str, str]]:
             if predicted.get(part) is not None:
                 text += f" (predicted {pct(predicted[part])})"
             parts.append(text)
-        line = (f"{pct(row['efficiency'])} of ideal ({row['ideal_samples_per_s']:.1f} samples/s); "
+        line = (f"{pct(row['efficiency'])} of ideal ({three_figures(row['ideal_samples_per_s'])} samples/s); "
                 f"lost {pct(1 - row['efficiency'])}: " + ", ".join(parts))
         if any(shares.get(p) is None for p in PARTS):
             line += _not_measured(row)
@@ -150,6 +151,6 @@ def prediction_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]
         batch_text = DASH if batch is None else (f"{batch:.0f}" if float(batch).is_integer() else f"{batch:.2f}")
         rows.append([str(cell.get("name")), str(cell.get("world_size", DASH)), str(cell.get("nodes", DASH)), batch_text,
                      ms("compute_s"), ms("comm_s"), ms("exposed_comm_s"), ms("step_time_s"),
-                     DASH if cell.get("samples_per_s") is None else f"{cell['samples_per_s']:.1f}",
+                     DASH if cell.get("samples_per_s") is None else three_figures(cell['samples_per_s']),
                      pct(cell.get("efficiency"))])
     return PREDICTION_HEADER, rows

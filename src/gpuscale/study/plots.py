@@ -40,6 +40,7 @@ from gpuscale.files import atomic_write
 from gpuscale.log import get_logger
 from gpuscale.stepsplit import PHASES
 from gpuscale.study.analysis import PARTS, compared_rows
+from gpuscale.study.numbers import three_figures
 
 __all__ = ["devices_label", "plot_paths", "throughput_plot", "efficiency_plot", "waterfall_plot",
            "time_breakdown_plot", "utilisation_plot", "write_plots"]
@@ -233,7 +234,7 @@ def _waterfall_panel(ax: Any, row: dict[str, Any]) -> None:
     ax.set_xticklabels(labels, fontsize="x-small")
     ax.set_ylim(0, max(105.0, level + 5, 100.0 * row["efficiency"] + 8))
     ax.set_ylabel("% of ideal throughput")
-    ax.set_title(f"{row['name']}: {row['world_size']} devices, ideal {row['ideal_samples_per_s']:.0f} samples/s", fontsize="small")
+    ax.set_title(f"{row['name']}: {row['world_size']} devices, ideal {three_figures(row['ideal_samples_per_s'])} samples/s", fontsize="small")
     ax.grid(axis="y", alpha=0.3)
 
 

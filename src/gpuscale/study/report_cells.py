@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 from gpuscale.stepsplit import PHASES
 from gpuscale.study.analysis import NOISE_FLOOR, PART_LABELS, PARTS, RESULTS_VERSION, compared_rows
 from gpuscale.study.explain import DASH, breakdown_cells
+from gpuscale.study.numbers import three_figures
 
 __all__ = ["DASH", "Column", "COLUMNS", "BASIS", "basis", "checked_rows", "columns", "cells", "command_line", "flags",
            "meta", "notes", "WHY_HEADING", "WHY_TEXT", "SPLIT_TEXT", "PHASE_NAMES", "split_cells", "UTIL_HEADER", "UTIL_TEXT",
@@ -59,7 +60,7 @@ COLUMNS = (
            lambda r: f"{r['nodes']}x{r['nproc_per_node']} ({r['world_size']})", numeric=False),
     Column("global_batch", "global batch", _field("global_batch")),
     Column("per_device_batch", "per-device batch", _field("per_device_batch")),
-    Column("samples_per_s", "train samples/s", _field("samples_per_s", _num(1))),
+    Column("samples_per_s", "train samples/s", _field("samples_per_s", three_figures)),
     Column("speedup", "speed-up", _field("speedup", _num(2, "x"))),
     Column("efficiency", "efficiency", _field("efficiency", _num(0, "%", 100.0))),
     Column("predicted_efficiency", "predicted efficiency", _field("predicted_efficiency", _num(0, "%", 100.0))),

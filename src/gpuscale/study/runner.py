@@ -29,6 +29,7 @@ from typing import Any
 from gpuscale.files import atomic_write_json, make_dir
 from gpuscale.probe import RECORDS as PROBE_RECORDS, SUMMARY as SUMMARY_FILE, collect, probe_enabled, probe_environ, read_records
 from gpuscale.study.matrix import SCALINGS, Cell, cpu_cores_for, local_argv
+from gpuscale.study.numbers import three_figures
 from gpuscale.topology import check_cpu_processes
 from gpuscale.slurm import jobs
 from gpuscale.slurm.render import render_sbatch
@@ -315,7 +316,7 @@ def run_cells(out: Path, cells: list[Cell], runner: Any, progress: Callable[[str
         head = f"[{index}/{len(cells)}] {cell.name} ({cell.describe(unit)})"
         summary = read_summary(cell_dir, cell)
         if summary is not None:
-            progress(f"{head}: finished before, skipped ({summary['samples_per_s']:.1f} samples/s)")
+            progress(f"{head}: finished before, skipped ({three_figures(summary['samples_per_s'])} samples/s)")
             outcomes.append(Outcome(cell, "skipped", summary=summary))
             continue
         if cell_dir.exists():
@@ -336,7 +337,7 @@ def run_cells(out: Path, cells: list[Cell], runner: Any, progress: Callable[[str
             progress(f"{head}: FAILED after {seconds:.1f} s: {error}")
             outcomes.append(Outcome(cell, "failed", seconds, error=error))
         else:
-            progress(f"{head}: done in {seconds:.1f} s ({summary['samples_per_s']:.1f} samples/s)")
+            progress(f"{head}: done in {seconds:.1f} s ({three_figures(summary['samples_per_s'])} samples/s)")
             outcomes.append(Outcome(cell, "done", seconds, summary=summary))
         sys.stdout.flush()
     return outcomes
