@@ -431,3 +431,28 @@ def test_a_part_within_the_noise_reads_about_zero_and_never_negative(tmp_path):
     analysis.analyse_rows(results["rows"])
     assert row["noise"] == pytest.approx(0.2)
     assert breakdown_cells(row)[1] == "~0% (±20%)" and not any("to exposed communication" in f for f in row["flags"])
+
+
+def test_one_flag_per_cause_lists_its_runs_and_the_advice_fits_the_scaling(tmp_path):
+    """Three runs starving for data: one flag naming all three; per-device compute grew under both scalings: the
+    weak row's advice does not blame a shrinking per-device batch."""
+    from gpuscale.study.report_cells import flags
+
+    runs = []
+    for world, scaling in ((1, "weak"), (2, "weak"), (1, "strong"), (2, "strong")):
+        summary = _summary(world, scaling, 100.0 * world * 0.8 if world > 1 else 100.0, 10.0, data_wait=4.0)
+        per_device = 32 if scaling == "weak" or world == 1 else 16  # 0.32 s per step of 32 on the baselines
+        compute = 0.256 if world == 1 else (0.36 if scaling == "weak" else 0.18)  # grew: 8 -> 11.25 ms per sample
+        summary["step_breakdown_s"] = _split(world / summary["samples_per_s"] * per_device, data=0.032 * per_device / 32,
+                                             compute=compute, comm=0.0, imbalance=0.0)
+        runs.append(summary)
+    _write_study(tmp_path, runs)
+    results = analysis.analyse(tmp_path)
+    grouped = flags(results)
+    [(names, data)] = [(n, t) for n, t in grouped if t.startswith("waited for data")]
+    assert names == "weak-1x1, weak-1x2, strong-1x1, strong-1x2" and data.count("waited for data") == 1
+    compute = [(n, t) for n, t in grouped if "per-device compute" in t]
+    assert [n for n, _ in compute] == ["weak-1x2", "strong-1x2"]
+    assert "under strong scaling each device's batch shrank" in compute[1][1]
+    assert "shrank" not in compute[0][1] and "with the same per-device batch" in compute[0][1]
+    assert all("see the prediction" not in t for _, t in grouped)

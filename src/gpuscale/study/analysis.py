@@ -29,7 +29,7 @@ one device; `gpuscale.stepsplit` gives the per-step parts):
 so the shares add up to 1 - efficiency exactly ("rest" takes what the others leave). A part that
 was not measured (the probe off, or a strategy it cannot measure) is None and falls into "rest".
 
-Flags say why a run got less than it could, each with its unit and denominator.
+Flags say why a run got less than it could, each with its unit and denominator (`gpuscale.study.flags`).
 """
 
 from __future__ import annotations
@@ -39,29 +39,13 @@ from pathlib import Path
 from typing import Any
 
 from gpuscale.study.experiments import check_experiments, group_key, missing_baseline_note, planned_baselines
+from gpuscale.study.flags import row_flags, set_flags
+from gpuscale.study.parts import NOISE_FLOOR, PARTS
+from gpuscale.study.parts import PART_LABELS as PART_LABELS  # re-exported: the report imports it from here
 from gpuscale.study.matrix import SCALINGS, Cell
 from gpuscale.study.runner import STUDY_FILE, cell_from_entry, read_study, read_summary
 
 RESULTS_VERSION = 2
-PARTS = ("data", "exposed_comm", "imbalance", "compute", "rest")
-"""The parts of lost efficiency, in the order the table, the report and the waterfall show them."""
-PART_LABELS = {"data": "data", "exposed_comm": "exposed communication", "imbalance": "imbalance",
-               "compute": "per-device compute", "rest": "rest (unexplained)"}
-
-STARVED_FRACTION = 0.2
-"""Waiting for data longer than this share of training time flags a starving loader."""
-UNDERUSED_RATIO = 0.5
-"""A device busy less than this share of the busiest device's utilisation is flagged as under-used."""
-BUSY_PCT = 30.0
-"""...provided the busiest device is above this, so that a uniformly idle run is not misread."""
-ACCURACY_DROP = 0.02
-SPREAD = 0.1
-"""Repeated runs whose throughput spreads over more than this share of the median are flagged."""
-PART_FLAG = 0.1
-"""A part of lost efficiency above this share of ideal throughput (and beyond the noise) gets a flag with its fix."""
-NOISE_FLOOR = 0.03
-"""The least noise a comparison of two runs is taken to have, as a share of ideal throughput: a part of lost
-efficiency within the noise reads "~0%". With --repeat, the spread of the runs' throughput raises it."""
 
 
 def _metric(summary: dict[str, Any]) -> tuple[str | None, float | None]:
@@ -188,117 +172,6 @@ def predicted_breakdown(cell: dict[str, Any] | None) -> dict[str, float | None] 
             "compute": 0.0, "rest": None}
 
 
-def _devices(n: int) -> str:
-    return f"{n} device" if n == 1 else f"{n} devices"
-
-
-def _training_time(row: dict[str, Any]) -> float:
-    split = row["time_split_s"] or {}
-    return sum(float(split.get(k) or 0.0) for k in ("data_wait", "compute", "exposed_comm", "imbalance"))
-
-
-def _data_flag(row: dict[str, Any], device: str) -> list[str]:
-    split = row["time_split_s"] or {}
-    training = _training_time(row)
-    waited = float(split.get("data_wait") or 0.0) / training if training > 0 else 0.0
-    if waited <= STARVED_FRACTION:
-        return []
-    text = f"waited for data {100 * waited:.0f}% of its training time (data wait / training time, both in the time split)"
-    if device == "cpu":
-        return [text + ": on CPUs the loader shares the cores with training; keep small data sets decoded in memory, "
-                "or give loading cores of its own"]
-    return [text + ": the loader starves the GPU; give the DataLoader more workers (num_workers, cores next to the "
-            "GPU), pin memory, or read faster storage"]
-
-
-def _utilisation_flags(row: dict[str, Any], device: str) -> list[str]:
-    flags = []
-    devices = [d for d in ((row.get("utilisation") or {}).get("devices") or []) if d.get("util_mean") is not None]
-    if len(devices) > 1:
-        busiest = max(devices, key=lambda d: d["util_mean"])
-        if busiest["util_mean"] >= BUSY_PCT:
-            for d in devices:
-                if d["util_mean"] < UNDERUSED_RATIO * busiest["util_mean"]:
-                    unit = "of its cores" if str(d.get("device") or "cpu").startswith("cpu") else "of the time (GPU)"
-                    flags.append(f"rank {d['rank']} ({d.get('device')} on {d.get('host')}) was busy {d['util_mean']:.0f}% {unit} "
-                                 f"while rank {busiest['rank']} was busy {busiest['util_mean']:.0f}%: an idle or under-used "
-                                 "device (uneven shards, work on one rank only, or a rank waiting on the others)")
-    elif len(devices) == 1 and device == "cuda" and devices[0]["util_mean"] < BUSY_PCT:
-        flags.append(f"the GPU was busy only {devices[0]['util_mean']:.0f}% of the time: a larger batch, more loader "
-                     "workers, or less host-side work per step")
-    return flags
-
-
-_PART_FIXES = {
-    "data": "the loader keeps up less well than on the baseline: more loader workers per rank, data decoded once, faster storage",
-    "exposed_comm": "gradient synchronisation is not hidden behind compute: a larger per-device batch, gradient "
-                    "accumulation (fewer all-reduces per sample), a faster interconnect (see the prediction)",
-    "imbalance": "one rank sets the pace (see the per-rank waits in summary.json's ranks): uneven shards or loader "
-                 "workers, a rank doing extra work (logging, evaluation on rank 0 only), a slower device",
-    "compute": "each device computes a sample more slowly than the baseline did: under strong scaling the per-device "
-               "batch shrank (less efficient kernels); devices may share caches or memory bandwidth",
-    "rest": "not explained by the measured parts: host-side work per step (the optimizer step, logging, metrics that "
-            "synchronise), or noise (--repeat 3)",
-}
-
-
-def _breakdown_flags(row: dict[str, Any]) -> list[str]:
-    shares = row.get("loss_breakdown") or {}
-    if all(shares.get(part) is None for part in PARTS[:-1]):
-        return []  # nothing measured the causes: "rest" would be all of the loss, not an unexplained remainder
-    threshold = max(PART_FLAG, row.get("noise") or NOISE_FLOOR)
-    return [f"lost {100 * share:.0f}% of ideal throughput to {PART_LABELS[part]}: {_PART_FIXES[part]}"
-            for part, share in shares.items() if share is not None and share > threshold]
-
-
-def _phase_of_gap(row: dict[str, Any], base: dict[str, Any], key: str) -> str | None:
-    """Where the validation metric first fell behind the baseline's by more than ACCURACY_DROP: "in phase P (epoch E: a vs b)"."""
-    mine, theirs = row.get("per_epoch") or [], base.get("per_epoch") or []
-    for a, b in zip(mine, theirs):
-        if not (isinstance(a, dict) and isinstance(b, dict)) or a.get(key) is None or b.get(key) is None:
-            continue
-        if b[key] - a[key] > ACCURACY_DROP:
-            phase = f"in phase '{a['phase']}' " if a.get("phase") else ""
-            return f"{phase}(epoch {a.get('epoch', '?')}: validation {a[key]:.3f} against {b[key]:.3f})"
-    return None
-
-
-def _rule(row: dict[str, Any]) -> str:
-    lr = row.get("lr")
-    return f"lr rule '{lr['rule']}'" if lr else "no lr rule recorded"
-
-
-def _accuracy_flags(row: dict[str, Any], base: dict[str, Any]) -> list[str]:
-    if row["metric"] != "accuracy" or base["metric_value"] is None or row["metric_value"] is None \
-            or base["metric_value"] - row["metric_value"] <= ACCURACY_DROP:
-        return []
-    text = (f"accuracy {row['metric_value']:.3f} against {base['metric_value']:.3f} on {_devices(base['world_size'])} "
-            f"({_rule(row)})")
-    gap = _phase_of_gap(row, base, "val_accuracy")
-    if gap:
-        text += f"; it fell behind {gap}"
-    if row["global_batch"] != base["global_batch"]:
-        text += (f"; the global batch is {row['global_batch']} instead of {base['global_batch']}, so there are fewer "
-                 "steps per epoch")
-        if not row.get("lr") or row["lr"]["rule"] == "none":
-            text += ": scale the learning rate with the batch (--lr-scaling linear, with warm-up), or use strong scaling"
-        else:
-            text += ": try more epochs or a longer warm-up (--lr-warmup-steps)"
-    return [text]
-
-
-def _flags(row: dict[str, Any], base: dict[str, Any], device: str) -> list[str]:
-    flags = _data_flag(row, device)
-    runs = row.get("samples_per_s_runs") or []
-    if len(runs) > 1 and (max(runs) - min(runs)) / row["samples_per_s"] > SPREAD:
-        flags.append(f"its {len(runs)} runs spread over {100 * (max(runs) - min(runs)) / row['samples_per_s']:.0f}% of the median "
-                     "throughput: the machine is noisy (shared nodes, frequency scaling); trust only larger differences")
-    flags += _utilisation_flags(row, device)
-    if row is base:
-        return flags
-    return flags + _breakdown_flags(row) + _accuracy_flags(row, base)
-
-
 def analyse_rows(rows: list[dict[str, Any]], device: str = "cpu", planned: dict[str, str] | None = None) -> dict[str, str]:
     """Fill in speed-ups, efficiency, the breakdown and flags (in place); return the baseline run of each
     scaling (and variant), keyed by `group_key`. A scaling whose planned baseline (`planned`: the smallest cell,
@@ -311,12 +184,12 @@ def analyse_rows(rows: list[dict[str, Any]], device: str = "cpu", planned: dict[
         base = group[0]
         if planned and planned.get(group_key(variant, scaling), base["name"]) != base["name"]:
             for row in group:
-                row["flags"] = _flags(row, row, device)
+                set_flags(row, row_flags(row, row, device))
             continue
         baselines[group_key(variant, scaling)] = base["name"]
         for row in group:
             if row["world_size"] > 1 and row["synchronised"] is False:  # independent copies: more samples/s, but not one training sped up
-                row["flags"] = _flags(row, row, device)
+                set_flags(row, row_flags(row, row, device))
                 continue
             devices = row["world_size"] / base["world_size"]
             row["ideal_samples_per_s"] = base["samples_per_s"] * devices
@@ -325,7 +198,7 @@ def analyse_rows(rows: list[dict[str, Any]], device: str = "cpu", planned: dict[
             row["time_speedup"] = _per_epoch(base, "time_to_result_s") / _per_epoch(row, "time_to_result_s")
             row["loss_breakdown"] = breakdown(row, base)
             row["noise"] = noise(row, base)
-            row["flags"] = _flags(row, base, device)
+            set_flags(row, row_flags(row, base, device))
     return baselines
 
 

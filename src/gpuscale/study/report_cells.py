@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 from gpuscale.stepsplit import PHASES
 from gpuscale.study.analysis import NOISE_FLOOR, PART_LABELS, PARTS, RESULTS_VERSION, compared_rows
+from gpuscale.study.flags import group_flags
 from gpuscale.study.explain import DASH, breakdown_cells
 from gpuscale.study.numbers import three_figures
 
@@ -153,8 +154,8 @@ def notes(results: dict[str, Any]) -> list[str]:
 
 
 def flags(results: dict[str, Any]) -> list[tuple[str, str]]:
-    """(run name, flag) for every flag of every run, in order."""
-    return [(row["name"], str(flag)) for row in results["rows"] for flag in row.get("flags") or []]
+    """(runs, flag): each cause once, with the runs it applies to (`flags.group_flags`)."""
+    return group_flags(results["rows"])
 
 
 def meta(results: dict[str, Any]) -> list[tuple[str, str]]:
