@@ -50,7 +50,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gpuscale.env import DistEnv, detect_env, visible_devices
+from gpuscale.env import DistEnv, detect_env, launch_time, process_start_time, visible_devices
 from gpuscale.files import tighten_umask
 from gpuscale.lifeline import end_with_parent, parent_death_signal
 from gpuscale.failures import report_failure
@@ -65,7 +65,6 @@ from gpuscale.topology import BindingPlan, allowed_cores, format_cpulist, set_af
 __all__ = ["Runtime", "init", "current", "DEFAULT_TIMEOUT_S"]
 
 DEFAULT_TIMEOUT_S = 600.0
-LAUNCH_TIME = "GPUSCALE_LAUNCH_TIME"
 
 log = get_logger("runtime")
 _current: Runtime | None = None
@@ -181,19 +180,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _process_start_time() -> float:
-    """When this process started (Linux /proc), else now."""
-    try:
-        with open("/proc/self/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        start_ticks = int(fields[19])  # field 22 of stat, counted after the command name
-        with open("/proc/stat") as f:
-            boot = next(int(line.split()[1]) for line in f if line.startswith("btime"))
-        return boot + start_ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, StopIteration, ValueError, IndexError):
-        return time.time()
-
-
 class _Restorer:
     """Remembers what init() changed so that teardown puts it back."""
 
@@ -253,8 +239,7 @@ def init(
     restorer = _Restorer()
     if env.launcher == "torchrun":
         restorer.end_with_launcher()
-    launch = os.environ.get(LAUNCH_TIME)
-    started_at = float(launch) if launch else _process_start_time()
+    started_at = launch_time(os.environ, time.time()) or process_start_time()
     rt: Runtime | None = None
     failed = False
     try:

@@ -36,9 +36,9 @@ from gpuscale.pinning import RANK_CORES, rank_cores_text
 from gpuscale.placement import plan_for_workers
 from gpuscale.agent import SIGNALS_OPTION, Outcome, launch
 from gpuscale.probe import RECORDS, collect, describe, probe_enabled, probe_environ, site_environ, summary_name
-from gpuscale.env import check_master_addr, check_one_launcher_per_node, port_from_job_id
 from gpuscale.slurm.render import TORCHRUN_SIGNALS
-from gpuscale.runtime import LAUNCH_TIME, OMP_FROM_LAUNCHER
+from gpuscale.env import LAUNCH_TIME, check_master_addr, check_one_launcher_per_node, launch_time, port_from_job_id, process_start_time
+from gpuscale.runtime import OMP_FROM_LAUNCHER
 from gpuscale.topology import allowed_cores, check_cpu_processes
 from gpuscale.cli.verbs import verb_parser
 
@@ -195,9 +195,10 @@ def run(args: argparse.Namespace) -> int:
     if args.summary is not None:
         summary_dir(args.summary)
 
-    # What every worker inherits: when it was launched (for the startup time), the binding choice,
-    # and whether OMP_NUM_THREADS is ours to size (torchrun would force 1 thread per worker).
-    os.environ[LAUNCH_TIME] = repr(time.time())
+    # What every worker inherits: when it was launched (for the startup time: this command's own start, or a study
+    # cell's or a batch script's launch before it), the binding choice, and whether OMP_NUM_THREADS is ours to size
+    # (torchrun would force 1 thread per worker).
+    os.environ[LAUNCH_TIME] = repr(launch_time(os.environ, time.time()) or process_start_time())
     os.environ["GPUSCALE_BIND"] = args.bind
     if args.timeout is not None:
         os.environ["GPUSCALE_TIMEOUT"] = repr(args.timeout)

@@ -59,7 +59,7 @@ import torch
 from gpuscale.monitor import Monitor, monitor_enabled
 from gpuscale.probe.model_inputs import ModelInputs
 from gpuscale.files import atomic_write_json, make_dir
-from gpuscale.env import detect_env
+from gpuscale.env import detect_env, launch_time, process_start_time
 from gpuscale.pinning import PLACED
 from gpuscale.topology import format_cpulist
 from gpuscale.probe.ddp_timers import MAX_DDP_SAMPLES, ddp_sample, hook_ddp, keep_sample
@@ -87,8 +87,7 @@ class Recorder:
         self.rank = rank
         self.pid = os.getpid()
         self.loaded_at = time.time()
-        launch = os.environ.get("GPUSCALE_LAUNCH_TIME")
-        self.launched_at = float(launch) if launch else _process_start_time()
+        self.launched_at = launch_time(os.environ, self.loaded_at) or process_start_time()
         self.passes: list[Pass] = []
         self.current: Pass | None = None  # the pass that gave the latest batch: the next step trains on it
         self.optimizers: dict[int, dict[str, Any]] = {}
@@ -310,18 +309,6 @@ def _launcher() -> str | None:
         return detect_env(os.environ).launcher
     except Exception:
         return None
-
-
-def _process_start_time() -> float:
-    """Unix time this process started (from /proc), else now."""
-    try:
-        with open("/proc/self/stat") as f:
-            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/uptime") as f:
-            uptime = float(f.read().split()[0])
-        return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return time.time()
 
 
 def _peak_memory_bytes() -> int:

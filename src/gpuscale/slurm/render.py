@@ -27,7 +27,7 @@ from __future__ import annotations
 import shlex
 
 from gpuscale._version import __version__
-from gpuscale.env import SRUN_TASK_MARKER
+from gpuscale.env import LAUNCH_TIME, SRUN_TASK_MARKER
 from gpuscale.slurm.jobspec import CPU_BINDS, MODES, JobSpec
 from gpuscale.slurm.profiles import Profile
 from gpuscale.slurm.stopping import requeue_block, stop_handling, task_exit_note
@@ -127,10 +127,16 @@ def render_sbatch(profile: Profile, job: JobSpec) -> str:
     The script is a sequence of named blocks, each with the comments that tell a learner why it is there.
     """
     plan = validate_job(profile, job)
-    blocks = (_header(profile, job, plan), _sbatch_options(profile, job, plan), ["", "set -euo pipefail", ""],
+    blocks = (_header(profile, job, plan), _sbatch_options(profile, job, plan), ["", "set -euo pipefail", "", *_launch_time()],
               _software(profile, job, plan), _rendezvous(), _environment(profile, job, plan), _venv(job), [*stop_handling(), ""],
               _launch(profile, job, plan))
     return "\n".join(line for block in blocks for line in block) + "\n"
+
+
+def _launch_time() -> list[str]:
+    """When this run of the job started: gpuscale's summaries count the run's startup and time to result from it."""
+    return ["# When this run of the job started: a run's startup and time to result count from here.",
+            f'{LAUNCH_TIME}=$(date +%s.%N); export {LAUNCH_TIME}', ""]
 
 
 def _header(profile: Profile, job: JobSpec, plan: JobPlan) -> list[str]:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuscale.env import LAUNCH_TIME
 from gpuscale.files import atomic_write_json, make_dir
 from gpuscale.probe import RECORDS as PROBE_RECORDS, SUMMARY as SUMMARY_FILE, collect, probe_enabled, probe_environ, read_records
 from gpuscale.study.matrix import SCALINGS, Cell, cpu_cores_for, local_argv
@@ -254,6 +255,7 @@ class LocalRunner:
         cores = None if self.num_gpus else cpu_cores_for(cell, self.max_nproc, self.cores)
         env = dict(os.environ)
         env.setdefault("PYTHONUNBUFFERED", "1")
+        env[LAUNCH_TIME] = repr(time.time())  # the cell's time to result counts from here, gpuscale's own start-up included
         if probe_enabled(env):
             make_dir(cell_dir / PROBE_RECORDS)
             env.update(probe_environ((cell_dir / PROBE_RECORDS).resolve(), env))

@@ -18,6 +18,9 @@
 
 set -euo pipefail
 
+# When this run of the job started: a run's startup and time to result count from here.
+GPUSCALE_LAUNCH_TIME=$(date +%s.%N); export GPUSCALE_LAUNCH_TIME
+
 # A clean module environment first, as LUMI's own job scripts start: sbatch hands the job the environment
 # of the shell that submitted it, and a PyTorch module the user had in that shell would bring its container
 # and network settings along. `module purge` unloads it; container variables (SINGULARITYENV_*) that no
