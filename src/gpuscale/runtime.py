@@ -50,7 +50,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gpuscale.env import DistEnv, detect_env, launch_time, process_start_time, visible_devices
+from gpuscale.env import DistEnv, detect_env, visible_devices
+from gpuscale.launchtime import launch_time, process_start_time
 from gpuscale.files import tighten_umask
 from gpuscale.lifeline import end_with_parent, parent_death_signal
 from gpuscale.failures import report_failure

@@ -320,7 +320,7 @@ def hostile_jobs(draw):
         script=draw(HOSTILE.filter(bool)), script_args=tuple(draw(st.lists(HOSTILE, max_size=4))),
         env=tuple((n, draw(HOSTILE)) for n in names), venv=draw(st.none() | NAME),
         container=draw(st.none() | HOSTILE.filter(bool)) if profile == "lumi-g" else None,
-        python=draw(st.sampled_from(["python3"]) | NAME.filter(lambda n: not n.startswith("-"))),
+        python=draw(st.sampled_from(["python3"]) | NAME.filter(lambda n: not n.startswith(("-", "%")))),  # % is refused
     )
 
 
@@ -518,7 +518,7 @@ CLUSTER = {
 JOB = {**CLUSTER, "--nodes": NUMBERS, "--gpus-per-node": NUMBERS, "--ntasks-per-node": NUMBERS, "--output": _values("%x-%j.out", "a b")}
 SCRIPT = st.one_of(st.just("train.py"), HOSTILE)
 COMMAND = st.tuples(SCRIPT, st.lists(HOSTILE, max_size=3)).map(lambda c: ["--", c[0], *c[1]])
-STUDY = {"--nproc": _values("1", "1,2", "0", "1,x", ",", "99999"), "--nodes": _values("1", "1,2", "0"),
+STUDY = {"--target-efficiency": NUMBERS, "--nproc": _values("1", "1,2", "0", "1,x", ",", "99999"), "--nodes": _values("1", "1,2", "0"),
          "--scaling": _values("weak", "weak,strong", "strongest", ","), "--variant": _values("a=", "a=--x", "a", "a b=", 'a="'),
          "--repeat": NUMBERS, "--launcher": _values("local", "slurm"), "--overlap": NUMBERS, "--no-predict": None,
          "--cell-timeout": NUMBERS, **CLUSTER}

@@ -381,3 +381,9 @@ def test_generic_nvidia_takes_a_container_through_pyxis():
     text = render_sbatch(load_profile("generic-nvidia"), JobSpec(script="train.py", container="/images/pytorch.sqsh"))
     srun = next(line for line in text.splitlines() if line.startswith("srun "))
     assert '--container-image="$IMAGE"' in srun and "IMAGE=/images/pytorch.sqsh" in text.splitlines()
+
+
+def test_a_python_whose_name_starts_with_a_percent_sign_is_refused():
+    """bash takes a command whose first word starts with % for a job (`fg %x`: "no job control"), quoted or not."""
+    with pytest.raises(ValueError, match=r"--python '%x': bash takes a command starting with % for a job; give its path instead"):
+        render_sbatch(load_profile("local"), JobSpec(script="t.py", python="%x"))

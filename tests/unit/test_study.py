@@ -456,3 +456,31 @@ def test_one_flag_per_cause_lists_its_runs_and_the_advice_fits_the_scaling(tmp_p
     assert "under strong scaling each device's batch shrank" in compute[1][1]
     assert "shrank" not in compute[0][1] and "with the same per-device batch" in compute[0][1]
     assert all("see the prediction" not in t for _, t in grouped)
+
+
+def test_the_answer_says_what_the_table_shows_and_recommends_the_largest_run_on_target(tmp_path):
+    weak = [_summary(1, "weak", 100.0, 10.0, acc=0.9), _summary(2, "weak", 180.0, 10.0, acc=0.9), _summary(4, "weak", 280.0, 10.0, acc=0.85)]
+    strong = [_summary(1, "strong", 100.0, 10.0), _summary(2, "strong", 150.0, 10.0)]
+    _write_study(tmp_path, weak + strong)
+    assert analysis.analyse(tmp_path)["answer"] == [
+        "Strong scaling to 2 processes: 1.50x faster (75% of ideal).",
+        "Weak scaling to 4 processes: 2.80x the samples/s (70% of ideal); accuracy falls to 0.850, from 0.900.",
+        "For strong scaling, ask for 2 processes (strong-1x2, 75% of ideal, 150 samples/s): the largest run at or above the 75% target.",
+        "For weak scaling, ask for 2 processes (weak-1x2, 90% of ideal, 180 samples/s): the largest run at or above the 75% target; "
+        "at 4 processes efficiency falls to 70%.",
+    ]
+    strict = analysis.analyse(tmp_path, target_efficiency=0.95)["answer"]
+    assert strict[2] == ("For strong scaling, no run beyond the baseline keeps 95% of ideal: stay on 1 process (strong-1x1), or cure "
+                         "the loss first; at 2 processes efficiency falls to 75%.")
+
+
+def test_the_answer_names_the_biggest_measured_loss_and_its_cure(tmp_path):
+    base = _summary(1, "strong", 100.0, 10.0)
+    base["step_breakdown_s"] = _split(0.32, data=0.032, compute=0.256, comm=0.0, imbalance=0.0)
+    two = _summary(2, "strong", 150.0, 10.0)  # exposed communication 15% of ideal (test above, by hand)
+    two["step_breakdown_s"] = _split(2 / 150 * 16, data=0.016, compute=0.136, comm=0.032, imbalance=0.008)
+    _write_study(tmp_path, [base, two])
+    said = analysis.analyse(tmp_path, target_efficiency=0.8)["answer"]
+    assert said[0] == "Strong scaling to 2 processes: 1.50x faster (75% of ideal); the biggest loss is exposed communication (15% of ideal)."
+    assert said[1].endswith("at 2 processes efficiency falls to 75%. Its biggest loss is exposed communication: a larger per-device "
+                            "batch or gradient accumulation would hide more of the synchronisation.")

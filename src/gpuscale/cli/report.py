@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuscale.study import analysis
+from gpuscale.study.answer import check_target
 from gpuscale.files import atomic_write_json
 from gpuscale.study.report import format_table, write_report
 from gpuscale.cli.verbs import verb_parser
@@ -26,6 +27,8 @@ def add_parser(subparsers: Any) -> None:
     parser = verb_parser(subparsers, "report", __doc__, EPILOG)
     parser.add_argument("study_dir", metavar="DIR", help="the --out directory of `gpuscale study`")
     parser.add_argument("--no-files", action="store_true", help="print the table; write nothing")
+    parser.add_argument("--target-efficiency", type=float, default=None, metavar="F",
+                        help="recommend the largest run whose efficiency stays at or above F (default: the study's, else 0.75)")
     parser.set_defaults(func=run)
 
 
@@ -41,15 +44,18 @@ def _prediction_ok(prediction: Any) -> bool:
 def run(args: argparse.Namespace) -> int:
     study_dir = Path(args.study_dir)
     saved = study_dir / "results.json"
-    prediction = None
+    prediction, target = None, args.target_efficiency
     if saved.is_file():
         try:
-            prediction = json.loads(saved.read_text()).get("prediction")
+            previous = json.loads(saved.read_text())
+            prediction = previous.get("prediction")
+            if target is None and isinstance(previous.get("target_efficiency"), (int, float)):
+                target = previous["target_efficiency"]
             if not (prediction is None or _prediction_ok(prediction)):
                 raise ValueError("damaged prediction")
         except (ValueError, AttributeError):  # not JSON, not an object, or a prediction of the wrong shape
             raise ValueError(f"{saved} is damaged; delete it and run `gpuscale report {study_dir}` again") from None
-    results = analysis.analyse(study_dir, prediction)
+    results = analysis.analyse(study_dir, prediction, check_target(0.75 if target is None else target))
     if not results["rows"]:
         raise ValueError(f"{study_dir} has no finished runs yet; run `gpuscale study --out {study_dir} -- SCRIPT` first")
     print(format_table(results))

@@ -37,7 +37,8 @@ from gpuscale.placement import plan_for_workers
 from gpuscale.agent import SIGNALS_OPTION, Outcome, launch
 from gpuscale.probe import RECORDS, collect, describe, probe_enabled, probe_environ, site_environ, summary_name
 from gpuscale.slurm.render import TORCHRUN_SIGNALS
-from gpuscale.env import LAUNCH_TIME, check_master_addr, check_one_launcher_per_node, launch_time, port_from_job_id, process_start_time
+from gpuscale.env import check_master_addr, check_one_launcher_per_node, port_from_job_id
+from gpuscale.launchtime import LAUNCH_TIME, launch_time, process_start_time
 from gpuscale.runtime import OMP_FROM_LAUNCHER
 from gpuscale.topology import allowed_cores, check_cpu_processes
 from gpuscale.cli.verbs import verb_parser

@@ -86,6 +86,8 @@ def add_study_options(parser: argparse.ArgumentParser) -> None:
                         help="share of compute time that hides communication, for the prediction (default 0 on CPU, 0.5 on GPUs)")
     parser.add_argument("--no-predict", action="store_true", help="skip the prediction (and measuring the interconnect)")
     parser.add_argument("--cell-timeout", type=float, default=None, metavar="SECONDS", help="give up on a cell after this long")
+    parser.add_argument("--target-efficiency", type=float, default=0.75, metavar="F",
+                        help="recommend the largest run whose efficiency stays at or above F (default 0.75)")
     slurm = parser.add_argument_group("SLURM (with --launcher slurm)")
     add_cluster_options(slurm, profile_required=False)
 
@@ -103,6 +105,7 @@ def spec_from_args(args: argparse.Namespace, command: list[str], out: Path) -> S
         max_device_batch=args.max_device_batch, launcher=args.launcher,
         cluster=cluster_options(args) if args.profile else None,
         overlap=args.overlap, predict=not args.no_predict, cell_timeout_s=args.cell_timeout,
+        target_efficiency=args.target_efficiency,
     )
 
 

@@ -59,7 +59,8 @@ import torch
 from gpuscale.monitor import Monitor, monitor_enabled
 from gpuscale.probe.model_inputs import ModelInputs
 from gpuscale.files import atomic_write_json, make_dir
-from gpuscale.env import detect_env, launch_time, process_start_time
+from gpuscale.env import detect_env
+from gpuscale.launchtime import launch_time, process_start_time
 from gpuscale.pinning import PLACED
 from gpuscale.topology import format_cpulist
 from gpuscale.probe.ddp_timers import MAX_DDP_SAMPLES, ddp_sample, hook_ddp, keep_sample

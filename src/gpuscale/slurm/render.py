@@ -27,7 +27,8 @@ from __future__ import annotations
 import shlex
 
 from gpuscale._version import __version__
-from gpuscale.env import LAUNCH_TIME, SRUN_TASK_MARKER
+from gpuscale.env import SRUN_TASK_MARKER
+from gpuscale.launchtime import LAUNCH_TIME
 from gpuscale.slurm.jobspec import CPU_BINDS, MODES, JobSpec
 from gpuscale.slurm.profiles import Profile
 from gpuscale.slurm.stopping import requeue_block, stop_handling, task_exit_note

@@ -69,6 +69,9 @@ def _check_choices(job: JobSpec) -> None:
         raise ValueError(f"--mode {job.mode!r} is not one of {', '.join(MODES)}")
     if job.cpu_bind not in CPU_BINDS:
         raise ValueError(f"--cpu-bind {job.cpu_bind!r} is not one of {', '.join(CPU_BINDS)}")
+    if job.python.startswith("%"):  # bash runs a command whose first word starts with % as `fg %...`, quoted or not
+        raise ValueError(f"--python {job.python!r}: bash takes a command starting with % for a job; give its path instead "
+                         f"(e.g. ./{job.python})")
     if not isinstance(job.nodes, int) or job.nodes < 1:
         raise ValueError(f"--nodes {job.nodes} must be at least 1")
 

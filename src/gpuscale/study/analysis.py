@@ -38,6 +38,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from gpuscale.study.answer import TARGET_EFFICIENCY, answer
 from gpuscale.study.experiments import check_experiments, group_key, missing_baseline_note, planned_baselines
 from gpuscale.study.flags import row_flags, set_flags
 from gpuscale.study.parts import NOISE_FLOOR, PARTS
@@ -236,8 +237,9 @@ def attach_prediction(rows: list[dict[str, Any]], prediction: dict[str, Any]) ->
         row["predicted_breakdown"] = predicted_breakdown(cell) if row["world_size"] > 1 else None
 
 
-def analyse(study_dir: Path, prediction: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The study's results (gpuscale.study's schema) from what is on disk."""
+def analyse(study_dir: Path, prediction: dict[str, Any] | None = None, target_efficiency: float = TARGET_EFFICIENCY) -> dict[str, Any]:
+    """The study's results (gpuscale.study's schema) from what is on disk; `target_efficiency`: the efficiency a run
+    must keep to be recommended (`study.answer`)."""
     study, finished = load_cells(study_dir)
     rows = [row_from_summary(cell, summary, study_dir, runs) for cell, summary, runs in median_runs(finished)]
     variants = list(dict.fromkeys(c.variant for c, _ in finished))  # in the order they were asked for
@@ -251,11 +253,14 @@ def analyse(study_dir: Path, prediction: dict[str, Any] | None = None) -> dict[s
     missing = {key: name for key, name in planned.items() if key not in baselines}
     if prediction is not None:
         attach_prediction(rows, prediction)
-    return {
+    results = {
         "version": RESULTS_VERSION, "command": study.get("command", []), "launcher": study.get("launcher"),
         "device": device, "device_name": first.get("device_name"),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "rows": rows, "baseline": baselines, "missing_baseline": missing, "prediction": prediction,
         "notes": checks + [missing_baseline_note(key, name) for key, name in missing.items()
                            if any(group_key(r["variant"], r["scaling"]) == key for r in rows)],
+        "target_efficiency": target_efficiency,
     }
+    results["answer"] = answer(results, target_efficiency)
+    return results

@@ -47,7 +47,7 @@ from gpuscale.study.explain import prediction_facts, prediction_table, why_not_m
 from gpuscale.study.plots import plot_paths, write_plots
 from gpuscale.study.report_cells import (BREAKDOWN_HEADER, COLUMNS, DASH, PHASE_NAMES, SPLIT_TEXT, UTIL_HEADER, UTIL_TEXT,
                                          WHY_HEADING, WHY_TEXT, basis, breakdown_rows, cells, checked_rows, columns,
-                                         command_line, flags, meta, notes, plot_title, split_cells, utilisation_lines)
+                                         answer_text, command_line, flags, meta, notes, plot_title, split_cells, utilisation_lines)
 from gpuscale.study.report_cells import BASIS as BASIS, Column as Column  # re-exported: they were defined here
 from gpuscale.study.report_html import render_html
 
@@ -62,7 +62,9 @@ def format_table(results: dict[str, Any]) -> str:
     def line(values: list[str]) -> str:
         return "  ".join(v.rjust(w) if c.numeric else v.ljust(w) for c, v, w in zip(cols, values, widths)).rstrip()
 
-    out = [line([c.header for c in cols]), "  ".join("-" * w for w in widths)]
+    out = [wrapped for sentence in answer_text(results) for wrapped in textwrap.wrap(sentence, width=110)]
+    out += [""] if out else []
+    out += [line([c.header for c in cols]), "  ".join("-" * w for w in widths)]
     out += [line(r) for r in texts]
     for note in notes(results):
         out += [""] + textwrap.wrap(note, width=110)
@@ -97,7 +99,10 @@ def format_markdown(results: dict[str, Any], plots: Iterable[str] | None = None)
     command = command_line(results)
     fence = "`" * max(3, 1 + max((len(m) for m in re.findall(r"`+", command)), default=0))
     out = ["# gpuscale scaling report", "", fence + "sh", command, fence, ""]
-    out += [f"- {key}: {value}" for key, value in meta(results)] + ["", "## Runs", ""]
+    out += [f"- {key}: {value}" for key, value in meta(results)] + [""]
+    if answer_text(results):
+        out += ["## Answer", "", *answer_text(results), ""]
+    out += ["## Runs", ""]
     out += _md_table([c.header for c in cols], texts, [c.numeric for c in cols])
     out += [line for note in notes(results) for line in ("", f"**{note}**")]
     out += ["", basis(results)]

@@ -20,7 +20,7 @@ from gpuscale.study.explain import DASH, breakdown_cells
 from gpuscale.study.numbers import three_figures
 
 __all__ = ["DASH", "Column", "COLUMNS", "BASIS", "basis", "checked_rows", "columns", "cells", "command_line", "flags",
-           "meta", "notes", "WHY_HEADING", "WHY_TEXT", "SPLIT_TEXT", "PHASE_NAMES", "split_cells", "UTIL_HEADER", "UTIL_TEXT",
+           "meta", "notes", "answer_text", "WHY_HEADING", "WHY_TEXT", "SPLIT_TEXT", "PHASE_NAMES", "split_cells", "UTIL_HEADER", "UTIL_TEXT",
            "utilisation_lines", "plot_title", "BREAKDOWN_HEADER", "breakdown_rows"]
 
 
@@ -146,6 +146,11 @@ def command_line(results: dict[str, Any]) -> str:
     """The study's training command, as one shell line."""
     command = results.get("command") or []
     return command if isinstance(command, str) else shlex.join(str(part) for part in command)
+
+
+def answer_text(results: dict[str, Any]) -> list[str]:
+    """The answer first: the study's findings and recommendation in plain sentences (`study.answer`)."""
+    return [str(line) for line in results.get("answer") or []]
 
 
 def notes(results: dict[str, Any]) -> list[str]:

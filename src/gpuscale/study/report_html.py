@@ -18,7 +18,7 @@ from gpuscale.stepsplit import PHASES
 from gpuscale.study.analysis import PARTS
 from gpuscale.study.explain import prediction_facts, prediction_table, why_not_more
 from gpuscale.study.report_cells import (BREAKDOWN_HEADER, PHASE_NAMES, SPLIT_TEXT, UTIL_HEADER, UTIL_TEXT, WHY_TEXT, Column,
-                                         basis, breakdown_rows, cells, command_line, flags, meta, notes, plot_title, split_cells,
+                                         basis, breakdown_rows, cells, answer_text, command_line, flags, meta, notes, plot_title, split_cells,
                                          utilisation_lines)
 
 __all__ = ["render_html"]
@@ -53,7 +53,7 @@ _e = html.escape
 def render_html(results: dict[str, Any], images: Mapping[str, bytes]) -> str:
     """report.html's text: `images` maps plot paths (relative, as in report.md) to PNG bytes."""
     cols, texts = cells(results)
-    out = [*_HEAD, '<body>', '<main>', *_title(results), *_runs(results, cols, texts), *_why(results),
+    out = [*_HEAD, '<body>', '<main>', *_title(results), *_answer(results), *_runs(results, cols, texts), *_why(results),
            *_time_split(results), *_utilisation(results), *_flags(results), *_prediction(results), *_plots(images),
            '</main>', '</body>', '</html>']
     return "\n".join(out) + "\n"
@@ -90,6 +90,11 @@ def _title(results: dict[str, Any]) -> list[str]:
     return ['<h1 id="title">gpuscale scaling report</h1>', f'<pre id="command">{_e(command_line(results))}</pre>',
             '<dl class="meta" id="meta">',
             *(f'<dt>{_e(k)}</dt><dd data-key="{_e(k)}">{_e(v)}</dd>' for k, v in meta(results)), '</dl>']
+
+
+def _answer(results: dict[str, Any]) -> list[str]:
+    said = answer_text(results)
+    return ['<h2>Answer</h2>', '<div id="answer">', *(f'<p>{_e(line)}</p>' for line in said), '</div>'] if said else []
 
 
 def _runs(results: dict[str, Any], cols: list[Column], texts: list[list[str]]) -> list[str]:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuscale.env import LAUNCH_TIME
+from gpuscale.launchtime import LAUNCH_TIME
 from gpuscale.files import atomic_write_json, make_dir
 from gpuscale.probe import RECORDS as PROBE_RECORDS, SUMMARY as SUMMARY_FILE, collect, probe_enabled, probe_environ, read_records
 from gpuscale.study.matrix import SCALINGS, Cell, cpu_cores_for, local_argv

@@ -24,6 +24,7 @@ from typing import Any
 
 from gpuscale.files import atomic_write_json
 from gpuscale.slurm.cluster import ClusterOptions, cluster_job, load_cluster_profile
+from gpuscale.study.answer import TARGET_EFFICIENCY, check_target
 from gpuscale.study import analysis, matrix, predict, runner
 from gpuscale.study.command import StudyCommand, check_no_cell_options, baseline_world_size
 from gpuscale.study.linkmeasure import MeasureError
@@ -66,6 +67,8 @@ class StudySpec:
     """Predict each cell with the ring all-reduce model beside the measurement."""
     cell_timeout_s: float | None = None
     """Give up on a cell after this long."""
+    target_efficiency: float = TARGET_EFFICIENCY
+    """The efficiency a run must keep to be recommended (the answer above the table)."""
     script_source: str | None = field(default=None, repr=False)
     """The script's source (default: read from command[0]); decides whether gpuscale's options are appended."""
 
@@ -81,6 +84,7 @@ class StudySpec:
         if self.launcher == "local" and max(self.nodes) > 1:
             raise ValueError(f"--nodes {','.join(map(str, self.nodes))} needs --launcher slurm: the local launcher runs on this node only")
         predict.check_overlap(self.overlap)
+        check_target(self.target_efficiency)
         if self.cell_timeout_s is not None and not 0 < self.cell_timeout_s < math.inf:
             raise ValueError(f"--cell-timeout {self.cell_timeout_s} must be a positive number of seconds")
         if self.script_source is None:
@@ -196,7 +200,7 @@ def run_study(spec: StudySpec, progress: Callable[[str], None] = print) -> Study
             prediction = predict.predict_study(shapes, summaries, link, overlap)
         except (ValueError, MeasureError) as exc:
             progress(f"no prediction: {exc}")
-    results = analysis.analyse(out, prediction)
+    results = analysis.analyse(out, prediction, spec.target_efficiency)
     atomic_write_json(out / "results.json", results)
     result = StudyResult(results=results, outcomes=outcomes)
     if results["rows"]:

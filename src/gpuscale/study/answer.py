@@ -1,0 +1,125 @@
+"""The answer first: what the study found, in a few plain sentences, and what to ask for. Pure.
+
+    answer(results, target_efficiency=0.75) -> ["Strong scaling to 2 processes: 1.36x faster (68% of ideal); ...", ...]
+
+Built from the same numbers as the table, claiming nothing the table does not show: for each scaling, its
+largest run against its baseline (speed-up, efficiency, the biggest measured loss beyond the noise; for weak
+scaling, whether accuracy held); then a recommendation: the largest run whose efficiency stays at or above
+the target (`--target-efficiency`), where efficiency fell below it, and the cure of the loss that cost most.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuscale.study.flags import ACCURACY_DROP
+from gpuscale.study.numbers import three_figures
+from gpuscale.study.parts import NOISE_FLOOR, PART_LABELS
+
+__all__ = ["TARGET_EFFICIENCY", "answer", "check_target"]
+
+TARGET_EFFICIENCY = 0.75
+"""The efficiency a run must keep to be recommended (`--target-efficiency`)."""
+
+_CURES = {
+    "data": "more loader workers per rank (or data decoded once) would feed the devices faster",
+    "exposed_comm": "a larger per-device batch or gradient accumulation would hide more of the synchronisation",
+    "imbalance": "evening out the ranks' work (shards, loader workers, work on rank 0 only) would stop the others waiting",
+    "compute": "each device computes a sample more slowly than alone; a larger per-device batch keeps its kernels efficient",
+    "rest": "no measured part explains it; --repeat 3 tells noise from host work per step",
+}
+
+
+def check_target(value: float) -> float:
+    """--target-efficiency: a fraction in (0, 1]; ValueError naming the fix otherwise."""
+    if not 0 < value <= 1:
+        raise ValueError(f"--target-efficiency {value} must be a fraction of ideal in (0, 1], e.g. 0.75 for 75%")
+    return value
+
+
+def _pct(share: float) -> str:
+    return f"{100 * share:.0f}%"
+
+
+def _units(results: dict[str, Any], n: int) -> str:
+    unit = "GPU" if results.get("device") in ("cuda", "rocm") else "process"
+    return f"{n} {unit}" + ("" if n == 1 else "es" if unit == "process" else "s")
+
+
+def _biggest_loss(row: dict[str, Any]) -> tuple[str, float] | None:
+    shares = {part: share for part, share in (row.get("loss_breakdown") or {}).items() if share is not None}
+    if set(shares) <= {"rest"}:  # no cause measured: "rest" would be the whole loss, not a finding
+        return None
+    part, share = max(shares.items(), key=lambda item: item[1])
+    return (part, share) if share > (row.get("noise") or NOISE_FLOOR) else None
+
+
+def _accuracy(row: dict[str, Any], base: dict[str, Any]) -> str:
+    if row.get("metric") != "accuracy" or row.get("metric_value") is None or base.get("metric_value") is None:
+        return ""
+    mine, theirs = row["metric_value"], base["metric_value"]
+    rule = (row.get("lr") or {}).get("rule")
+    how = f" with --lr-scaling {rule}" if rule and rule != "none" else ""
+    if theirs - mine > ACCURACY_DROP:
+        return f"; accuracy falls to {mine:.3f}{how}, from {theirs:.3f}"
+    return f"; accuracy holds{how} ({mine:.3f} against {theirs:.3f})"
+
+
+def _scaling_sentence(results: dict[str, Any], rows: list[dict[str, Any]], base: dict[str, Any]) -> str | None:
+    compared = [r for r in rows if r is not base and r.get("speedup") is not None]
+    if not compared:
+        return None
+    top = max(compared, key=lambda r: (r["world_size"], r["samples_per_s"]))
+    label = f"{top['scaling'].capitalize()} scaling" + (f" ({top['variant']})" if top.get("variant") else "")
+    gain = "faster" if top["scaling"] == "strong" else "the samples/s"
+    text = (f"{label} to {_units(results, top['world_size'])}: {top['speedup']:.2f}x {gain} "
+            f"({_pct(top['efficiency'])} of ideal)")
+    loss = _biggest_loss(top)
+    if loss:
+        text += f"; the biggest loss is {PART_LABELS[loss[0]]} ({_pct(loss[1])} of ideal)"
+    if top["scaling"] == "weak":
+        text += _accuracy(top, base)
+    return text + "."
+
+
+def _recommendation(results: dict[str, Any], rows: list[dict[str, Any]], base: dict[str, Any], target: float) -> str | None:
+    compared = sorted((r for r in rows if r.get("efficiency") is not None), key=lambda r: (r["world_size"], r["nodes"]))
+    if len(compared) < 2:
+        return None
+    kept = [r for r in compared if r["efficiency"] >= target]
+    best = max(kept, key=lambda r: r["world_size"]) if kept else base
+    label = f"{best['scaling']} scaling" + (f" ({best['variant']})" if best.get("variant") else "")
+    below = [r for r in compared if r["world_size"] > best["world_size"] and r["efficiency"] < target]
+    if best is base:
+        text = (f"For {label}, no run beyond the baseline keeps {_pct(target)} of ideal: stay on "
+                f"{_units(results, base['world_size'])} ({base['name']}), or cure the loss first")
+    else:
+        text = (f"For {label}, ask for {_units(results, best['world_size'])} ({best['name']}, {_pct(best['efficiency'])} of ideal, "
+                f"{three_figures(best['samples_per_s'])} samples/s): the largest run at or above the {_pct(target)} target")
+    if below:
+        text += f"; at {_units(results, below[0]['world_size'])} efficiency falls to {_pct(below[0]['efficiency'])}"
+    loss = _biggest_loss(below[0] if below else best) if (below or best is not base) else None
+    if loss:
+        text += f". Its biggest loss is {PART_LABELS[loss[0]]}: {_CURES[loss[0]]}"
+    return text + "."
+
+
+def answer(results: dict[str, Any], target_efficiency: float = TARGET_EFFICIENCY) -> list[str]:
+    """The study's findings in plain sentences, from `results` (results.json's schema)."""
+    sentences = []
+    recommendations = []
+    by_name = {row["name"]: row for row in results.get("rows") or []}
+    for key, name in (results.get("baseline") or {}).items():
+        base = by_name.get(name)
+        if base is None:
+            continue
+        rows = [r for r in by_name.values() if r["scaling"] == base["scaling"] and r.get("variant", "") == base.get("variant", "")]
+        said = _scaling_sentence(results, rows, base)
+        if said:
+            sentences.append(said)
+        advice = _recommendation(results, rows, base, target_efficiency)
+        if advice:
+            recommendations.append(advice)
+    for key, name in (results.get("missing_baseline") or {}).items():
+        sentences.append(f"{key.replace('/', ' ').capitalize()} scaling: no speed-up to show, its baseline {name} did not finish.")
+    return sentences + recommendations
