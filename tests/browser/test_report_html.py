@@ -54,10 +54,11 @@ def _study(directory: Path) -> dict:
                 "metric_value": 23.456 - world, "final_loss": 3.1, "predicted_samples_per_s": 812.37 * world * 0.95,
                 "predicted_efficiency": 0.95, "utilisation": None, "timeline": timeline,
                 "flags": ["<script>alert('flag')</script> data wait is 8% of the run"] if world == 4 else [],
+                "device_hours_per_m_samples": world * 1e6 / sps / 3600, "cost_ratio": world ** 0.07,
             })
     strong2 = rows[1]
     strong2.update(speedup=None, efficiency=None, metric_value=None, predicted_samples_per_s=None,
-                   predicted_efficiency=None, loss_breakdown=None, time_speedup=None)
+                   predicted_efficiency=None, loss_breakdown=None, time_speedup=None, cost_ratio=None)
     return {"version": 2, "command": ["torchrun", "train.py", "--tag", "<script>alert('cmd')</script>"],
             "launcher": "slurm", "device": "cuda", "device_name": "NVIDIA H100 80GB HBM3",
             "created": "2026-11-21T08:00:00+00:00", "rows": rows,
@@ -84,6 +85,8 @@ def _expected(row: dict) -> dict[str, str]:
         "time_speedup": maybe(row["time_speedup"], lambda v: f"{v:.2f}x"),
         "metric_value": maybe(row["metric_value"], lambda v: f"{v:.2f}"),  # perplexity: 2 decimals
         "predicted_efficiency": maybe(row["predicted_efficiency"], lambda v: "%d%%" % round(v * 100)),
+        "device_hours_per_m_samples": _sig3(row["device_hours_per_m_samples"]),
+        "cost_ratio": maybe(row["cost_ratio"], lambda v: f"{v:.2f}x"),
     }
 
 

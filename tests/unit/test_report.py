@@ -168,12 +168,14 @@ def test_none_values_render_as_a_dash(study):
     study_dir, results = study
     row = results["rows"][1]
     for key in ("speedup", "efficiency", "metric_value", "metric", "predicted_samples_per_s",
-                "predicted_efficiency", "utilisation", "timeline"):
+                "predicted_efficiency", "utilisation", "timeline", "cost_ratio"):
         row[key] = None
+    row["device_hours_per_m_samples"] = 1.234
     results["rows"][2]["timeline"] = "strong-1x4/missing.json"
     files = write_report(results, study_dir)
     line = next(line for line in format_table(results).splitlines() if line.startswith(row["name"]))
-    assert line.count(DASH) == 4, line
+    assert line.count(DASH) == 5, line  # speed-up, efficiency, predicted efficiency, cost/sample, metric
+    assert " 1.23 " in line  # device-h/1M samples
     assert "plots/utilisation-strong-1x2.png" not in files and "plots/utilisation-strong-1x4.png" not in files
     page = (study_dir / "report.html").read_text()
     for key in ("speedup", "efficiency", "metric_value", "predicted_efficiency"):

@@ -463,8 +463,9 @@ def test_the_answer_says_what_the_table_shows_and_recommends_the_largest_run_on_
     strong = [_summary(1, "strong", 100.0, 10.0), _summary(2, "strong", 150.0, 10.0)]
     _write_study(tmp_path, weak + strong)
     assert analysis.analyse(tmp_path)["answer"] == [
-        "Strong scaling to 2 processes: 1.50x faster (75% of ideal).",
-        "Weak scaling to 4 processes: 2.80x the samples/s (70% of ideal); accuracy falls to 0.850, from 0.900.",
+        "Strong scaling to 2 processes: 1.50x faster (75% of ideal) for 1.33x the device-hours per sample.",
+        "Weak scaling to 4 processes: 2.80x the samples/s (70% of ideal) for 1.43x the device-hours per sample; accuracy falls to "
+        "0.850, from 0.900.",
         "For strong scaling, ask for 2 processes (strong-1x2, 75% of ideal, 150 samples/s): the largest run at or above the 75% target.",
         "For weak scaling, ask for 2 processes (weak-1x2, 90% of ideal, 180 samples/s): the largest run at or above the 75% target; "
         "at 4 processes efficiency falls to 70%.",
@@ -481,6 +482,19 @@ def test_the_answer_names_the_biggest_measured_loss_and_its_cure(tmp_path):
     two["step_breakdown_s"] = _split(2 / 150 * 16, data=0.016, compute=0.136, comm=0.032, imbalance=0.008)
     _write_study(tmp_path, [base, two])
     said = analysis.analyse(tmp_path, target_efficiency=0.8)["answer"]
-    assert said[0] == "Strong scaling to 2 processes: 1.50x faster (75% of ideal); the biggest loss is exposed communication (15% of ideal)."
+    assert said[0] == ("Strong scaling to 2 processes: 1.50x faster (75% of ideal) for 1.33x the device-hours per sample; the biggest "
+                       "loss is exposed communication (15% of ideal).")
     assert said[1].endswith("at 2 processes efficiency falls to 75%. Its biggest loss is exposed communication: a larger per-device "
                             "batch or gradient accumulation would hide more of the synchronisation.")
+
+
+def test_the_cost_of_scaling_in_device_hours_and_energy_per_sample_computed_by_hand(tmp_path):
+    gpus = {"devices": [{"rank": r, "device": f"cuda:{r}", "source": "nvml", "util_mean": 90.0, "power_mean_w": 200.0} for r in range(2)]}
+    _write_study(tmp_path, [_summary(1, "weak", 100.0, 10.0), _summary(2, "weak", 160.0, 10.0, util=gpus)])
+    base, two = analysis.analyse(tmp_path)["rows"]
+    assert base["device_hours_per_m_samples"] == pytest.approx(1e6 / 100 / 3600)  # 2.78 device-hours per million samples
+    assert two["device_hours_per_m_samples"] == pytest.approx(2 * 1e6 / 160 / 3600)
+    assert two["cost_ratio"] == pytest.approx(1.25) and two["cost_ratio"] == pytest.approx(1 / two["efficiency"])
+    assert two["device_hours_per_epoch"] == pytest.approx(2 * (3.0 + 10.0) / 2 / 3600)  # 2 devices, 13 s for 2 epochs
+    assert two["joules_per_sample"] == pytest.approx(400 / 160) and two["energy_source"] == "nvml"
+    assert base["joules_per_sample"] is None  # no power sampled (a CPU run)

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuscale.study.answer import TARGET_EFFICIENCY, answer
+from gpuscale.study.cost import add_cost
 from gpuscale.study.experiments import check_experiments, group_key, missing_baseline_note, planned_baselines
 from gpuscale.study.flags import row_flags, set_flags
 from gpuscale.study.parts import NOISE_FLOOR, PARTS
@@ -107,7 +108,8 @@ def row_from_summary(cell: Cell, summary: dict[str, Any], study_dir: Path, runs:
         "not_measured": (summary.get("probe") or {}).get("not_measured") or [],
         "gradient_bytes": summary.get("gradient_bytes"),
         "samples_from": summary.get("samples_from"), "synchronised": (summary.get("probe") or {}).get("synchronised"),
-        "planned_per_device_batch": None,
+        "planned_per_device_batch": None, "device_hours_per_m_samples": None, "device_hours_per_epoch": None,
+        "cost_ratio": None, "joules_per_sample": None, "energy_source": None,
         "ideal_samples_per_s": None, "speedup": None, "efficiency": None,
         "time_speedup": None, "loss_breakdown": None, "predicted_breakdown": None,
         "metric": metric, "metric_value": value, "lr": _lr(summary), "per_epoch": summary.get("per_epoch"),
@@ -186,11 +188,13 @@ def analyse_rows(rows: list[dict[str, Any]], device: str = "cpu", planned: dict[
         if planned and planned.get(group_key(variant, scaling), base["name"]) != base["name"]:
             for row in group:
                 set_flags(row, row_flags(row, row, device))
+                add_cost(row, None)
             continue
         baselines[group_key(variant, scaling)] = base["name"]
         for row in group:
             if row["world_size"] > 1 and row["synchronised"] is False:  # independent copies: more samples/s, but not one training sped up
                 set_flags(row, row_flags(row, row, device))
+                add_cost(row, None)
                 continue
             devices = row["world_size"] / base["world_size"]
             row["ideal_samples_per_s"] = base["samples_per_s"] * devices
@@ -200,6 +204,7 @@ def analyse_rows(rows: list[dict[str, Any]], device: str = "cpu", planned: dict[
             row["loss_breakdown"] = breakdown(row, base)
             row["noise"] = noise(row, base)
             set_flags(row, row_flags(row, base, device))
+            add_cost(row, base)
     return baselines
 
 

@@ -3,8 +3,8 @@
     answer(results, target_efficiency=0.75) -> ["Strong scaling to 2 processes: 1.36x faster (68% of ideal); ...", ...]
 
 Built from the same numbers as the table, claiming nothing the table does not show: for each scaling, its
-largest run against its baseline (speed-up, efficiency, the biggest measured loss beyond the noise; for weak
-scaling, whether accuracy held); then a recommendation: the largest run whose efficiency stays at or above
+largest run against its baseline (speed-up, efficiency, what each sample costs in device-hours against the
+baseline, the biggest measured loss beyond the noise; for weak scaling, whether accuracy held); then a recommendation: the largest run whose efficiency stays at or above
 the target (`--target-efficiency`), where efficiency fell below it, and the cure of the loss that cost most.
 """
 
@@ -74,6 +74,8 @@ def _scaling_sentence(results: dict[str, Any], rows: list[dict[str, Any]], base:
     gain = "faster" if top["scaling"] == "strong" else "the samples/s"
     text = (f"{label} to {_units(results, top['world_size'])}: {top['speedup']:.2f}x {gain} "
             f"({_pct(top['efficiency'])} of ideal)")
+    if top.get("cost_ratio") is not None:
+        text += f" for {top['cost_ratio']:.2f}x the device-hours per sample"
     loss = _biggest_loss(top)
     if loss:
         text += f"; the biggest loss is {PART_LABELS[loss[0]]} ({_pct(loss[1])} of ideal)"

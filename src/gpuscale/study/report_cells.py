@@ -65,6 +65,9 @@ COLUMNS = (
     Column("speedup", "speed-up", _field("speedup", _num(2, "x"))),
     Column("efficiency", "efficiency", _field("efficiency", _num(0, "%", 100.0))),
     Column("predicted_efficiency", "predicted efficiency", _field("predicted_efficiency", _num(0, "%", 100.0))),
+    Column("device_hours_per_m_samples", "device-h/1M samples", _field("device_hours_per_m_samples", three_figures)),
+    Column("cost_ratio", "cost/sample", _field("cost_ratio", _num(2, "x"))),
+    Column("joules_per_sample", "J/sample", _field("joules_per_sample", three_figures)),
     Column("time_to_result_s", "time to result", _field("time_to_result_s", _num(1, "s"))),
     Column("time_speedup", "speed-up (time)", _field("time_speedup", _num(2, "x"))),
     Column("metric_value", "metric", _metric),
@@ -78,6 +81,9 @@ BASIS = {
     "efficiency": "speed-up and efficiency: train samples/s over the baseline's (the smallest run of the same scaling), "
                   "and over ideal (the baseline's samples/s per device x devices).",
     "predicted_efficiency": "predicted efficiency: the same quantity from the model (see Prediction).",
+    "device_hours_per_m_samples": "device-h/1M samples: devices x hours to train a million samples at that throughput; "
+                                  "cost/sample: the same over the baseline's (1 / efficiency).",
+    "joules_per_sample": "J/sample: the devices' mean power while training, summed over ranks, over train samples/s.",
     "time_to_result_s": "time to result: the whole run (startup, training, evaluation, checkpoints) for the same "
                         "epochs; speed-up (time): the baseline's time to result over this run's.",
     "lr": "lr rule: how the learning rate followed the global batch (gpuscale.scale_lr), with its factor.",
@@ -130,6 +136,8 @@ def columns(results: dict[str, Any]) -> list[Column]:
     for col in COLUMNS:
         if col.key in _PREDICTED and not predicted or col.key == "lr" and not any(row.get("lr") for row in rows):
             continue
+        if col.key == "joules_per_sample" and not any(row.get("joules_per_sample") is not None for row in rows):
+            continue  # no power was sampled (CPUs)
         if col.key == "metric_value":
             col = col._replace(header="/".join(names) or "metric")
         shown.append(col)
