@@ -498,3 +498,36 @@ def test_the_cost_of_scaling_in_device_hours_and_energy_per_sample_computed_by_h
     assert two["device_hours_per_epoch"] == pytest.approx(2 * (3.0 + 10.0) / 2 / 3600)  # 2 devices, 13 s for 2 epochs
     assert two["joules_per_sample"] == pytest.approx(400 / 160) and two["energy_source"] == "nvml"
     assert base["joules_per_sample"] is None  # no power sampled (a CPU run)
+
+
+def test_a_cell_that_is_the_same_experiment_as_an_earlier_one_runs_once_and_stands_for_both(tmp_path):
+    """--global-batch 64 with --batch-size {per_device_batch}: weak-1x1 and strong-1x1 both run `t.py --batch-size 64` on one
+    device, so strong-1x1 takes weak-1x1's run; at 2 devices the batches differ (64 vs 32) and both run."""
+    from gpuscale.study.spec import shared_runs
+
+    command = StudyCommand(argv=("t.py", "--batch-size", "{per_device_batch}", "--out", "{out}"), appends_cell_options=False,
+                           global_batch=64)
+    cells = matrix.cells([1, 2], [1], ["weak", "strong"])
+    shared = shared_runs(cells, command, lambda c: command.argv_for(c, str(tmp_path / c.name), 1), tmp_path)
+    assert shared == {"strong-1x1": "weak-1x1"}
+    gpuscale_script = StudyCommand(argv=("t.py",), appends_cell_options=True)
+    assert shared_runs(cells, gpuscale_script, lambda c: gpuscale_script.argv_for(c, str(tmp_path / c.name), 1), tmp_path) == {}
+
+    ran = []
+
+    class Runner:  # writes the summary a run would, and notes what ran
+        def run(self, cell, cell_dir):
+            ran.append(cell.name)
+            (cell_dir / "summary.json").write_text(json.dumps(_summary(cell.world_size, cell.scaling, 100.0 * cell.world_size, 10.0)))
+
+    runner.record_study(tmp_path, list(command.argv), "local", cells, command.as_record())
+    outcomes = runner.run_cells(tmp_path, cells, Runner(), progress=lambda line: None, shared=shared)
+    assert ran == ["weak-1x1", "weak-1x2", "strong-1x2"] and [o.status for o in outcomes] == ["done", "done", "shared", "done"]
+    results = analysis.analyse(tmp_path)
+    rows = {r["name"]: r for r in results["rows"]}
+    assert rows["strong-1x1"]["same_as"] == "weak-1x1" and rows["strong-1x1"]["scaling"] == "strong"
+    assert rows["strong-1x1"]["samples_per_s"] == rows["weak-1x1"]["samples_per_s"]
+    assert ("weak-1x1 and strong-1x1 are one run (the same command on the same devices): it ran once, as weak-1x1, and stands "
+            "for both") in results["notes"]
+    again = runner.run_cells(tmp_path, cells, Runner(), progress=lambda line: None, shared=shared)  # a rerun runs nothing
+    assert ran == ["weak-1x1", "weak-1x2", "strong-1x2"] and [o.status for o in again] == ["skipped", "skipped", "shared", "skipped"]

@@ -76,8 +76,18 @@ def _same_experiments(rows: list[dict[str, Any]]) -> list[str]:
     for row in rows:
         key = (row.get("variant"), row["nodes"], row["nproc_per_node"], row.get("per_device_batch"), row.get("grad_accum_steps"))
         seen.setdefault(key, []).append(row)
-    return [f"{' and '.join(r['name'] for r in same)} ran the same experiment (the same batches on the same devices): "
-            "their difference is noise" for same in seen.values() if len({r["scaling"] for r in same}) > 1]
+    notes = []
+    for same in seen.values():
+        if len({r["scaling"] for r in same}) < 2:
+            continue
+        names = " and ".join(r["name"] for r in same)
+        ran = [r for r in same if not r.get("same_as")]
+        if len(ran) == 1:
+            notes.append(f"{names} are one run (the same command on the same devices): it ran once, as {ran[0]['name']}, "
+                         "and stands for both")
+        else:
+            notes.append(f"{names} ran the same experiment (the same batches on the same devices): their difference is noise")
+    return notes
 
 
 def missing_baseline_note(key: str, name: str) -> str:

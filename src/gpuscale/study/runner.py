@@ -21,7 +21,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,7 +45,7 @@ class Outcome:
 
     cell: Cell
     status: str
-    """'done' (ran now), 'skipped' (finished before) or 'failed'."""
+    """'done' (ran now), 'skipped' (finished before), 'shared' (the same experiment as a cell that ran) or 'failed'."""
     seconds: float = 0.0
     summary: dict[str, Any] | None = None
     error: str | None = None
@@ -98,13 +98,30 @@ DEVICE_NUMBERS = ("util_mean", "util_max", "mem_peak_bytes", "power_mean_w")
 """The figures of one device in a summary's utilisation that the table and report compute with."""
 
 
+SAME_AS = "same-as"
+"""A cell's file naming the cell whose run it shares: the same command on the same devices (`run_cells`' `shared`)."""
+
+
 def read_summary(cell_dir: Path, cell: Cell) -> dict[str, Any] | None:
-    """The cell's summary if it is complete, of this cell's shape and scaling, and not damaged; else None (run it again)."""
+    """The cell's summary if it is complete, of this cell's shape and scaling, and not damaged; else None (run it again).
+    A cell that shares another's run (SAME_AS) has that run's summary, under its own scaling, with "same_as" naming it."""
+    try:
+        other = (cell_dir / SAME_AS).read_text().strip()
+    except OSError:
+        return _summary_of(cell_dir, cell.world_size, cell.scaling)
+    if not other or "/" in other or other in (".", "..") or (cell_dir.parent / other / SAME_AS).exists():
+        return None  # one step only: a cell shares a run that ran
+    summary = _summary_of(cell_dir.parent / other, cell.world_size, None)
+    return None if summary is None else {**summary, "scaling": cell.scaling, "same_as": other}
+
+
+def _summary_of(cell_dir: Path, world_size: int, scaling: str | None) -> dict[str, Any] | None:
+    """The summary in `cell_dir` if it is complete, undamaged, of `world_size` ranks and of `scaling` (None: any)."""
     try:
         summary = json.loads((cell_dir / SUMMARY_FILE).read_text())
     except (OSError, ValueError):
         return None
-    if summary_problem(summary) or summary.get("world_size") != cell.world_size or summary.get("scaling") != cell.scaling:
+    if summary_problem(summary) or summary.get("world_size") != world_size or scaling not in (None, summary.get("scaling")):
         return None
     if summary.get("complete") is False:  # merged by the probe from a run that failed or lost a rank
         return None
@@ -308,14 +325,26 @@ class SlurmRunner:
 
 def run_cells(out: Path, cells: list[Cell], runner: Any, progress: Callable[[str], None] = print,
               unit: str = "process", step_samples: Callable[[Cell], int | None] = lambda cell: None,
-              uses_gpuscale: bool = True) -> list[Outcome]:
+              uses_gpuscale: bool = True, shared: Mapping[str, str] | None = None) -> list[Outcome]:
     """Run every unfinished cell; report each start and end through `progress`. `step_samples(cell)`: the study's
     batch per optimizer step where the script's arguments carry it (the probe's last way to count samples);
-    `uses_gpuscale`: the script imports gpuscale, so a summary it should have written is its own to write."""
+    `uses_gpuscale`: the script imports gpuscale, so a summary it should have written is its own to write;
+    `shared`: cell name -> an earlier cell that runs the very same experiment (the same command on the same
+    devices: weak and strong scaling's baselines often are), whose run it takes instead of running again."""
     outcomes = []
     for index, cell in enumerate(cells, 1):
         cell_dir = out / cell.name
         head = f"[{index}/{len(cells)}] {cell.name} ({cell.describe(unit)})"
+        same = (shared or {}).get(cell.name)
+        if same and read_summary(out / same, next(c for c in cells if c.name == same)) is not None:
+            if cell_dir.exists():
+                shutil.rmtree(cell_dir)
+            make_dir(cell_dir)
+            (cell_dir / SAME_AS).write_text(same + "\n")
+            summary = read_summary(cell_dir, cell)
+            progress(f"{head}: the same experiment as {same} (the same command on the same devices): its run is used")
+            outcomes.append(Outcome(cell, "shared", summary=summary))
+            continue
         summary = read_summary(cell_dir, cell)
         if summary is not None:
             progress(f"{head}: finished before, skipped ({three_figures(summary['samples_per_s'])} samples/s)")

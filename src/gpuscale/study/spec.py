@@ -154,6 +154,24 @@ def plan_cells(spec: StudySpec, device_count: int) -> list[matrix.Cell]:
     return cells
 
 
+def shared_runs(cells: list[matrix.Cell], command: Any, argv_for: Callable[[matrix.Cell], list[str]], out: Path) -> dict[str, str]:
+    """Cells that would run the very same experiment as an earlier one: the same command line (its own folder aside)
+    on the same devices, run once and used by both (weak and strong scaling's baselines, whose batches coincide). A
+    script that gets --scaling appended (a gpuscale script) may act on it: its cells never share."""
+    if command.appends_cell_options:
+        return {}
+    first: dict[tuple[Any, ...], str] = {}
+    shared = {}
+    for cell in cells:
+        folder = str(out / cell.name)
+        key = (cell.nodes, cell.nproc_per_node, cell.repeat, tuple(arg.replace(folder, "{out}") for arg in argv_for(cell)))
+        if key in first:
+            shared[cell.name] = first[key]
+        else:
+            first[key] = cell.name
+    return shared
+
+
 def run_study(spec: StudySpec, progress: Callable[[str], None] = print) -> StudyResult:
     """Run the study `spec` describes; write results.json and the report; return them (see `StudyResult`)."""
     num_gpus, cores = _node_devices()
@@ -188,7 +206,7 @@ def run_study(spec: StudySpec, progress: Callable[[str], None] = print) -> Study
     runner.record_study(out, list(spec.command), spec.launcher, cells, command.as_record())
     outcomes = runner.run_cells(out, cells, run_one, progress, unit,
                                 step_samples=lambda cell: command.step_samples(cell, baseline_world_size(cells, cell)),
-                                uses_gpuscale=command.appends_cell_options)
+                                uses_gpuscale=command.appends_cell_options, shared=shared_runs(cells, command, argv_for, out))
     medians = analysis.median_runs([(o.cell, o.summary) for o in outcomes if o.summary is not None])
     summaries = {cell.base_name: summary for cell, summary, _ in medians}
     shapes = [c for c in cells if c.repeat == 1]
