@@ -2,10 +2,11 @@
 
     answer(results, target_efficiency=0.75) -> ["Strong scaling to 2 processes: 1.36x faster (68% of ideal); ...", ...]
 
-Built from the same numbers as the table, claiming nothing the table does not show: for each scaling, its
-largest run against its baseline (speed-up, efficiency, what each sample costs in device-hours against the
-baseline, the biggest measured loss beyond the noise; for weak scaling, whether accuracy held); then a recommendation: the largest run whose efficiency stays at or above
-the target (`--target-efficiency`), where efficiency fell below it, and the cure of the loss that cost most.
+Built from the same numbers as the table, claiming nothing the table does not show, one sentence per scaling:
+its largest run against its baseline (speed-up, efficiency, what each sample costs in device-hours against
+the baseline's), the recommendation (the largest run whose efficiency stays at or above the target,
+`--target-efficiency`), the biggest measured loss beyond the noise with its cure where it kept a run from the
+target, and for weak scaling whether accuracy held.
 """
 
 from __future__ import annotations
@@ -65,63 +66,54 @@ def _accuracy(row: dict[str, Any], base: dict[str, Any]) -> str:
     return f"; accuracy holds{how} ({mine:.3f} against {theirs:.3f})"
 
 
-def _scaling_sentence(results: dict[str, Any], rows: list[dict[str, Any]], base: dict[str, Any]) -> str | None:
+def _loss_text(row: dict[str, Any], cure: bool) -> str:
+    loss = _biggest_loss(row)
+    if not loss:
+        return ""
+    part, share = loss
+    what = f"unexplained by the measured parts ({_pct(share)} of ideal)" if part == "rest" else f"{PART_LABELS[part]} ({_pct(share)} of ideal)"
+    return f"; the biggest loss is {what}" + (f": {_CURES[part]}" if cure else "")
+
+
+def _sentence(results: dict[str, Any], rows: list[dict[str, Any]], base: dict[str, Any], target: float) -> str | None:
+    """One scaling in one sentence: its largest run against the baseline, what each sample cost, the largest run that
+    keeps the target efficiency, the biggest loss with its cure, and (weak scaling) whether accuracy held."""
     compared = [r for r in rows if r is not base and r.get("speedup") is not None]
     if not compared:
         return None
     top = max(compared, key=lambda r: (r["world_size"], r["samples_per_s"]))
     label = f"{top['scaling'].capitalize()} scaling" + (f" ({top['variant']})" if top.get("variant") else "")
     gain = "faster" if top["scaling"] == "strong" else "the samples/s"
-    text = (f"{label} to {_units(results, top['world_size'])}: {top['speedup']:.2f}x {gain} "
-            f"({_pct(top['efficiency'])} of ideal)")
+    text = f"{label} to {_units(results, top['world_size'])}: {top['speedup']:.2f}x {gain} ({_pct(top['efficiency'])} of ideal)"
     if top.get("cost_ratio") is not None:
         text += f" for {top['cost_ratio']:.2f}x the device-hours per sample"
-    loss = _biggest_loss(top)
-    if loss:
-        text += f"; the biggest loss is {PART_LABELS[loss[0]]} ({_pct(loss[1])} of ideal)"
+    kept = [r for r in compared if r["efficiency"] >= target]
+    best = max(kept, key=lambda r: (r["world_size"], r["samples_per_s"])) if kept else None
+    if best is top:
+        text += f"; ask for {_units(results, top['world_size'])}, the largest run at or above the {_pct(target)} target"
+    elif best is None:
+        text += f"; no run beyond {_units(results, base['world_size'])} keeps the {_pct(target)} target"
+    else:
+        text += (f"; ask for {_units(results, best['world_size'])} ({best['name']}, {_pct(best['efficiency'])} of ideal, "
+                 f"{three_figures(best['samples_per_s'])} samples/s), the largest run at or above the {_pct(target)} target")
+    text += _loss_text(top, cure=best is not top)
     if top["scaling"] == "weak":
         text += _accuracy(top, base)
     return text + "."
 
 
-def _recommendation(results: dict[str, Any], rows: list[dict[str, Any]], base: dict[str, Any], target: float) -> str | None:
-    compared = sorted((r for r in rows if r.get("efficiency") is not None), key=lambda r: (r["world_size"], r["nodes"]))
-    if len(compared) < 2:
-        return None
-    kept = [r for r in compared if r["efficiency"] >= target]
-    best = max(kept, key=lambda r: r["world_size"]) if kept else base
-    label = f"{best['scaling']} scaling" + (f" ({best['variant']})" if best.get("variant") else "")
-    below = [r for r in compared if r["world_size"] > best["world_size"] and r["efficiency"] < target]
-    if best is base:
-        text = (f"For {label}, no run beyond the baseline keeps {_pct(target)} of ideal: stay on "
-                f"{_units(results, base['world_size'])} ({base['name']}), or cure the loss first")
-    else:
-        text = (f"For {label}, ask for {_units(results, best['world_size'])} ({best['name']}, {_pct(best['efficiency'])} of ideal, "
-                f"{three_figures(best['samples_per_s'])} samples/s): the largest run at or above the {_pct(target)} target")
-    if below:
-        text += f"; at {_units(results, below[0]['world_size'])} efficiency falls to {_pct(below[0]['efficiency'])}"
-    loss = _biggest_loss(below[0] if below else best) if (below or best is not base) else None
-    if loss:
-        text += f". Its biggest loss is {PART_LABELS[loss[0]]}: {_CURES[loss[0]]}"
-    return text + "."
-
-
 def answer(results: dict[str, Any], target_efficiency: float = TARGET_EFFICIENCY) -> list[str]:
-    """The study's findings in plain sentences, from `results` (results.json's schema)."""
+    """The study's findings in plain sentences, one per scaling (and variant), from `results` (results.json's schema)."""
     sentences = []
-    recommendations = []
     by_name = {row["name"]: row for row in results.get("rows") or []}
-    for key, name in (results.get("baseline") or {}).items():
+    for name in (results.get("baseline") or {}).values():
         base = by_name.get(name)
         if base is None:
             continue
         rows = [r for r in by_name.values() if r["scaling"] == base["scaling"] and r.get("variant", "") == base.get("variant", "")]
-        said = _scaling_sentence(results, rows, base)
+        said = _sentence(results, rows, base, target_efficiency)
         if said:
             sentences.append(said)
-        advice = _recommendation(results, rows, base, target_efficiency)
-        if advice:
-            recommendations.append(advice)
     for key, name in (results.get("missing_baseline") or {}).items():
         sentences.append(f"{key.replace('/', ' ').capitalize()} scaling: no speed-up to show, its baseline {name} did not finish.")
-    return sentences + recommendations
+    return sentences
