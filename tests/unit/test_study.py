@@ -530,3 +530,19 @@ def test_a_cell_that_is_the_same_experiment_as_an_earlier_one_runs_once_and_stan
             "for both") in results["notes"]
     again = runner.run_cells(tmp_path, cells, Runner(), progress=lambda line: None, shared=shared)  # a rerun runs nothing
     assert ran == ["weak-1x1", "weak-1x2", "strong-1x2"] and [o.status for o in again] == ["skipped", "skipped", "shared", "skipped"]
+
+
+def test_a_cause_found_in_several_runs_is_said_once_with_each_runs_value():
+    from gpuscale.study.flags import group_flags, row_flags, set_flags
+
+    rows = []
+    for name, wait in (("weak-1x1", 4.8), ("weak-1x2", 3.3)):
+        row = {"name": name, "scaling": "weak", "time_split_s": {"data_wait": wait, "compute": 10.0 - wait}, "samples_per_s_runs": [1.0],
+               "samples_per_s": 1.0}
+        set_flags(row, row_flags(row, row, "cpu"))
+        rows.append(row)
+    [(runs, text)] = group_flags(rows)
+    assert runs == "weak-1x1, weak-1x2"
+    assert text.startswith("waited for data 48% in weak-1x1, 33% in weak-1x2 of its training time (data wait / training time, both "
+                           "in the time split): on CPUs the loader shares the cores")
+    assert group_flags([{"name": "old", "flags": ["a flag of an older results.json"]}]) == [("old", "a flag of an older results.json")]

@@ -1,8 +1,8 @@
 """Flags: what held a run back, each a cause with what was found and what to do about it. Pure.
 
-Each flag is an item ``{"cause", "finding", "advice"}``: the cause names what went wrong (a key), the finding
-says how much in this run (with its unit and denominator), the advice is the same for every run it applies to
-and fits the run's scaling. A row keeps its items (``flag_items``) and their text (``flags``, "finding:
+Each flag is an item ``{"cause", "finding", "advice", "what", "value"}``: the cause names what went wrong (a
+key), the finding says how much in this run (with its unit and denominator; `what` is its text with "{}" where
+this run's `value` goes), the advice is the same for every run it applies to and fits the run's scaling. A row keeps its items (``flag_items``) and their text (``flags``, "finding:
 advice"); the report groups the items of all runs by cause and advice, so one cause is said once, with the
 runs it applies to (`group_flags`). Every reference in an advice points to something the reader can see where
 they read it: a file the study wrote, or a section of report.md and report.html named as such.
@@ -31,8 +31,9 @@ PART_FLAG = 0.1
 """A part of lost efficiency above this share of ideal throughput (and beyond the noise) gets a flag with its fix."""
 
 
-def _item(cause: str, finding: str, advice: str = "") -> dict[str, str]:
-    return {"cause": cause, "finding": finding, "advice": advice}
+def _item(cause: str, what: str, value: str, advice: str = "") -> dict[str, str]:
+    """A flag whose finding is `what` with this run's `value` in place of "{}"."""
+    return {"cause": cause, "finding": what.replace("{}", value), "advice": advice, "what": what, "value": value}
 
 
 def _devices(n: int) -> str:
@@ -50,20 +51,21 @@ def _data_flag(row: dict[str, Any], device: str) -> list[dict[str, str]]:
     waited = float(split.get("data_wait") or 0.0) / training if training > 0 else 0.0
     if waited <= STARVED_FRACTION:
         return []
-    finding = f"waited for data {100 * waited:.0f}% of its training time (data wait / training time, both in the time split)"
+    what, value = "waited for data {} of its training time (data wait / training time, both in the time split)", f"{100 * waited:.0f}%"
     if device == "cpu":
-        return [_item("data wait", finding, "on CPUs the loader shares the cores with training; keep small data sets decoded in "
-                      "memory, or give loading cores of its own")]
-    return [_item("data wait", finding, "the loader starves the GPU; give the DataLoader more workers (num_workers, cores next "
-                  "to the GPU), pin memory, or read faster storage")]
+        return [_item("data wait", what, value, "on CPUs the loader shares the cores with training; keep small data sets decoded "
+                      "in memory, or give loading cores of its own")]
+    return [_item("data wait", what, value, "the loader starves the GPU; give the DataLoader more workers (num_workers, cores "
+                  "next to the GPU), pin memory, or read faster storage")]
 
 
 def _spread_flag(row: dict[str, Any]) -> list[dict[str, str]]:
     runs = row.get("samples_per_s_runs") or []
     if len(runs) < 2 or (max(runs) - min(runs)) / row["samples_per_s"] <= SPREAD:
         return []
-    return [_item("noise", f"its {len(runs)} runs spread over {100 * (max(runs) - min(runs)) / row['samples_per_s']:.0f}% of the "
-                  "median throughput", "the machine is noisy (shared nodes, frequency scaling); trust only larger differences")]
+    return [_item("noise", f"its {len(runs)} runs spread over {{}} of the median throughput",
+                  f"{100 * (max(runs) - min(runs)) / row['samples_per_s']:.0f}%",
+                  "the machine is noisy (shared nodes, frequency scaling); trust only larger differences")]
 
 
 def _utilisation_flags(row: dict[str, Any], device: str) -> list[dict[str, str]]:
@@ -75,12 +77,12 @@ def _utilisation_flags(row: dict[str, Any], device: str) -> list[dict[str, str]]
             for d in devices:
                 if d["util_mean"] < UNDERUSED_RATIO * busiest["util_mean"]:
                     unit = "of its cores" if str(d.get("device") or "cpu").startswith("cpu") else "of the time (GPU)"
-                    flags.append(_item("under-used device", f"rank {d['rank']} ({d.get('device')} on {d.get('host')}) was busy "
-                                       f"{d['util_mean']:.0f}% {unit} while rank {busiest['rank']} was busy {busiest['util_mean']:.0f}%",
-                                       "an idle or under-used device (uneven shards, work on one rank only, or a rank waiting on "
-                                       "the others)"))
+                    finding = (f"rank {d['rank']} ({d.get('device')} on {d.get('host')}) was busy {d['util_mean']:.0f}% {unit} "
+                               f"while rank {busiest['rank']} was busy {busiest['util_mean']:.0f}%")
+                    flags.append(_item("under-used device", "{}", finding, "an idle or under-used device (uneven shards, work on "
+                                       "one rank only, or a rank waiting on the others)"))
     elif len(devices) == 1 and device == "cuda" and devices[0]["util_mean"] < BUSY_PCT:
-        flags.append(_item("idle GPU", f"the GPU was busy only {devices[0]['util_mean']:.0f}% of the time",
+        flags.append(_item("idle GPU", "the GPU was busy only {} of the time", f"{devices[0]['util_mean']:.0f}%",
                            "a larger batch, more loader workers, or less host-side work per step"))
     return flags
 
@@ -108,7 +110,7 @@ def _breakdown_flags(row: dict[str, Any]) -> list[dict[str, str]]:
         return []  # nothing measured the causes: "rest" would be all of the loss, not an unexplained remainder
     threshold = max(PART_FLAG, row.get("noise") or NOISE_FLOOR)
     fixes = {**_PART_FIXES, "compute": _COMPUTE_FIXES.get(row["scaling"], _COMPUTE_FIXES["strong"])}
-    return [_item(part, f"lost {100 * share:.0f}% of ideal throughput to {PART_LABELS[part]}", fixes[part])
+    return [_item(part, f"lost {{}} of ideal throughput to {PART_LABELS[part]}", f"{100 * share:.0f}%", fixes[part])
             for part, share in shares.items() if share is not None and share > threshold]
 
 
@@ -146,7 +148,7 @@ def _accuracy_flags(row: dict[str, Any], base: dict[str, Any]) -> list[dict[str,
             advice = "scale the learning rate with the batch (--lr-scaling linear, with warm-up), or use strong scaling"
         else:
             advice = "try more epochs or a longer warm-up (--lr-warmup-steps)"
-    return [_item("accuracy", finding, advice)]
+    return [_item("accuracy", "{}", finding, advice)]
 
 
 def row_flags(row: dict[str, Any], base: dict[str, Any], device: str) -> list[dict[str, str]]:
@@ -167,16 +169,22 @@ def group_flags(rows: Iterable[dict[str, Any]]) -> list[tuple[str, str]]:
     """One (runs, text) per cause and advice, in the order first met: the runs it applies to, what was found in each
     ("run: finding; run: finding", or the finding once where it is the same in all), then the advice once. A row
     without items (results.json of an older gpuscale) contributes its flag texts, each its own cause."""
-    groups: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    groups: dict[tuple[str, str, str], list[tuple[str, dict[str, str]]]] = {}
     for row in rows:
         items = row.get("flag_items")
         if items is None:
-            items = [_item(text, text) for text in row.get("flags") or []]
+            items = [_item(text, "{}", text) for text in row.get("flags") or []]
         for item in items:
-            groups.setdefault((item["cause"], item["advice"]), []).append((row["name"], item["finding"]))
+            what = item.get("what") or "{}"
+            groups.setdefault((item["cause"], item["advice"], what), []).append((row["name"], item))
     out = []
-    for (_, advice), found in groups.items():
-        findings = list(dict.fromkeys(finding for _, finding in found))
-        said = findings[0] if len(findings) == 1 else "; ".join(f"{name}: {finding}" for name, finding in found)
+    for (_, advice, what), found in groups.items():
+        values = list(dict.fromkeys(item.get("value", item["finding"]) for _, item in found))
+        if len(values) == 1:
+            said = found[0][1]["finding"]
+        elif what == "{}":  # a finding without a common text: each run's own
+            said = "; ".join(f"{name}: {item['finding']}" for name, item in found)
+        else:
+            said = what.replace("{}", ", ".join(f"{item['value']} in {name}" for name, item in found))
         out.append((", ".join(dict.fromkeys(name for name, _ in found)), f"{said}: {advice}" if advice else said))
     return out
