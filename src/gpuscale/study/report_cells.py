@@ -80,12 +80,12 @@ BASIS = {
                      "checkpoints and probes excluded.",
     "efficiency": "speed-up and efficiency: train samples/s over the baseline's (the smallest run of the same scaling), "
                   "and over ideal (the baseline's samples/s per device x devices).",
-    "predicted_efficiency": "predicted efficiency: the same quantity from the model (see Prediction).",
+    "predicted_efficiency": "predicted efficiency: the same quantity from the model (its inputs: report.md's Prediction).",
     "device_hours_per_m_samples": "device-h/1M samples: devices x hours to train a million samples at that throughput; "
                                   "cost/sample: the same over the baseline's (1 / efficiency).",
     "joules_per_sample": "J/sample: the devices' mean power while training, summed over ranks, over train samples/s.",
-    "time_to_result_s": "time to result: the whole run (startup, training, evaluation, checkpoints) for the same "
-                        "epochs; speed-up (time): the baseline's time to result over this run's.",
+    "time_to_result_s": "time to result: the whole run from its launch (gpuscale's and the script's start-up, training, "
+                        "evaluation, checkpoints) for the same epochs; speed-up (time): the baseline's time to result over this run's.",
     "lr": "lr rule: how the learning rate followed the global batch (gpuscale.scale_lr), with its factor.",
 }
 """What each shown column means: its unit and denominator, printed under the table."""
