@@ -546,3 +546,12 @@ def test_a_cause_found_in_several_runs_is_said_once_with_each_runs_value():
     assert text.startswith("waited for data 48% in weak-1x1, 33% in weak-1x2 of its training time (data wait / training time, both "
                            "in the time split): on CPUs the loader shares the cores")
     assert group_flags([{"name": "old", "flags": ["a flag of an older results.json"]}]) == [("old", "a flag of an older results.json")]
+
+
+def test_runs_that_trained_different_amounts_of_work_are_said_not_comparable_in_time(tmp_path):
+    fixed_steps = [{**_summary(1, "weak", 100.0, 10.0), "samples": 1000}, {**_summary(2, "weak", 180.0, 10.0), "samples": 2000},
+                   {**_summary(1, "strong", 100.0, 10.0), "samples": 1000}, {**_summary(2, "strong", 150.0, 10.0), "samples": 992}]
+    _write_study(tmp_path, fixed_steps)
+    notes = [n for n in analysis.analyse(tmp_path)["notes"] if "amounts of work" in n]
+    assert notes == ["The runs of weak scaling trained different amounts of work (weak-1x1: 1000 samples, weak-1x2: 2000 samples): "
+                     "compare their throughput, not their times to result (the script stops after a number of steps, not epochs?)"]

@@ -66,7 +66,7 @@ def check_experiments(rows: list[dict[str, Any]], study: dict[str, Any], cells: 
         notes.append("The script ignored the batch the study planned: each rank trained its own batch per step, shown in the "
                      "table, in " + ", ".join(ignored) + ". Pass the batch template to the option the script reads "
                      "(e.g. --batch-size {per_device_batch}).")
-    return notes + _same_experiments(rows)
+    return notes + _same_experiments(rows) + _same_work(rows)
 
 
 def _same_experiments(rows: list[dict[str, Any]]) -> list[str]:
@@ -87,6 +87,30 @@ def _same_experiments(rows: list[dict[str, Any]]) -> list[str]:
                          "and stands for both")
         else:
             notes.append(f"{names} ran the same experiment (the same batches on the same devices): their difference is noise")
+    return notes
+
+
+WORK_TOLERANCE = 0.05
+"""Runs of one scaling whose trained samples differ by more than this share trained different amounts of work (a
+last partial batch dropped on more devices stays within it)."""
+
+
+def _same_work(rows: list[dict[str, Any]]) -> list[str]:
+    """Runs of one scaling that trained different numbers of samples (a script that stops after a fixed number of
+    steps, not epochs): their times to result are not comparable."""
+    notes = []
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault((row.get("variant") or "", row["scaling"]), []).append(row)
+    for (variant, scaling), group in groups.items():
+        counted = [r for r in group if r.get("samples")]
+        if len(counted) < 2 or max(r["samples"] for r in counted) <= (1 + WORK_TOLERANCE) * min(r["samples"] for r in counted):
+            continue
+        label = f"{scaling} scaling" + (f" ({variant})" if variant else "")
+        notes.append(f"The runs of {label} trained different amounts of work ("
+                     + ", ".join(f"{r['name']}: {r['samples']} samples" for r in counted)
+                     + "): compare their throughput, not their times to result (the script stops after a number of steps, "
+                       "not epochs?)")
     return notes
 
 
