@@ -148,7 +148,7 @@ def test_report_renders_with_plots_and_the_json_numbers(page, report):
         lost = p.locator(f'#breakdown td[data-row="{row["name"]}"][data-key="lost"]').inner_text()
         assert lost == "%d%%" % round(100 * (1 - row["efficiency"]))
         line = p.locator(f'#why li[data-row="{row["name"]}"]').inner_text()
-        assert "(not measured: <b>fsdp</b>: cannot)" in line and f"of ideal ({_sig3(row['ideal_samples_per_s'])} samples/s)" in line
+        assert "(not measured: <b>fsdp</b>: cannot)" in line and f"of an ideal {_sig3(row['ideal_samples_per_s'])} samples/s;" in line
     waterfall = p.locator('figure[data-plot="waterfall"] img')
     assert waterfall.count() == 1 and waterfall.evaluate("i => i.complete && i.naturalWidth > 800")
 

@@ -122,7 +122,7 @@ def test_markdown_holds_every_rows_formatted_numbers(study):
     weak4 = next(r for r in results["rows"] if r["name"] == "weak-1x4")
     half, rest = round(100 * (1 - weak4["efficiency"]) / 2), round(100 * weak4["loss_breakdown"]["rest"])
     assert f"| weak-1x4 | 1% | {half}% (pred. 3%) | 2% | -1% (pred. 0%) | {rest}% | 13% |" in md
-    assert f"- **weak-1x4**: 87% of ideal (405 samples/s); lost 13%: data 1%, exposed communication {half}% (predicted 3%)" in md
+    assert f"- **weak-1x4**: 87% of an ideal 405 samples/s; lost 13%: data 1%, exposed communication {half}% (predicted 3%)" in md
     # startup 2.0 s of strong-1x1's 41.5 s
     assert re.search(r"^\| strong-1x1 \| 2\.0s \(5%\) \|", md, re.M)
     for rel in plot_paths(results).values():
@@ -149,7 +149,7 @@ def test_format_table_is_deterministic_aligned_and_lists_flags(study):
     assert " 352 " in weak4 and "14.2s" in weak4 and "3.47x" in weak4 and "87%" in weak4 and "0.940" in weak4
     assert "linear x4" in weak4
     assert "  strong-1x4: rank 1 (cpu) used 12%" in text and "  weak-1x4: rank 1" in text
-    assert "  weak-1x4: 87% of ideal (405 samples/s); lost 13%: data 1%, exposed communication 7% (predicted 3%), " \
+    assert "  weak-1x4: 87% of an ideal 405 samples/s; lost 13%: data 1%, exposed communication 7% (predicted 3%), " \
            "imbalance 2%, per-device compute -1% (predicted 0%), rest (unexplained) 5%" in text
 
 

@@ -27,7 +27,7 @@ _CURES = {
     "exposed_comm": "a larger per-device batch or gradient accumulation would hide more of the synchronisation",
     "imbalance": "evening out the ranks' work (shards, loader workers, work on rank 0 only) would stop the others waiting",
     "compute": "each device computes a sample more slowly than alone; a larger per-device batch keeps its kernels efficient",
-    "rest": "no measured part explains it; --repeat 3 tells noise from host work per step",
+    "rest": "--repeat 3 would tell noise from host work per step (the optimizer step, logging)",
 }
 
 

@@ -3,7 +3,7 @@
 Pure functions of a results.json dict (schema in `gpuscale.study`); `report` puts their text in the
 terminal table, report.md and report.html alike, so the three always say the same thing.
 
-    why_not_more(results)      -> [(run, "76% of ideal (5050.2 samples/s); lost 24%: data 3%, ...")]
+    why_not_more(results)      -> [(run, "76% of an ideal 5050 samples/s; lost 24%: data 3%, ...")]
     prediction_facts(results)  -> [(key, label, text)]: interconnect, baseline, overlap, ... with units
     prediction_table(results)  -> (header, rows): the predicted cells, one unit per column
 """
@@ -58,7 +58,7 @@ def why_not_more(results: dict[str, Any]) -> list[tuple[str, str]]:
             if predicted.get(part) is not None:
                 text += f" (predicted {pct(predicted[part])})"
             parts.append(text)
-        line = (f"{pct(row['efficiency'])} of ideal ({three_figures(row['ideal_samples_per_s'])} samples/s); "
+        line = (f"{pct(row['efficiency'])} of an ideal {three_figures(row['ideal_samples_per_s'])} samples/s; "
                 f"lost {pct(1 - row['efficiency'])}: " + ", ".join(parts))
         if any(shares.get(p) is None for p in PARTS):
             line += _not_measured(row)

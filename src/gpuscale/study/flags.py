@@ -168,7 +168,9 @@ def set_flags(row: dict[str, Any], items: list[dict[str, str]]) -> None:
 def group_flags(rows: Iterable[dict[str, Any]]) -> list[tuple[str, str]]:
     """One (runs, text) per cause and advice, in the order first met: the runs it applies to, what was found in each
     ("run: finding; run: finding", or the finding once where it is the same in all), then the advice once. A row
-    without items (results.json of an older gpuscale) contributes its flag texts, each its own cause."""
+    without items (results.json of an older gpuscale) contributes its flag texts, each its own cause. A cause found in
+    every run of more than two reads "all runs"."""
+    rows = list(rows)
     groups: dict[tuple[str, str, str], list[tuple[str, dict[str, str]]]] = {}
     for row in rows:
         items = row.get("flag_items")
@@ -177,6 +179,7 @@ def group_flags(rows: Iterable[dict[str, Any]]) -> list[tuple[str, str]]:
         for item in items:
             what = item.get("what") or "{}"
             groups.setdefault((item["cause"], item["advice"], what), []).append((row["name"], item))
+    everyone = {row["name"] for row in rows}
     out = []
     for (_, advice, what), found in groups.items():
         values = list(dict.fromkeys(item.get("value", item["finding"]) for _, item in found))
@@ -186,5 +189,7 @@ def group_flags(rows: Iterable[dict[str, Any]]) -> list[tuple[str, str]]:
             said = "; ".join(f"{name}: {item['finding']}" for name, item in found)
         else:
             said = what.replace("{}", ", ".join(f"{item['value']} in {name}" for name, item in found))
-        out.append((", ".join(dict.fromkeys(name for name, _ in found)), f"{said}: {advice}" if advice else said))
+        names = list(dict.fromkeys(name for name, _ in found))
+        runs = "all runs" if len(names) > 2 and set(names) == everyone else ", ".join(names)
+        out.append((runs, f"{said}: {advice}" if advice else said))
     return out
