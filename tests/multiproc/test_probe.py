@@ -140,9 +140,12 @@ def test_each_kind_of_script_is_studied_unchanged(tmp_path, client):
     assert_ok(result)
     rows = {row["name"]: row for row in json.loads((out / "results.json").read_text())["rows"]}
     assert sorted(rows) == ["strong-1x1", "strong-1x2", "weak-1x1", "weak-1x2"]
+    # on one device weak and strong scaling run the same command (--batch-size 32): it ran once, for both
+    assert rows["strong-1x1"]["same_as"] == "weak-1x1" and not (out / "strong-1x1" / "output.log").exists()
     for name, row in rows.items():
-        summary = json.loads((out / name / "summary.json").read_text())
-        said = _client_lines((out / name / "output.log").read_text())
+        folder = out / (row["same_as"] or name)
+        summary = json.loads((folder / "summary.json").read_text())
+        said = _client_lines((folder / "output.log").read_text())
         world = row["world_size"]
         assert sorted(said) == list(range(world)) and all(s["world_size"] == world for s in said.values()), (name, said)
         assert summary["measured_by"] == "probe" and summary["complete"]
@@ -153,7 +156,7 @@ def test_each_kind_of_script_is_studied_unchanged(tmp_path, client):
         assert row["samples_per_s"] == summary["samples_per_s"] > 0 and row["time_split_s"]["data_wait"] is not None
         _assert_timed_as_the_script_timed_itself(summary, said, name)
         assert len(row["utilisation"]["devices"]) == world
-        assert_placed(read_records(out / name / "probe"), name)  # the script unchanged, its ranks placed all the same
+        assert_placed(read_records(folder / "probe"), name)  # the script unchanged, its ranks placed all the same
         if world == 2:  # every client trains a DDP model on two ranks: DDP's timers split the step
             assert row["sync_probe"]["status"] == "measured" and row["sync_probe"]["source"] == "ddp_timers", (name, row["sync_probe"])
             assert row["time_split_s"]["exposed_comm"] is not None and row["time_split_s"]["imbalance"] is not None
