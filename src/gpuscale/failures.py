@@ -236,7 +236,7 @@ def is_peer_symptom(exc: BaseException) -> bool:
 
 
 def note_failure(env: DistEnv | int, exc: BaseException, repeat_of: int | None = None) -> None:
-    """Leave $GPUSCALE_FAILURE_DIR/rank-N.json for `gpuscale run` (and srun mode's batch script): when, whether a
+    """Leave $GPUSCALE_FAILURE_DIR/rank-N.json for the launcher (`gpuscale run`, a batch script): when, whether a
     symptom, the message, and which rank already printed the same error (`repeat_of`). `env`: the rank's, or its rank."""
     directory = os.environ.get(FAILURE_DIR)
     if not directory:
