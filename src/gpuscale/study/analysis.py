@@ -41,7 +41,7 @@ from typing import Any
 from gpuscale.study.answer import TARGET_EFFICIENCY, answer
 from gpuscale.study.cost import add_cost
 from gpuscale.study.experiments import check_experiments, group_key, missing_baseline_note, planned_baselines
-from gpuscale.study.flags import row_flags, set_flags
+from gpuscale.study.flags import row_flags, set_flags, spread
 from gpuscale.study.parts import NOISE_FLOOR, PARTS
 from gpuscale.study.parts import PART_LABELS as PART_LABELS  # re-exported: the report imports it from here
 from gpuscale.study.matrix import SCALINGS, Cell
@@ -155,15 +155,10 @@ def breakdown(row: dict[str, Any], base: dict[str, Any]) -> dict[str, float | No
     return shares
 
 
-def _spread(row: dict[str, Any]) -> float:
-    runs = row.get("samples_per_s_runs") or []
-    return (max(runs) - min(runs)) / row["samples_per_s"] if len(runs) > 1 and row["samples_per_s"] else 0.0
-
-
 def noise(row: dict[str, Any], base: dict[str, Any]) -> float:
     """How far a part of `row`'s lost efficiency may be from zero by chance, as a share of ideal throughput: the
     spread of the repeated runs' throughput of the row or its baseline (--repeat), at least NOISE_FLOOR."""
-    return max(NOISE_FLOOR, _spread(row), _spread(base))
+    return max(NOISE_FLOOR, spread(row), spread(base))
 
 
 def predicted_breakdown(cell: dict[str, Any] | None) -> dict[str, float | None] | None:

@@ -15,7 +15,7 @@ from typing import Any
 
 from gpuscale.study.parts import NOISE_FLOOR, PART_LABELS, PARTS
 
-__all__ = ["STARVED_FRACTION", "UNDERUSED_RATIO", "BUSY_PCT", "ACCURACY_DROP", "SPREAD", "PART_FLAG", "row_flags", "set_flags",
+__all__ = ["STARVED_FRACTION", "UNDERUSED_RATIO", "BUSY_PCT", "ACCURACY_DROP", "SPREAD", "PART_FLAG", "spread", "row_flags", "set_flags",
            "group_flags"]
 
 STARVED_FRACTION = 0.2
@@ -59,13 +59,17 @@ def _data_flag(row: dict[str, Any], device: str) -> list[dict[str, str]]:
                   "next to the GPU), pin memory, or read faster storage")]
 
 
-def _spread_flag(row: dict[str, Any]) -> list[dict[str, str]]:
+def spread(row: dict[str, Any]) -> float:
+    """How far the row's repeated runs spread: (max - min) / the median run's throughput; 0 for a single run."""
     runs = row.get("samples_per_s_runs") or []
-    if len(runs) < 2 or (max(runs) - min(runs)) / row["samples_per_s"] <= SPREAD:
+    return (max(runs) - min(runs)) / row["samples_per_s"] if len(runs) > 1 and row["samples_per_s"] else 0.0
+
+
+def _spread_flag(row: dict[str, Any]) -> list[dict[str, str]]:
+    if spread(row) <= SPREAD:
         return []
-    return [_item("noise", f"its {len(runs)} runs spread over {{}} of the median throughput",
-                  f"{100 * (max(runs) - min(runs)) / row['samples_per_s']:.0f}%",
-                  "the machine is noisy (shared nodes, frequency scaling); trust only larger differences")]
+    return [_item("noise", f"its {len(row['samples_per_s_runs'])} runs spread over {{}} of the median throughput",
+                  f"{100 * spread(row):.0f}%", "the machine is noisy (shared nodes, frequency scaling); trust only larger differences")]
 
 
 def _utilisation_flags(row: dict[str, Any], device: str) -> list[dict[str, str]]:
