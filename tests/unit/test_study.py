@@ -305,6 +305,63 @@ def test_repeats_run_in_rounds_and_the_row_is_the_median_run(tmp_path):
     assert not any("spread" in f for f in rows["weak-1x1"]["flags"])
 
 
+def test_with_repeats_the_table_shows_the_range_of_throughput_and_efficiency(tmp_path):
+    """weak-1x2's runs 150, 170, 190 samples/s against the baseline's median 100: efficiency 75%, 85%, 95% by hand."""
+    from gpuscale.study.report_cells import cells as table_cells
+
+    cells = matrix.cells([1, 2], [1], ["weak"], repeats=3)
+    runner.record_study(tmp_path, ["t.py"], "local", cells)
+    throughput = {"weak-1x1": 100.0, "weak-1x1.r2": 104.0, "weak-1x1.r3": 98.0,
+                  "weak-1x2": 150.0, "weak-1x2.r2": 190.0, "weak-1x2.r3": 170.0}
+    for cell in cells:
+        (tmp_path / cell.name).mkdir()
+        (tmp_path / cell.name / "summary.json").write_text(json.dumps(_summary(cell.world_size, "weak", throughput[cell.name], 10.0)))
+    results = analysis.analyse(tmp_path)
+    cols, lines = table_cells(results)
+    table = {line[0]: dict(zip([c.key for c in cols], line)) for line in lines}
+    assert table["weak-1x2"]["samples_per_s"] == "170 (150-190)" and table["weak-1x2"]["efficiency"] == "85% (75-95%)"
+    assert table["weak-1x1"]["samples_per_s"] == "100 (98.0-104)" and table["weak-1x1"]["efficiency"] == "100% (98-104%)"
+
+
+def test_other_work_on_the_cores_before_a_run_is_measured_and_recommends_repeats(tmp_path, monkeypatch):
+    """/proc/stat by hand: core 0 goes from 100 idle ticks to 130 user + 70 idle of 200 (+ 20 steal): (30 + 20) / 120 busy;
+    core 1 stays idle and is not asked for."""
+    from gpuscale.study import otherload
+
+    stat = tmp_path / "stat"
+    samples = iter(["cpu  1 2 3 4 5 6 7 8\ncpu0 0 0 0 100 0 0 0 0 0 0\ncpu1 0 0 0 100 0 0 0 0\n",
+                    "cpu  1 2 3 4 5 6 7 8\ncpu0 30 0 0 170 0 0 0 20 0 0\ncpu1 0 0 0 300 0 0 0 0\n"])
+    monkeypatch.setattr(otherload.time, "sleep", lambda s: stat.write_text(next(samples)))
+    stat.write_text(next(samples))
+    assert otherload.busy_share([0], 0.5, stat) == pytest.approx(50 / 120)
+    assert otherload.busy_share([0], 0.5, tmp_path / "missing") is None
+    rows = [{"name": "weak-1x1", "other_load": 0.02, "repeats": 1}, {"name": "weak-1x2", "other_load": 0.42, "repeats": 1}]
+    line = otherload.warning(rows)
+    assert line.startswith("Other work kept this machine's cores busy just before 1 of 2 runs (up to 42%")
+    assert "weak-1x2 42%" in line and "--repeat 3" in line
+    assert otherload.warning([{**r, "other_load": 0.05} for r in rows]) is None  # quiet cores
+    assert otherload.warning([{**r, "repeats": 3} for r in rows]) is None  # the spread is shown already
+    # a run's folder keeps what was measured before it, and the analysis adds the line to the study's notes
+    _write_study(tmp_path / "study", [_summary(1, "weak", 100.0, 10.0), _summary(2, "weak", 180.0, 10.0)])
+    (tmp_path / "study" / "weak-1x2" / otherload.OTHER_LOAD_FILE).write_text(json.dumps({"busy": 0.5}))
+    results = analysis.analyse(tmp_path / "study")
+    assert [r["other_load"] for r in results["rows"]] == [None, 0.5]
+    assert any(n.startswith("Other work kept this machine's cores busy just before 1 of 1 runs") for n in results["notes"])
+
+
+def test_a_large_rest_names_the_sampled_steps_it_doubts():
+    from gpuscale.study.explain import doubted_measurement
+
+    row = {"loss_breakdown": {"data": 0.0, "exposed_comm": 0.05, "imbalance": 0.0, "compute": 0.02, "rest": 0.16},
+           "noise": 0.03, "steps": 186, "sync_probe": {"probes": 11, "status": "measured"}}
+    assert doubted_measurement(row).startswith("Its rest (16%) is beyond the noise: the study doubts exposed communication "
+                                               "and imbalance, which rest on 11 of its 186 steps (the sync probe's replays)")
+    probed = {**row, "measured_by": "probe", "sync_probe": {"probes": 10, "source": "ddp_timers"}}
+    assert "10 of its 186 steps (DDP's own timed iterations)" in doubted_measurement(probed)
+    assert doubted_measurement({**row, "noise": 0.2}) is None  # within the noise of --repeat
+    assert doubted_measurement({**row, "loss_breakdown": {**row["loss_breakdown"], "rest": 0.04}}) is None
+
+
 def test_strategies_that_gather_parameters_move_half_as_many_bytes_again():
     """FSDP and ZeRO-3 gather parameters besides reducing gradients (1.5x DDP's bytes); ZeRO-1/2 and DDP do not.
     The summary says which (gathers_parameters); older summaries without it are judged by the name, as before."""
@@ -509,8 +566,11 @@ def test_a_cell_that_is_the_same_experiment_as_an_earlier_one_runs_once_and_stan
     cells = matrix.cells([1, 2], [1], ["weak", "strong"])
     shared = shared_runs(cells, command, lambda c: command.argv_for(c, str(tmp_path / c.name), 1), tmp_path)
     assert shared == {"strong-1x1": "weak-1x1"}
-    gpuscale_script = StudyCommand(argv=("t.py",), appends_cell_options=True)
-    assert shared_runs(cells, gpuscale_script, lambda c: gpuscale_script.argv_for(c, str(tmp_path / c.name), 1), tmp_path) == {}
+    # a gpuscale script gets --scaling appended: on one device weak and strong train the same batches, on two they differ
+    gpuscale_script = StudyCommand(argv=("t.py", "--scaling-note", "weak"), appends_cell_options=True)
+    assert gpuscale_script.argv_for(cells[0], str(tmp_path / "weak-1x1"), 1)[-4:-2] == ["--scaling", "weak"]
+    assert shared_runs(cells, gpuscale_script, lambda c: gpuscale_script.argv_for(c, str(tmp_path / c.name), 1),
+                       tmp_path) == {"strong-1x1": "weak-1x1"}
 
     ran = []
 

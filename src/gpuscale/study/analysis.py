@@ -38,6 +38,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from gpuscale.study import otherload
 from gpuscale.study.answer import TARGET_EFFICIENCY, answer
 from gpuscale.study.cost import add_cost
 from gpuscale.study.experiments import check_experiments, group_key, missing_baseline_note, planned_baselines
@@ -110,11 +111,11 @@ def row_from_summary(cell: Cell, summary: dict[str, Any], study_dir: Path, runs:
         "same_as": summary.get("same_as"), "samples_from": summary.get("samples_from"), "synchronised": (summary.get("probe") or {}).get("synchronised"),
         "planned_per_device_batch": None, "device_hours_per_m_samples": None, "device_hours_per_epoch": None,
         "cost_ratio": None, "joules_per_sample": None, "energy_source": None,
-        "ideal_samples_per_s": None, "speedup": None, "efficiency": None,
+        "ideal_samples_per_s": None, "speedup": None, "efficiency": None, "efficiency_runs": None,
         "time_speedup": None, "loss_breakdown": None, "predicted_breakdown": None,
         "metric": metric, "metric_value": value, "lr": _lr(summary), "per_epoch": summary.get("per_epoch"),
         "final_loss": summary.get("final_loss"), "predicted_samples_per_s": None, "predicted_efficiency": None,
-        "utilisation": summary.get("utilisation"),
+        "utilisation": summary.get("utilisation"), "other_load": otherload.read(study_dir / cell.name),
         "timeline": str(timeline) if (study_dir / timeline).is_file() else None,
         "flags": [],
     }
@@ -195,6 +196,7 @@ def analyse_rows(rows: list[dict[str, Any]], device: str = "cpu", planned: dict[
             row["ideal_samples_per_s"] = base["samples_per_s"] * devices
             row["speedup"] = row["samples_per_s"] / base["samples_per_s"]
             row["efficiency"] = row["speedup"] / devices
+            row["efficiency_runs"] = [runs / row["ideal_samples_per_s"] for runs in row["samples_per_s_runs"]]
             row["time_speedup"] = _per_epoch(base, "time_to_result_s") / _per_epoch(row, "time_to_result_s")
             row["loss_breakdown"] = breakdown(row, base)
             row["noise"] = noise(row, base)
@@ -259,7 +261,8 @@ def analyse(study_dir: Path, prediction: dict[str, Any] | None = None, target_ef
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "rows": rows, "baseline": baselines, "missing_baseline": missing, "prediction": prediction,
         "notes": checks + [missing_baseline_note(key, name) for key, name in missing.items()
-                           if any(group_key(r["variant"], r["scaling"]) == key for r in rows)],
+                           if any(group_key(r["variant"], r["scaling"]) == key for r in rows)]
+                 + [line for line in [otherload.warning(rows)] if line],
         "target_efficiency": target_efficiency,
     }
     results["answer"] = answer(results, target_efficiency)

@@ -16,7 +16,7 @@ from typing import Any
 from gpuscale.study.analysis import PART_LABELS, PARTS, compared_rows
 from gpuscale.study.numbers import three_figures
 
-__all__ = ["DASH", "pct", "part_share", "why_not_more", "breakdown_cells", "prediction_facts", "prediction_table"]
+__all__ = ["DASH", "pct", "part_share", "why_not_more", "doubted_measurement", "REST_DOUBT", "breakdown_cells", "prediction_facts", "prediction_table"]
 
 DASH = "—"
 """What a missing value (None) renders as, everywhere."""
@@ -62,8 +62,35 @@ def why_not_more(results: dict[str, Any]) -> list[tuple[str, str]]:
                 f"lost {pct(1 - row['efficiency'])}: " + ", ".join(parts))
         if any(shares.get(p) is None for p in PARTS):
             line += _not_measured(row)
+        doubt = doubted_measurement(row)
+        if doubt:
+            line += f". {doubt}"
         lines.append((row["name"], line))
     return lines
+
+
+REST_DOUBT = 0.1
+"""A "rest" above this share of ideal throughput (and beyond the noise) makes the study name the measurement it doubts."""
+
+
+def doubted_measurement(row: dict[str, Any]) -> str | None:
+    """Where "rest" is large though the parts were measured: which measurement the study doubts, and why.
+
+    Data waits are timed on every step; exposed communication and imbalance (and so compute, the step's
+    remainder) come from a sample of steps: the sync probe's replays in a gpuscale script, DDP's own timed
+    iterations in a script measured by the probe. A sample unlike the rest of the run leaves the difference in rest."""
+    shares = row.get("loss_breakdown") or {}
+    rest, noise = shares.get("rest"), row.get("noise") or 0.0
+    if rest is None or rest <= max(REST_DOUBT, noise) or shares.get("exposed_comm") is None:
+        return None
+    probe = row.get("sync_probe") or {}
+    count, steps = probe.get("probes"), row.get("steps")
+    sample = f"{count} of its {steps} steps" if count and steps else (f"{count} of its steps" if count else "a sample of its steps")
+    what = ("DDP's own timed iterations" if probe.get("source") == "ddp_timers" or row.get("measured_by") == "probe"
+            else "the sync probe's replays")
+    return (f"Its rest ({pct(rest)}) is beyond the noise: the study doubts exposed communication and imbalance, which rest on "
+            f"{sample} ({what}); steps unlike the rest of the run leave the difference in rest "
+            "(per-step host work the parts do not time adds to it too)")
 
 
 def breakdown_cells(row: dict[str, Any]) -> list[str]:

@@ -97,8 +97,8 @@ _PART_FIXES = {
                     "accumulation (fewer all-reduces per sample), a faster interconnect (report.md's Prediction models it)",
     "imbalance": "one rank sets the pace (each rank's waits are in the run's summary.json): uneven shards or loader "
                  "workers, a rank doing extra work (logging, evaluation on rank 0 only), a slower device",
-    "rest": "not explained by the measured parts: host-side work per step (the optimizer step, logging, metrics that "
-            "synchronise), or noise (--repeat 3)",
+    "rest": "not explained by the measured parts: a sample of steps that does not stand for the run (Why not more names "
+            "it), host-side work per step (the optimizer step, logging, metrics that synchronise), or noise (--repeat 3)",
 }
 _COMPUTE_FIXES = {
     "strong": "each device computes a sample more slowly than the baseline did: under strong scaling each device's batch "

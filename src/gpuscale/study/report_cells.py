@@ -54,16 +54,28 @@ def _lr_rule(row: dict[str, Any]) -> str:
     return lr["rule"] if lr["rule"] == "none" or lr.get("factor") is None else f"{lr['rule']} x{lr['factor']:.3g}"
 
 
+def _spread(key: str, runs_key: str, fmt: Callable[[Any], str], unit: str = "") -> Callable[[dict[str, Any]], str]:
+    """The value, and with --repeat the range its runs spread over: "1400 (1380-1420)", "68% (66-70%)"."""
+    def text(row: dict[str, Any]) -> str:
+        if row.get(key) is None:
+            return DASH
+        runs = row.get(runs_key) or []
+        if len(runs) < 2:
+            return fmt(row[key]) + unit
+        return f"{fmt(row[key])}{unit} ({fmt(min(runs))}-{fmt(max(runs))}{unit})"
+    return text
+
+
 COLUMNS = (
-    Column("name", "run", _field("name"), numeric=False),
+    Column("name", "run", lambda r: r["name"] + (f" (= {r['same_as']})" if r.get("same_as") else ""), numeric=False),
     Column("scaling", "scaling", _field("scaling"), numeric=False),
     Column("layout", "nodes x procs (world)",
            lambda r: f"{r['nodes']}x{r['nproc_per_node']} ({r['world_size']})", numeric=False),
     Column("global_batch", "global batch", _field("global_batch")),
     Column("per_device_batch", "per-device batch", _field("per_device_batch")),
-    Column("samples_per_s", "train samples/s", _field("samples_per_s", three_figures)),
+    Column("samples_per_s", "train samples/s", _spread("samples_per_s", "samples_per_s_runs", three_figures)),
     Column("speedup", "speed-up", _field("speedup", _num(2, "x"))),
-    Column("efficiency", "efficiency", _field("efficiency", _num(0, "%", 100.0))),
+    Column("efficiency", "efficiency", _spread("efficiency", "efficiency_runs", _num(0, "", 100.0), "%")),
     Column("predicted_efficiency", "predicted efficiency", _field("predicted_efficiency", _num(0, "%", 100.0))),
     Column("device_hours_per_m_samples", "device-h/1M samples", _field("device_hours_per_m_samples", three_figures)),
     Column("cost_ratio", "cost/sample", _field("cost_ratio", _num(2, "x"))),
@@ -79,7 +91,8 @@ BASIS = {
     "samples_per_s": "train samples/s: samples per second of optimizer steps, data waits included, evaluation, "
                      "checkpoints and probes excluded.",
     "efficiency": "speed-up and efficiency: train samples/s over the baseline's (the smallest run of the same scaling), "
-                  "and over ideal (the baseline's samples/s per device x devices).",
+                  "and over ideal (the baseline's samples/s per device x devices). With --repeat, the median run's, and in "
+                  "brackets the range the runs spread over (each run's efficiency against the baseline's median).",
     "predicted_efficiency": "predicted efficiency: the same quantity from the model (its inputs: report.md's Prediction).",
     "device_hours_per_m_samples": "device-h/1M samples: devices x hours to train a million samples at that throughput; "
                                   "cost/sample: the same over the baseline's (1 / efficiency).",

@@ -29,6 +29,7 @@ from typing import Any
 from gpuscale.launchtime import LAUNCH_TIME
 from gpuscale.files import atomic_write_json, make_dir
 from gpuscale.probe import RECORDS as PROBE_RECORDS, SUMMARY as SUMMARY_FILE, collect, probe_enabled, probe_environ, read_records
+from gpuscale.study import otherload
 from gpuscale.study.matrix import SCALINGS, Cell, cpu_cores_for, local_argv
 from gpuscale.study.numbers import three_figures
 from gpuscale.topology import check_cpu_processes
@@ -270,6 +271,7 @@ class LocalRunner:
         """Run one cell; None on success, else why it failed."""
         argv = local_argv(cell, self.argv_for(cell))
         cores = None if self.num_gpus else cpu_cores_for(cell, self.max_nproc, self.cores)
+        otherload.record(cell_dir, self.cores)  # none of the study's processes runs now: what is busy is other work
         env = dict(os.environ)
         env.setdefault("PYTHONUNBUFFERED", "1")
         env[LAUNCH_TIME] = repr(time.time())  # the cell's time to result counts from here, gpuscale's own start-up included

@@ -155,16 +155,23 @@ def plan_cells(spec: StudySpec, device_count: int) -> list[matrix.Cell]:
 
 
 def shared_runs(cells: list[matrix.Cell], command: Any, argv_for: Callable[[matrix.Cell], list[str]], out: Path) -> dict[str, str]:
-    """Cells that would run the very same experiment as an earlier one: the same command line (its own folder aside)
-    on the same devices, run once and used by both (weak and strong scaling's baselines, whose batches coincide). A
-    script that gets --scaling appended (a gpuscale script) may act on it: its cells never share."""
-    if command.appends_cell_options:
-        return {}
+    """Cells that would run the very same experiment as an earlier one, run once and used by both: the same command line
+    (its own folder aside) on the same devices, as weak and strong scaling's baselines are when their batches coincide.
+
+    A gpuscale script gets ``--scaling weak|strong`` appended, which decides only how its batch follows the world size
+    (`gpuscale.plan_batch`): on one device the two give the same batches, so its one-device cells of the two scalings
+    share a run too; on more devices they differ, and each runs."""
     first: dict[tuple[Any, ...], str] = {}
     shared = {}
     for cell in cells:
+        if command.appends_cell_options and cell.world_size != 1:
+            continue
         folder = str(out / cell.name)
-        key = (cell.nodes, cell.nproc_per_node, cell.repeat, tuple(arg.replace(folder, "{out}") for arg in argv_for(cell)))
+        argv = [arg.replace(folder, "{out}") for arg in argv_for(cell)]
+        if command.appends_cell_options:
+            argv = [("{scaling}" if arg == cell.scaling and before == "--scaling" else arg)
+                    for before, arg in zip(["", *argv[:-1]], argv, strict=True)]
+        key = (cell.nodes, cell.nproc_per_node, cell.repeat, tuple(argv))
         if key in first:
             shared[cell.name] = first[key]
         else:
