@@ -116,7 +116,8 @@ def test_report_renders_with_plots_and_the_json_numbers(page, report):
     assert p.locator("#command").inner_text() == shlex.join(results["command"])
 
     plots = [rel for rel in files if rel.startswith("plots/")]
-    assert "plots/utilisation-weak-1x2.png" not in plots and len(plots) == 4 + 5  # throughput, efficiency, waterfall, time
+    # throughput, efficiency, cost, time; a waterfall for each of the 3 runs with a breakdown; 5 utilisation plots
+    assert "plots/utilisation-weak-1x2.png" not in plots and len(plots) == 4 + 3 + 5
     images = p.eval_on_selector_all("img", "imgs => imgs.map(i => [i.complete, i.naturalWidth, i.naturalHeight])")
     assert len(images) == len(plots)
     assert all(complete and width > 0 and height > 0 for complete, width, height in images), images
@@ -149,8 +150,12 @@ def test_report_renders_with_plots_and_the_json_numbers(page, report):
         assert lost == "%d%%" % round(100 * (1 - row["efficiency"]))
         line = p.locator(f'#why li[data-row="{row["name"]}"]').inner_text()
         assert "(not measured: <b>fsdp</b>: cannot)" in line and f"of an ideal {_sig3(row['ideal_samples_per_s'])} samples/s;" in line
-    waterfall = p.locator('figure[data-plot="waterfall"] img')
-    assert waterfall.count() == 1 and waterfall.evaluate("i => i.complete && i.naturalWidth > 800")
+    for row in shown:  # one waterfall per run, titled with its name, at a readable size
+        waterfall = p.locator(f'figure[data-plot="waterfall-{row["name"]}"]')
+        assert waterfall.count() == 1 and waterfall.locator("img").evaluate("i => i.complete && i.naturalWidth > 700")
+        assert waterfall.locator("figcaption").inner_text().startswith(f"Why not more, {row['name']}:")
+    cost = p.locator('figure[data-plot="cost"] img')
+    assert cost.count() == 1 and cost.evaluate("i => i.complete && i.naturalWidth > 600")
 
     flags = p.locator("#flags li").all_inner_texts()
     runs_of: dict[str, list[str]] = {}  # the same flag on several runs is said once, naming them all

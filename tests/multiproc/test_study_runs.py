@@ -273,7 +273,7 @@ def test_demo_prints_weak_and_strong_scaling_and_writes_the_report(installed_whe
         assert rows[name]["sync_probe"]["status"] == "measured"
         assert sum(rows[name]["loss_breakdown"].values()) == pytest.approx(1 - rows[name]["efficiency"])
     html = (out / "report.html").read_text()
-    assert html.count("data:image/png;base64,") >= 4 and 'data-plot="waterfall"' in html
+    assert html.count("data:image/png;base64,") >= 4 and 'data-plot="waterfall-' in html
     # `gpuscale report` gives the same table from the saved JSON
     again = run(gpuscale_cmd("report", str(out), "--no-files"))
     assert_ok(again)

@@ -47,6 +47,7 @@ def make_results(study: Path) -> dict:
                 "time_split_s": {"startup": 2.0, "data_wait": 0.5 * world, "compute": time_s - 1.5 - 0.5 * world - 0.2 * (world - 1),
                                  "exposed_comm": 0.2 * (world - 1), "imbalance": 0.0, "eval": 1.0, "checkpoint": 0.5, "probe": 0.0},
                 "ideal_samples_per_s": 101.25 * world, "speedup": speedup, "efficiency": efficiency,
+                "cost_ratio": 1 / efficiency, "device_hours_per_m_samples": world * 1e6 / sps / 3600,
                 "time_speedup": 42.0 / (time_s + 2.0), "loss_breakdown": breakdown,
                 "predicted_breakdown": None if world == 1 else {"data": None, "exposed_comm": 0.03, "imbalance": None,
                                                                 "compute": 0.0, "rest": None},
@@ -84,7 +85,9 @@ def study(tmp_path: Path) -> tuple[Path, dict]:
 def test_write_report_writes_markdown_html_and_valid_pngs(study):
     study_dir, results = study
     files = write_report(results, study_dir)
-    expected_plots = {"plots/throughput.png", "plots/efficiency.png", "plots/waterfall.png", "plots/time_breakdown.png",
+    compared = [r["name"] for r in results["rows"] if r["name"] not in results["baseline"].values()]
+    expected_plots = {"plots/throughput.png", "plots/efficiency.png", "plots/cost.png", "plots/time_breakdown.png",
+                      *(f"plots/waterfall-{name}.png" for name in compared),  # one legible waterfall per run
                       *(f"plots/utilisation-{r['name']}.png" for r in results["rows"])}
     assert set(files) == {"report.md", "report.html", *expected_plots}
     for rel, path in files.items():

@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from gpuscale.cli.slurm import profile_from_args
+from gpuscale.slurm import billing
+from gpuscale.study.numbers import three_figures
 from gpuscale.study import matrix, predict
 from gpuscale.study import linkmeasure
 from gpuscale.cli.verbs import verb_parser
@@ -130,9 +132,13 @@ def format_prediction(prediction: dict[str, Any], cells: list[matrix.Cell]) -> s
               f"gradients: {prediction['gradient_bytes'] / 2**20:.1f} MiB per step"), ""]
     head = ["run", "scaling", "batch/device (samples)", "compute (ms)", "all-reduce (ms)", "exposed (ms)",
             "throughput (samples/s)", "efficiency (%)"]
+    billed = prediction.get("billing")
+    if billed:
+        head.append(f"{billed['unit']}/1M samples")
     rows = [[p["name"], scaling_of.get(p["name"], ""), _num(p["per_device_batch"]), f"{1e3 * p['compute_s']:.1f}",
              f"{1e3 * p['comm_s']:.1f}", f"{1e3 * p['exposed_comm_s']:.1f}", f"{p['samples_per_s']:.1f}",
-             f"{100 * p['efficiency']:.0f}"] for p in prediction["cells"]]
+             f"{100 * p['efficiency']:.0f}"] + ([three_figures(p["billed_per_m_samples"])] if billed else [])
+            for p in prediction["cells"]]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
 
     def line(values: list[str]) -> str:
@@ -147,7 +153,25 @@ def format_prediction(prediction: dict[str, Any], cells: list[matrix.Cell]) -> s
                 lines.append(f"{shape}: below {batch} samples per device, a step communicates longer than it computes")
             else:
                 lines.append(f"{shape}: at any batch, a step computes at least as long as it communicates")
+    if billed:
+        lines += ["", f"billing: what gpuscale's batch script for each shape asks for, by {billed['rules']} (from "
+                      f"{billed['source'] or 'the profile'}); at the predicted throughput, start-up not included"]
     return "\n".join(lines)
+
+
+def add_billing(prediction: dict[str, Any], profile: Any) -> None:
+    """Price each predicted cell in the profile's billing units per million samples (in place), where it has a rule:
+    the job gpuscale's batch script would ask for that shape (`billing.default_allocation`)."""
+    rules = []
+    for cell in prediction["cells"]:
+        alloc = billing.default_allocation(profile, cell["nodes"], cell["world_size"] // cell["nodes"])
+        rate = billing.units_per_hour(profile, alloc)
+        if rate is None:
+            return
+        cell["billed_per_m_samples"] = rate * 1e6 / cell["samples_per_s"] / 3600
+        rules.append(billing.rule_words(profile, alloc.partition))
+    prediction["billing"] = {"unit": profile.billing_unit, "source": profile.billing_source,
+                             "rules": "; ".join(dict.fromkeys(r for r in rules if r))}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -172,5 +196,7 @@ def run(args: argparse.Namespace) -> int:
         link = predict.Link.from_profile(profile)
     overlap = args.overlap if args.overlap is not None else (0.0 if vendor == "none" else 0.5)
     prediction = predict.predict(cells, base, link, overlap, summary["global_batch"]).to_dict()
+    if not args.measure:
+        add_billing(prediction, profile)
     print(format_prediction(prediction, cells))
     return 0

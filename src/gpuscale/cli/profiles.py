@@ -12,6 +12,7 @@ import argparse
 from typing import Any
 
 from gpuscale.slurm.profiles import list_profiles, load_profile
+from gpuscale.slurm.billing import rule_words
 from gpuscale.cli.verbs import verb_parser
 
 EPILOG = """examples:
@@ -51,6 +52,12 @@ def run(args: argparse.Namespace) -> int:
         role = [r for r, p in (("full nodes", profile.full_node_partition), ("partial nodes", profile.partial_node_partition)) if p == name]
         print(f"  partition   {name}: {'whole nodes' if part.whole_node else 'shared nodes (CPU masks need --exclusive)'}, "
               f"max {part.max_time}" + (f", max {part.max_nodes} nodes" if part.max_nodes else "") + (f"  [default for {' and '.join(role)}]" if role else ""))
+    for name in profile.partitions:
+        rule = rule_words(profile, name)
+        if rule:
+            print(f"  billing     {rule}")
+    if profile.billing_source:
+        print(f"  billing     rule from {profile.billing_source}")
     if profile.gpu_cores:
         for index, cores in enumerate(profile.gpu_cores):
             print(f"  GPU {index}       cores {cores}  mask {profile.cpu_masks(profile.gpus_per_node)[index]}")

@@ -43,6 +43,12 @@ Schema (top level, then tables):
     inter_node_latency_us = 20.0         #   (these four feed `gpuscale predict`)
     warn_before_end_s = 120              # optional: SLURM sends USR1 this long before the time limit, so the job
                                          #   checkpoints and requeues itself (default 120; SLURM may send it 60 s early)
+    billing_unit = "GPU-hours"           # optional: the unit the cluster bills in, and where its rule is published;
+    billing_source = "https://..."       #   each partition's rate is its billing table:
+    [partitions.NAME.billing]  node_hour = 4.0                      (whole nodes billed: units per node-hour), or
+                               slice_hour = 0.5, slice_gpus = 1,    (billed per slice: the most of GPUs / slice_gpus,
+                               slice_cores = 8, slice_mem_gb = 64    cores / slice_cores, GB / slice_mem_gb; see
+                                                                     `gpuscale.slurm.billing`)
 
 Unknown keys are errors that name the valid ones, so a typo never silently does nothing.
 
@@ -67,6 +73,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
+from gpuscale.slurm.billing import Billing, billing_from_dict
 from gpuscale.slurm.containers import (Container, ContainerImage, ContainerSetup, check_containers, container_from_dict,
                                         images_from_dict, resolve)
 from gpuscale.slurm.times import format_time, parse_time
@@ -106,6 +113,8 @@ class Partition:
     """The partition's time limit (SLURM time)."""
     max_nodes: int | None = None
     """Most nodes one job may use, if limited."""
+    billing: Billing | None = None
+    """How the cluster bills a job here (`gpuscale.slurm.billing`), if the profile knows; its unit is the profile's."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,6 +147,8 @@ class Profile:
     inter_node_gbps: float | None = None
     inter_node_latency_us: float | None = None
     warn_before_end_s: int = 120
+    billing_unit: str | None = None
+    billing_source: str | None = None
     source: str = "<built-in>"
 
     def __post_init__(self) -> None:
@@ -190,6 +201,14 @@ class Profile:
         warn = self.warn_before_end_s
         if not isinstance(warn, int) or isinstance(warn, bool) or not 0 <= warn <= 65535:  # sbatch --signal's range
             raise ValueError(f"{where}: warn_before_end_s={warn!r} must be a whole number of seconds in 0..65535")
+        for key in ("billing_unit", "billing_source"):
+            value = getattr(self, key)
+            if value is not None and not (isinstance(value, str) and value.strip() and value.isprintable()):
+                raise ValueError(f"{where}: {key}={value!r} must be text on one line, e.g. {key} = \"...\"")
+        billed = [name for name, part in self.partitions.items() if part.billing is not None]
+        if billed and not self.billing_unit:
+            raise ValueError(f"{where}: {_table(billed[0])} has a billing rule but the profile names no billing_unit; "
+                             "add e.g. billing_unit = \"GPU-hours\" (and billing_source, where the rule is published)")
         check_containers(self.container, self.containers, where)
         _check_node_dirs(self.node_dirs, where)
         for table in ("env", "env_shell"):
@@ -275,6 +294,8 @@ def profile_from_dict(name: str, data: dict[str, Any], source: str = "<dict>") -
         check_keys(part, _PARTITION_KEYS, f"{where} {_table(part_name)}")
         if "whole_node" not in part or "max_time" not in part:
             raise ValueError(f"{where} {_table(part_name)}: needs whole_node and max_time")
+        if "billing" in part:
+            part = {**part, "billing": billing_from_dict(part["billing"], f"{where} {_table(part_name)}")}
         partitions[part_name] = Partition(**part)
     container = container_from_dict(data["container"], where) if "container" in data else None
     containers = images_from_dict(data.get("containers", {}), where)

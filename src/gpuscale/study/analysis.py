@@ -46,7 +46,7 @@ from gpuscale.study.flags import row_flags, set_flags, spread
 from gpuscale.study.parts import NOISE_FLOOR, PARTS
 from gpuscale.study.parts import PART_LABELS as PART_LABELS  # re-exported: the report imports it from here
 from gpuscale.study.matrix import SCALINGS, Cell
-from gpuscale.study.runner import STUDY_FILE, cell_from_entry, read_study, read_summary
+from gpuscale.study.runner import STUDY_FILE, cell_from_entry, read_billing, read_study, read_summary
 
 RESULTS_VERSION = 2
 
@@ -116,6 +116,7 @@ def row_from_summary(cell: Cell, summary: dict[str, Any], study_dir: Path, runs:
         "metric": metric, "metric_value": value, "lr": _lr(summary), "per_epoch": summary.get("per_epoch"),
         "final_loss": summary.get("final_loss"), "predicted_samples_per_s": None, "predicted_efficiency": None,
         "utilisation": summary.get("utilisation"), "other_load": otherload.read(study_dir / cell.name),
+        "billing": read_billing(study_dir / (summary.get("same_as") or cell.name)), "billed_per_m_samples": None, "billed_per_epoch": None,
         "timeline": str(timeline) if (study_dir / timeline).is_file() else None,
         "flags": [],
     }

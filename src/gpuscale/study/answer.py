@@ -87,6 +87,10 @@ def _sentence(results: dict[str, Any], rows: list[dict[str, Any]], base: dict[st
     text = f"{label} to {_units(results, top['world_size'])}: {top['speedup']:.2f}x {gain} ({_pct(top['efficiency'])} of ideal)"
     if top.get("cost_ratio") is not None:
         text += f" for {top['cost_ratio']:.2f}x the device-hours per sample"
+        if top.get("billed_per_m_samples") is not None and base.get("billed_per_m_samples") is not None:
+            unit = (top.get("billing") or {}).get("unit", "billing units")
+            text += (f" ({three_figures(top['billed_per_m_samples'])} {unit} per million samples against "
+                     f"{three_figures(base['billed_per_m_samples'])})")
     kept = [r for r in compared if r["efficiency"] >= target]
     best = max(kept, key=lambda r: (r["world_size"], r["samples_per_s"])) if kept else None
     if best is top:
@@ -99,6 +103,28 @@ def _sentence(results: dict[str, Any], rows: list[dict[str, Any]], base: dict[st
     text += _loss_text(top, cure=best is not top)
     if top["scaling"] == "weak":
         text += _accuracy(top, base)
+    return text + "." + _beyond(results, top)
+
+
+def _beyond(results: dict[str, Any], top: dict[str, Any]) -> str:
+    """The scales the study did not run, as the prediction sees them: " Predicted, not run: 4 processes 1.8x (45% of
+    ideal), ...; below 97 samples per device a step of 8 GPUs would communicate longer than it computes." """
+    prediction = results.get("prediction") or {}
+    ahead = [c for c in prediction.get("cells") or [] if c.get("run") is False and c.get("efficiency") is not None
+             and c.get("name", "").startswith(top["name"].rsplit("-", 1)[0] + "-")]
+    if not ahead:
+        return ""
+    said = []
+    for cell in ahead:
+        where = f" on {cell['nodes']} nodes" if cell.get("nodes", 1) > 1 else ""
+        said.append(f"{_units(results, cell['world_size'])}{where} {cell['efficiency'] * cell['world_size']:.1f}x "
+                    f"({_pct(cell['efficiency'])} of ideal)")
+    text = f" Predicted, not run (the model: report.md's Prediction): {', '.join(said)}"
+    last = ahead[-1]
+    below = (prediction.get("comm_dominates_below_batch") or {}).get(f"{last['nodes']}x{last['world_size'] // max(1, last['nodes'])}")
+    if isinstance(below, (int, float)) and below > 1:
+        text += (f"; below {below:.0f} samples per device a step of {_units(results, last['world_size'])} would "
+                 "communicate longer than it computes")
     return text + "."
 
 

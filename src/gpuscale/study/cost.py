@@ -8,6 +8,10 @@ For each run of a study (a row of results.json):
                                  holding the devices is charged)
     cost_ratio                   device-hours per sample over the baseline's: 1 / efficiency. "1.61x faster for
                                  1.24x the device-hours per sample"
+    billed_per_m_samples         on a cluster whose profile has a billing rule (`gpuscale.slurm.billing`): the units the
+                                 run's job is billed per hour x hours to train a million samples ("billing" names the
+                                 unit, rule and source)
+    billed_per_epoch             ... x its time to result per epoch: SLURM bills the job's elapsed time, start-up included
     joules_per_sample            the devices' mean power while training (summed over ranks) / throughput, where
                                  power was sampled (NVML, amdsmi, rocm-smi; `energy_source` names it); None on CPUs
 
@@ -39,3 +43,6 @@ def add_cost(row: dict[str, Any], base: dict[str, Any] | None) -> None:
     mine, theirs = row["device_hours_per_m_samples"], base and base.get("device_hours_per_m_samples")
     row["cost_ratio"] = mine / theirs if mine and theirs and row.get("speedup") is not None else None
     row["joules_per_sample"], row["energy_source"] = _energy(row)
+    rate = (row.get("billing") or {}).get("per_hour")
+    row["billed_per_m_samples"] = rate * 1e6 / sps / 3600 if rate is not None and sps else None
+    row["billed_per_epoch"] = rate * ttr / max(epochs, 1) / 3600 if rate is not None and ttr else None

@@ -176,7 +176,8 @@ def prediction_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]
             return DASH if c.get(key) is None else f"{1e3 * c[key]:.3g}"
         batch = cell.get("per_device_batch")
         batch_text = DASH if batch is None else (f"{batch:.0f}" if float(batch).is_integer() else f"{batch:.2f}")
-        rows.append([str(cell.get("name")), str(cell.get("world_size", DASH)), str(cell.get("nodes", DASH)), batch_text,
+        name = str(cell.get("name")) + (" (not run)" if cell.get("run") is False else "")
+        rows.append([name, str(cell.get("world_size", DASH)), str(cell.get("nodes", DASH)), batch_text,
                      ms("compute_s"), ms("comm_s"), ms("exposed_comm_s"), ms("step_time_s"),
                      DASH if cell.get("samples_per_s") is None else three_figures(cell['samples_per_s']),
                      pct(cell.get("efficiency"))])

@@ -10,10 +10,14 @@ What each plot shows, and why it is drawn that way:
   scalings, with the ideal line baseline samples/s x (devices / baseline devices). Predictions,
   where the study made them, are dotted. Axes start at 0 so that a gap to the ideal is not
   exaggerated.
-- `efficiency_plot` (plots/efficiency.png): efficiency in % vs devices, one line per scaling,
-  the 100% line dashed.
-- `waterfall_plot` (plots/waterfall.png): one panel per run with more devices than its baseline:
-  a bar at ideal throughput (100%), one falling bar per measured part of the loss (data, exposed
+- `efficiency_plot` (plots/efficiency.png): efficiency in % vs devices, one line per scaling (and
+  variant), the 100% line dashed; the prediction dotted, out to the scales the study did not run
+  (hollow markers).
+- `cost_plot` (plots/cost.png): speed-up against cost per sample (device-hours over the baseline's), one
+  point per run, named, with its billing units per million samples where the profile has a billing rule;
+  ideal scaling is the line x = 1.
+- `waterfall_plot` (plots/waterfall-<run>.png): one figure per run with more devices than its baseline,
+  titled with its name: a bar at ideal throughput (100%), one falling bar per measured part of the loss (data, exposed
   communication, imbalance, per-device compute, rest; rising where a part was a gain), and the
   measured efficiency at the end, all in % of ideal; the predicted efficiency is a dashed line
   and the predicted parts are marked with a cross.
@@ -40,9 +44,10 @@ from gpuscale.files import atomic_write
 from gpuscale.log import get_logger
 from gpuscale.stepsplit import PHASES
 from gpuscale.study.analysis import PARTS, compared_rows
+from gpuscale.study.experiments import group_key
 from gpuscale.study.numbers import three_figures
 
-__all__ = ["devices_label", "plot_paths", "throughput_plot", "efficiency_plot", "waterfall_plot",
+__all__ = ["devices_label", "plot_paths", "throughput_plot", "efficiency_plot", "waterfall_plot", "cost_plot",
            "time_breakdown_plot", "utilisation_plot", "write_plots"]
 
 
@@ -87,8 +92,10 @@ def plot_paths(results: dict[str, Any]) -> dict[str, str]:
     paths = {"throughput": "plots/throughput.png"}
     if any(row.get("efficiency") is not None for row in results["rows"]):
         paths["efficiency"] = "plots/efficiency.png"
-    if compared_rows(results):
-        paths["waterfall"] = "plots/waterfall.png"
+    if sum(1 for row in results["rows"] if row.get("speedup") is not None and row.get("cost_ratio") is not None) >= 2:
+        paths["cost"] = "plots/cost.png"
+    for row in compared_rows(results):
+        paths[f"waterfall-{row['name']}"] = f"plots/waterfall-{_safe(row['name'])}.png"
     paths["time_breakdown"] = "plots/time_breakdown.png"
     for row in results["rows"]:
         if row.get("timeline"):
@@ -97,19 +104,39 @@ def plot_paths(results: dict[str, Any]) -> dict[str, str]:
 
 
 def _by_scaling(results: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """The rows of each scaling (and variant), by `group_key`: "weak", or "linear/weak" in a study with variants."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for row in results["rows"]:
-        groups.setdefault(row["scaling"], []).append(row)
-    return {s: sorted(rows, key=lambda r: r["world_size"]) for s, rows in sorted(groups.items())}
+        groups.setdefault(group_key(row.get("variant") or "", row["scaling"]), []).append(row)
+    return {s: sorted(rows, key=lambda r: r["world_size"]) for s, rows in groups.items()}
 
 
-def _baseline(results: dict[str, Any], scaling: str, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+def _group_title(key: str) -> str:
+    """"weak" -> "Weak scaling", "linear/weak" -> "Weak scaling (linear)"."""
+    variant, _, scaling = key.rpartition("/")
+    return f"{scaling.capitalize()} scaling" + (f" ({variant})" if variant else "")
+
+
+def _style(key: str, index: int) -> tuple[str, str, str]:
+    """(colour, marker, line style) of a group: its scaling's colour and marker, a line style per variant."""
+    colour, marker = _SCALING_STYLE.get(key.rpartition("/")[2], ("#555555", "^"))
+    return colour, marker, ("-", "-.", "--", (0, (1, 1)))[index % 4] if "/" in key else "-"
+
+
+def _baseline(results: dict[str, Any], key: str, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The row named in results["baseline"], else the smallest run of that scaling; None where the planned
     baseline did not finish (results["missing_baseline"]): no run may stand in for it."""
-    if scaling in (results.get("missing_baseline") or {}):
+    if key in (results.get("missing_baseline") or {}):
         return None
-    name = (results.get("baseline") or {}).get(scaling)
+    name = (results.get("baseline") or {}).get(key)
     return next((r for r in rows if r["name"] == name), rows[0])
+
+
+def _not_run(results: dict[str, Any], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The prediction's cells of the same scaling as `rows` that the study did not run (its next scales)."""
+    prefix = rows[0]["name"].rsplit("-", 1)[0] + "-"
+    return [c for c in (results.get("prediction") or {}).get("cells") or []
+            if c.get("run") is False and str(c.get("name", "")).startswith(prefix) and c.get("efficiency") is not None]
 
 
 def _integer_ticks(ax: Any, sizes: list[int]) -> None:
@@ -144,10 +171,14 @@ def _save(fig: Any, path: Path) -> Path:
 def throughput_plot(results: dict[str, Any], path: Path) -> Path:
     """Training throughput (samples/s) vs devices per scaling, with the ideal line and the prediction."""
     groups = _by_scaling(results)
-    fig, axes = _pyplot().subplots(1, len(groups), figsize=(5.2 * len(groups), 4.0), squeeze=False)
-    for ax, (scaling, rows) in zip(axes[0], groups.items()):
-        colour, marker = _SCALING_STYLE.get(scaling, ("#555555", "^"))
-        base = _baseline(results, scaling, rows)
+    columns = min(len(groups), 2)
+    lines = math.ceil(len(groups) / columns)
+    fig, axes = _pyplot().subplots(lines, columns, figsize=(6.0 * columns, 4.2 * lines), squeeze=False)
+    for ax in list(axes.flat)[len(groups):]:
+        ax.set_visible(False)
+    for ax, (key, rows) in zip(axes.flat, groups.items()):
+        colour, marker = _SCALING_STYLE.get(key.rpartition("/")[2], ("#555555", "^"))
+        base = _baseline(results, key, rows)
         sizes = [r["world_size"] for r in rows]
         ideal_x = sorted(set(sizes) | {base["world_size"]}) if base else []
         ideal = [base["samples_per_s"] * w / base["world_size"] for w in ideal_x] if base else []
@@ -163,7 +194,7 @@ def throughput_plot(results: dict[str, Any], path: Path) -> Path:
         ax.set_ylim(0, max([*ideal, *ys, *py, 0.0]) * 1.1 or 1.0)
         ax.set_xlabel(devices_label(results))
         ax.set_ylabel("training throughput (samples/s)")
-        ax.set_title(f"{scaling.capitalize()} scaling: throughput")
+        ax.set_title(f"{_group_title(key)}: throughput")
         ax.grid(alpha=0.3)
         ax.legend(loc="upper left", fontsize="small")
     return _save(fig, path)
@@ -174,19 +205,27 @@ def efficiency_plot(results: dict[str, Any], path: Path) -> Path | None:
     groups = _by_scaling(results)
     if not any(r.get("efficiency") is not None for rows in groups.values() for r in rows):
         return None
-    fig, ax = _pyplot().subplots(figsize=(6.0, 4.0))
+    fig, ax = _pyplot().subplots(figsize=(7.0, 4.4))
     sizes = [r["world_size"] for r in results["rows"]]
     ax.axhline(100, linestyle="--", color="#777777", label="ideal (100%)")
     top = 100.0
-    for scaling, rows in groups.items():
-        colour, marker = _SCALING_STYLE.get(scaling, ("#555555", "^"))
+    for index, (key, rows) in enumerate(groups.items()):
+        colour, marker, line = _style(key, index)
+        name = _group_title(key).replace(" scaling", "")
         xs, ys = _points(rows, lambda r: None if r.get("efficiency") is None else 100 * r["efficiency"])
         px, py = _points(rows, lambda r: None if r.get("predicted_efficiency") is None
                          else 100 * r["predicted_efficiency"])
+        ahead = _not_run(results, rows)
         if xs:
-            ax.plot(xs, ys, marker=marker, color=colour, label=f"{scaling}")
+            ax.plot(xs, ys, marker=marker, color=colour, linestyle=line, label=name)
         if px:
-            ax.plot(px, py, ":", marker=".", color=colour, alpha=0.7, label=f"{scaling} (predicted)")
+            ax.plot(px, py, ":", marker=".", color=colour, alpha=0.7, label=f"{name} (predicted)")
+        if ahead and px:
+            ax.plot([px[-1], *(c["world_size"] for c in ahead)], [py[-1], *(100 * c["efficiency"] for c in ahead)], ":",
+                    color=colour, alpha=0.7)
+            ax.plot([c["world_size"] for c in ahead], [100 * c["efficiency"] for c in ahead], marker, color=colour,
+                    markerfacecolor="white", alpha=0.8, label=f"{name} (predicted, not run)")
+            sizes += [c["world_size"] for c in ahead]
         top = max([top, *ys, *py])
     _integer_ticks(ax, sizes)
     ax.set_ylim(0, top * 1.1)
@@ -194,7 +233,7 @@ def efficiency_plot(results: dict[str, Any], path: Path) -> Path | None:
     ax.set_ylabel("efficiency (%, speed-up / devices)")
     ax.set_title("Scaling efficiency")
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower left")
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False, fontsize="small")
     return _save(fig, path)
 
 
@@ -238,20 +277,50 @@ def _waterfall_panel(ax: Any, row: dict[str, Any]) -> None:
     ax.grid(axis="y", alpha=0.3)
 
 
-def waterfall_plot(results: dict[str, Any], path: Path) -> Path | None:
-    """From ideal throughput through each measured loss to the measured efficiency, one panel per run
-    with more devices than its baseline; None (nothing written) when no run has a breakdown."""
-    rows = compared_rows(results)
-    if not rows:
+def waterfall_plot(row: dict[str, Any], path: Path) -> Path:
+    """One run's way from ideal throughput through each measured loss to its measured efficiency, at a readable size,
+    titled with the run's name (a run compared with its baseline: `compared_rows`)."""
+    fig, ax = _pyplot().subplots(figsize=(7.0, 4.2))
+    _waterfall_panel(ax, row)
+    ax.set_title(f"Why not more: {row['name']} ({row['world_size']} devices, ideal "
+                 f"{three_figures(row['ideal_samples_per_s'])} samples/s; x: the model's prediction)", fontsize="medium")
+    return _save(fig, path)
+
+
+def cost_plot(results: dict[str, Any], path: Path) -> Path | None:
+    """Speed-up against what each sample costs (device-hours per sample over the baseline's), one point per run with a
+    baseline, labelled with its name and, on a cluster with a billing rule, its billing units per million samples. Ideal
+    scaling sits on the line x = 1 (faster at no extra cost per sample); a run to its right pays for its speed-up."""
+    groups = _by_scaling(results)
+    points = [(key, r) for key, rows in groups.items() for r in rows if r.get("speedup") is not None and r.get("cost_ratio") is not None]
+    if len(points) < 2:
         return None
-    columns = min(len(rows), 3)
-    lines = math.ceil(len(rows) / columns)
-    fig, axes = _pyplot().subplots(lines, columns, figsize=(5.2 * columns, 3.8 * lines), squeeze=False)
-    for ax, row in zip(axes.flat, rows):
-        _waterfall_panel(ax, row)
-    for ax in list(axes.flat)[len(rows):]:
-        ax.set_visible(False)
-    fig.suptitle("Why not more: lost efficiency by measured cause (x: the model's prediction)", fontsize="medium")
+    baselines = set((results.get("baseline") or {}).values())
+    fig, ax = _pyplot().subplots(figsize=(7.0, 4.4))
+    ax.axvline(1.0, linestyle="--", color="#777777", label="ideal: no extra cost per sample")
+    for index, key in enumerate(groups):
+        mine = [r for k, r in points if k == key]
+        if not mine:
+            continue
+        colour, marker, line = _style(key, index)
+        ax.plot([r["cost_ratio"] for r in mine], [r["speedup"] for r in mine], marker=marker, color=colour, linestyle=line,
+                label=_group_title(key))
+        for r in mine:
+            if r["name"] in baselines:
+                continue  # every baseline sits at (1, 1): named once below
+            label = r["name"]
+            if r.get("billed_per_m_samples") is not None:
+                label += f"\n{three_figures(r['billed_per_m_samples'])} {(r.get('billing') or {}).get('unit', '')}/1M"
+            ax.annotate(label, (r["cost_ratio"], r["speedup"]), textcoords="offset points", xytext=(6, -4), fontsize="x-small")
+    ax.annotate("baselines" if len({r["name"] for _, r in points} & baselines) > 1 else "baseline", (1.0, 1.0),
+                textcoords="offset points", xytext=(6, -10), fontsize="x-small")
+    ax.set_xlim(0.0, max(2.0, max(r["cost_ratio"] for _, r in points) * 1.25))
+    ax.set_ylim(0.0, max(r["speedup"] for _, r in points) * 1.2)
+    ax.set_xlabel("cost per sample (device-hours, x the baseline's)")
+    ax.set_ylabel("speed-up (x the baseline's samples/s)")
+    ax.set_title("Speed-up against its cost")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False, fontsize="small")
     return _save(fig, path)
 
 
@@ -337,8 +406,12 @@ def write_plots(results: dict[str, Any], study_dir: Path) -> dict[str, Path]:
     }
     if "efficiency" in planned:
         written[planned["efficiency"]] = efficiency_plot(results, study_dir / planned["efficiency"])
-    if "waterfall" in planned:
-        written[planned["waterfall"]] = waterfall_plot(results, study_dir / planned["waterfall"])
+    if "cost" in planned:
+        written[planned["cost"]] = cost_plot(results, study_dir / planned["cost"])
+    for row in compared_rows(results):
+        key = f"waterfall-{row['name']}"
+        if key in planned:
+            written[planned[key]] = waterfall_plot(row, study_dir / planned[key])
     written[planned["time_breakdown"]] = time_breakdown_plot(results, study_dir / planned["time_breakdown"])
     for row in results["rows"]:
         key = f"utilisation-{row['name']}"

@@ -330,12 +330,37 @@ def smallest_computing_batch(comm_s: float, per_sample_s: float, overlap: float)
     return batch
 
 
-def predict_study(cells: list[Cell], summaries: dict[str, dict[str, Any]], link: Link, overlap: float) -> dict[str, Any] | None:
+NEXT_SCALES = 3
+"""How many scales beyond the largest run a study predicts for each scaling."""
+
+
+def next_scales(members: list[Cell], devices_per_node: int, inter_node: bool, count: int = NEXT_SCALES) -> list[Cell]:
+    """The scales a study did not run, after its largest: the devices of a node doubled up to `devices_per_node`, then
+    (where the interconnect between nodes is known, `inter_node`) twice the nodes, full ones, and so on: `count` at most."""
+    largest = max(members, key=lambda c: (c.world_size, c.nodes))
+    nodes, nproc = largest.nodes, largest.nproc_per_node
+    ran = {(c.nodes, c.nproc_per_node) for c in members}
+    out: list[Cell] = []
+    while len(out) < count:
+        if nodes == 1 and nproc < devices_per_node:
+            nproc = min(2 * nproc, devices_per_node)
+        elif inter_node:
+            nodes, nproc = 2 * nodes, devices_per_node if nodes == 1 else nproc
+        else:
+            break
+        if (nodes, nproc) not in ran:
+            out.append(Cell(largest.scaling, nodes, nproc, largest.variant, largest.variant_args))
+    return out
+
+
+def predict_study(cells: list[Cell], summaries: dict[str, dict[str, Any]], link: Link, overlap: float,
+                  devices_per_node: int | None = None) -> dict[str, Any] | None:
     """The prediction for a study's cells from its single-device runs (one per scaling and variant), as a dict.
 
     The runs were made where the study ran, on the devices the link's figures are for, so each
     step time is its own run's ("measured: weak-1x1"). None when no group has a single-device run.
-    The batch sweet spot and the ``baseline`` are the first group's.
+    The batch sweet spot and the ``baseline`` are the first group's. With `devices_per_node`, each group's
+    `next_scales` are predicted too, marked ``"run": False`` (the study's own cells: ``"run": True``).
     """
     combined: dict[str, Any] | None = None
     for group in dict.fromkeys((c.variant, c.scaling) for c in cells):
@@ -344,9 +369,14 @@ def predict_study(cells: list[Cell], summaries: dict[str, dict[str, Any]], link:
         if first is None:
             continue
         base = Baseline.from_summary(summaries[first.name], run=first.name)
-        part = predict(members, base, link, overlap, summaries[first.name]["global_batch"]).to_dict()
+        extra = next_scales(members, devices_per_node, link.inter_bandwidth is not None) if devices_per_node else []
+        part = predict(members + extra, base, link, overlap, summaries[first.name]["global_batch"]).to_dict()
+        for predicted in part["cells"]:
+            predicted["run"] = predicted["name"] in {c.name for c in members}
         if combined is None:
             combined = part
         else:
             combined["cells"].extend(part["cells"])
+            for shape, batch in part["comm_dominates_below_batch"].items():
+                combined["comm_dominates_below_batch"].setdefault(shape, batch)
     return combined

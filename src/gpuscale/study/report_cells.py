@@ -79,6 +79,7 @@ COLUMNS = (
     Column("predicted_efficiency", "predicted efficiency", _field("predicted_efficiency", _num(0, "%", 100.0))),
     Column("device_hours_per_m_samples", "device-h/1M samples", _field("device_hours_per_m_samples", three_figures)),
     Column("cost_ratio", "cost/sample", _field("cost_ratio", _num(2, "x"))),
+    Column("billed_per_m_samples", "billed/1M samples", _field("billed_per_m_samples", three_figures)),
     Column("joules_per_sample", "J/sample", _field("joules_per_sample", three_figures)),
     Column("time_to_result_s", "time to result", _field("time_to_result_s", _num(1, "s"))),
     Column("time_speedup", "speed-up (time)", _field("time_speedup", _num(2, "x"))),
@@ -96,6 +97,8 @@ BASIS = {
     "predicted_efficiency": "predicted efficiency: the same quantity from the model (its inputs: report.md's Prediction).",
     "device_hours_per_m_samples": "device-h/1M samples: devices x hours to train a million samples at that throughput; "
                                   "cost/sample: the same over the baseline's (1 / efficiency).",
+    "billed_per_m_samples": "{unit}/1M samples: what the cluster bills for a million samples at that throughput, by "
+                            "its rule ({rules}; {source}).",
     "joules_per_sample": "J/sample: the devices' mean power while training, summed over ranks, over train samples/s.",
     "time_to_result_s": "time to result: the whole run from its launch (gpuscale's and the script's start-up, training, "
                         "evaluation, checkpoints) for the same epochs; speed-up (time): the baseline's time to result over this run's.",
@@ -107,7 +110,22 @@ BASIS = {
 def basis(results: dict[str, Any]) -> str:
     """The sentences of `BASIS` for the columns `results` shows; which runs the probe measured, and what it could not."""
     shown = {col.key for col in columns(results)}
-    return " ".join([text for key, text in BASIS.items() if key in shown] + _probed(results))
+    texts = [text for key, text in BASIS.items() if key in shown]
+    billed = _billing(results)
+    if billed:
+        key = BASIS["billed_per_m_samples"]
+        texts = [t.format(**billed) if t == key else t for t in texts]
+    return " ".join(texts + _probed(results))
+
+
+def _billing(results: dict[str, Any]) -> dict[str, str] | None:
+    """The unit, rules and source of the rows' billing records, for the billed column's header and basis."""
+    records = [row["billing"] for row in results["rows"] if row.get("billing") and row.get("billed_per_m_samples") is not None]
+    if not records:
+        return None
+    rules = list(dict.fromkeys(str(r.get("rule") or r.get("partition")) for r in records))
+    sources = list(dict.fromkeys(str(r.get("source")) for r in records if r.get("source")))
+    return {"unit": str(records[0]["unit"]), "rules": "; ".join(rules), "source": ", ".join(sources) or "no source named"}
 
 
 def _probed(results: dict[str, Any]) -> list[str]:
@@ -151,6 +169,11 @@ def columns(results: dict[str, Any]) -> list[Column]:
             continue
         if col.key == "joules_per_sample" and not any(row.get("joules_per_sample") is not None for row in rows):
             continue  # no power was sampled (CPUs)
+        if col.key == "billed_per_m_samples":
+            billed = _billing(results)
+            if billed is None:
+                continue  # no profile with a billing rule (a local study)
+            col = col._replace(header=f"{billed['unit']}/1M samples")
         if col.key == "metric_value":
             col = col._replace(header="/".join(names) or "metric")
         shown.append(col)
@@ -246,8 +269,10 @@ def plot_title(rel: str) -> str:
     stem = Path(rel).stem
     if stem.startswith("utilisation-"):
         return f"Utilisation of {stem[len('utilisation-'):]}"
+    if stem.startswith("waterfall-"):
+        return f"Why not more, {stem[len('waterfall-'):]}: ideal throughput, each measured loss, measured throughput"
     return {"throughput": "Throughput and speed-up vs devices", "efficiency": "Scaling efficiency",
-            "waterfall": "Why not more: ideal throughput, each measured loss, measured throughput",
+            "cost": "Speed-up against cost per sample",
             "time_breakdown": "Where each run's time went"}.get(stem, stem)
 
 

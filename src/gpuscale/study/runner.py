@@ -33,7 +33,8 @@ from gpuscale.study import otherload
 from gpuscale.study.matrix import SCALINGS, Cell, cpu_cores_for, local_argv
 from gpuscale.study.numbers import three_figures
 from gpuscale.topology import check_cpu_processes
-from gpuscale.slurm import jobs
+from gpuscale.slurm import billing, jobs
+from gpuscale.slurm.validate import validate_job
 from gpuscale.slurm.render import render_sbatch
 
 STUDY_FILE = "study.json"
@@ -101,6 +102,20 @@ DEVICE_NUMBERS = ("util_mean", "util_max", "mem_peak_bytes", "power_mean_w")
 
 SAME_AS = "same-as"
 """A cell's file naming the cell whose run it shares: the same command on the same devices (`run_cells`' `shared`)."""
+BILLING_FILE = "billing.json"
+"""What one hour of a SLURM cell's job costs in the cluster's billing units (`gpuscale.slurm.billing.record_for`)."""
+
+
+def read_billing(run_dir: Path) -> dict[str, Any] | None:
+    """The billing record a SLURM cell's job left (unit, units per hour, rule, source), or None."""
+    try:
+        record = json.loads((run_dir / BILLING_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    rate = record.get("per_hour") if isinstance(record, dict) else None
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate < math.inf or not isinstance(record.get("unit"), str):
+        return None
+    return record
 
 
 def read_summary(cell_dir: Path, cell: Cell) -> dict[str, Any] | None:
@@ -313,7 +328,11 @@ class SlurmRunner:
         log_path = cell_dir / LOG_FILE
         make_dir(cell_dir / PROBE_RECORDS)
         profile, job = self.job_for(cell, str(log_path))
-        job_id = jobs.submit(render_sbatch(profile, job), chdir=os.getcwd())
+        script = render_sbatch(profile, job)
+        cost = billing.record_for(profile, billing.allocation_of_plan(profile, validate_job(profile, job), job.nodes))
+        if cost is not None:
+            atomic_write_json(cell_dir / BILLING_FILE, cost)
+        job_id = jobs.submit(script, chdir=os.getcwd())
 
         def changed(info: Any) -> None:
             if self.on_state:

@@ -154,6 +154,11 @@ def plan_cells(spec: StudySpec, device_count: int) -> list[matrix.Cell]:
     return cells
 
 
+NEXT_NODE_DEVICES = 8
+"""A local study predicts its next scales up to a node of this many devices (GPUs, or processes with their own
+cores), as a researcher would ask for next; a SLURM study up to its profile's GPUs per node, then 2 and 4 nodes."""
+
+
 def shared_runs(cells: list[matrix.Cell], command: Any, argv_for: Callable[[matrix.Cell], list[str]], out: Path) -> dict[str, str]:
     """Cells that would run the very same experiment as an earlier one, run once and used by both: the same command line
     (its own folder aside) on the same devices, as weak and strong scaling's baselines are when their batches coincide.
@@ -222,7 +227,8 @@ def run_study(spec: StudySpec, progress: Callable[[str], None] = print) -> Study
         overlap = spec.overlap if spec.overlap is not None else (0.5 if unit == "GPU" else 0.0)
         try:
             link = _link(spec, num_gpus, cores, max(c.nproc_per_node for c in cells))
-            prediction = predict.predict_study(shapes, summaries, link, overlap)
+            per_node = load_cluster_profile(spec.cluster).gpus_per_node if spec.launcher == "slurm" and spec.cluster else NEXT_NODE_DEVICES
+            prediction = predict.predict_study(shapes, summaries, link, overlap, max(per_node, max(c.nproc_per_node for c in shapes)))
         except (ValueError, MeasureError) as exc:
             progress(f"no prediction: {exc}")
     results = analysis.analyse(out, prediction, spec.target_efficiency)
