@@ -45,8 +45,13 @@ def mlp_study(tmp_path_factory):
 
 def test_every_cell_really_ran_with_its_processes_and_cores(mlp_study):
     out, result = mlp_study
+    # on one process weak and strong train the same batches: strong-1x1 (and each repeat) takes weak-1x1's run
+    for r in ("", ".r2", ".r3"):
+        assert (out / f"strong-1x1{r}" / "same-as").read_text().strip() == f"weak-1x1{r}"
+        assert not (out / f"strong-1x1{r}" / "summary.json").exists()
+    assert result.stdout.count("the same experiment as weak-1x1") == 3
     for name, world, scaling, global_batch in [("weak-1x1", 1, "weak", 128), ("weak-1x2", 2, "weak", 256),
-                                               ("strong-1x1", 1, "strong", 128), ("strong-1x2", 2, "strong", 128)]:
+                                               ("strong-1x2", 2, "strong", 128)]:
         summary = json.loads((out / name / "summary.json").read_text())
         assert summary["world_size"] == world and summary["scaling"] == scaling
         assert summary["global_batch"] == global_batch
@@ -57,7 +62,7 @@ def test_every_cell_really_ran_with_its_processes_and_cores(mlp_study):
         assert summary["steps"] == 150 and summary["gradient_bytes"] > 1_000_000
         assert (out / name / "output.log").read_text().startswith("$ ")
     assert "[12/12] strong-1x2" in result.stdout and "report:" in result.stdout
-    assert all((out / f"{name}.r{r}" / "summary.json").is_file() for name in ("weak-1x2", "strong-1x1") for r in (2, 3))
+    assert all((out / f"{name}.r{r}" / "summary.json").is_file() for name in ("weak-1x2", "strong-1x2") for r in (2, 3))
     for name in ("report.md", "report.html", "results.json", "link.json"):
         assert (out / name).is_file(), name
 
@@ -66,7 +71,7 @@ def test_speedup_and_efficiency_come_from_the_measurements(mlp_study):
     out, _ = mlp_study
     results = json.loads((out / "results.json").read_text())
     rows = {r["name"]: r for r in results["rows"]}
-    summaries = {n: json.loads((out / rows[n]["run"] / "summary.json").read_text()) for n in rows}
+    summaries = {n: json.loads((out / (rows[n]["same_as"] or rows[n]["run"]) / "summary.json").read_text()) for n in rows}
     for row in rows.values():  # the row is the median of its three runs
         assert row["repeats"] == 3 and row["samples_per_s"] == sorted(row["samples_per_s_runs"])[1]
     assert rows["weak-1x2"]["speedup"] == pytest.approx(summaries["weak-1x2"]["samples_per_s"] / summaries["weak-1x1"]["samples_per_s"])

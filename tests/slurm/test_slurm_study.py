@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -21,7 +22,10 @@ def test_study_runs_each_cell_as_a_job_on_its_nodes(cluster, tmp_path):
                               "--set", "inter_node_gbps=0.5", "--set", "inter_node_latency_us=200",
                               "--out", str(out), "--", MLP, "--steps", "5", "--hidden", "128", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
-    for name, nodes in [("weak-1x1", 1), ("weak-2x1", 2), ("strong-1x1", 1), ("strong-2x1", 2)]:
+    # one node, one process: weak and strong train the same batches, so strong-1x1 takes weak-1x1's job
+    assert (out / "strong-1x1" / "same-as").read_text().strip() == "weak-1x1"
+    assert len(set(re.findall(r"job (\d+) COMPLETED", result.stdout))) == 3
+    for name, nodes in [("weak-1x1", 1), ("weak-2x1", 2), ("strong-2x1", 2)]:
         summary = json.loads((out / name / "summary.json").read_text())
         assert summary["world_size"] == nodes and summary["num_nodes"] == nodes
         assert summary["launcher"] == "slurm"

@@ -444,13 +444,17 @@ def test_only_the_runs_that_trained_another_batch_are_named(tmp_path):
     assert shared.startswith("weak-1x1 and strong-1x1 ran the same experiment") and same.startswith("weak-1x2 and strong-1x2")
 
 
-def test_ranks_that_trained_independent_copies_show_no_speedup(tmp_path):
-    _write_batch_study(tmp_path, trained=64, probe={"synchronised": False})
+@pytest.mark.parametrize("libraries, cause", [(["accelerate", "transformers"], "ACCELERATE_USE_CPU=1"),
+                                               (["lightning"], "--devices {nproc_per_node} --num-nodes {nodes}"),
+                                               ([], "never calls torch.distributed.init_process_group")])
+def test_ranks_that_trained_independent_copies_show_no_speedup(tmp_path, libraries, cause):
+    """The likely cause follows the libraries the ranks had loaded (the probe's record)."""
+    _write_batch_study(tmp_path, trained=64, probe={"synchronised": False, "libraries": libraries})
     results = analysis.analyse(tmp_path)
     rows = {r["name"]: r for r in results["rows"]}
     assert rows["weak-1x2"]["speedup"] is None and rows["weak-1x2"]["efficiency"] is None and rows["strong-1x1"]["speedup"] == 1.0
-    assert any(n.startswith("weak-1x2: its 2 ranks trained independent copies of the model") and "ACCELERATE_USE_CPU=1" in n
-               for n in results["notes"])
+    [why] = [n for n in results["notes"] if n.startswith("weak-1x2: its 2 ranks trained independent copies of the model")]
+    assert cause in why
 
 
 def test_the_probe_tells_synchronised_ranks_from_independent_copies():

@@ -278,6 +278,7 @@ def _probe_part(problems: list[str], split: dict[str, Any], accounts: list[dict[
                     if (key != "exposed_comm" or split["status"] != "measured") and (key != "data_wait" or no_loader)]
     return {"complete": not problems, "why": "; ".join(problems) or None, "not_measured": not_measured,
             "synchronised": synchronised(list(by_rank.values())),
+            "libraries": sorted({name for r in by_rank.values() for name in r.get("libraries") or []}),
             "ranks": [{k: a[k] for k in ("rank", "host", "steps", "samples", "train_s", "eval_s", "data_wait_s")}
                       | {k: by_rank[a["rank"]].get(k) for k in ("ended", "error", "signal")} for a in accounts]}
 

@@ -71,6 +71,8 @@ __all__ = ["RECORD_VERSION", "MAX_DDP_SAMPLES", "WARMUP_STEPS", "FLUSH_S", "MAX_
            "ddp_sample", "install", "meter_created"]
 
 RECORD_VERSION = 1
+TRAINING_LIBRARIES = ("accelerate", "transformers", "lightning", "pytorch_lightning", "deepspeed")
+"""Libraries a rank had loaded when it wrote its record: the merge names the likely cause of ranks that never synchronised."""
 WARMUP_STEPS = 10
 """Optimizer steps before the steady step time is timed (as `gpuscale.Meter`'s default)."""
 FLUSH_S = 10.0
@@ -236,6 +238,7 @@ class Recorder:
             "series": series, "torch_version": torch.__version__, "argv": list(sys.argv),
             "ddp": {"parameters": self.ddp_parameters, "samples": list(self.ddp_samples)} if self.ddp_parameters else None,
             "inputs": self.inputs.as_dict(),
+            "libraries": [name for name in TRAINING_LIBRARIES if name in sys.modules],
         }
 
     def write(self, ended: str | None) -> None:

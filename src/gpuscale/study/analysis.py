@@ -109,6 +109,7 @@ def row_from_summary(cell: Cell, summary: dict[str, Any], study_dir: Path, runs:
         "not_measured": (summary.get("probe") or {}).get("not_measured") or [],
         "gradient_bytes": summary.get("gradient_bytes"),
         "same_as": summary.get("same_as"), "samples_from": summary.get("samples_from"), "synchronised": (summary.get("probe") or {}).get("synchronised"),
+        "libraries": (summary.get("probe") or {}).get("libraries"),
         "planned_per_device_batch": None, "device_hours_per_m_samples": None, "device_hours_per_epoch": None,
         "cost_ratio": None, "joules_per_sample": None, "energy_source": None,
         "ideal_samples_per_s": None, "speedup": None, "efficiency": None, "efficiency_runs": None,

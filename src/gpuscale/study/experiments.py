@@ -60,13 +60,28 @@ def check_experiments(rows: list[dict[str, Any]], study: dict[str, Any], cells: 
                 ignored.append(f"{row['name']} ({trained}, not {plan.per_device_batch})")
         if row["world_size"] > 1 and row["synchronised"] is False:
             notes.append(f"{row['name']}: its {row['world_size']} ranks trained independent copies of the model (no rank joined a "
-                         "process group of more than one, and none made a DDP model), so it shows no speed-up. An HF Trainer "
-                         "or Accelerate script on CPUs distributes only when told to: ACCELERATE_USE_CPU=1, or Accelerator(cpu=True).")
+                         f"process group of more than one, and none made a DDP model), so it shows no speed-up. {_unsynchronised_cause(row)}")
     if ignored:
         notes.append("The script ignored the batch the study planned: each rank trained its own batch per step, shown in the "
                      "table, in " + ", ".join(ignored) + ". Pass the batch template to the option the script reads "
                      "(e.g. --batch-size {per_device_batch}).")
     return notes + _same_experiments(rows) + _same_work(rows)
+
+
+def _unsynchronised_cause(row: dict[str, Any]) -> str:
+    """The likely cause of ranks that never synchronised, from the libraries the ranks had loaded (the probe's record)."""
+    libraries = set(row.get("libraries") or [])
+    if libraries & {"accelerate", "transformers"}:
+        return ("An HF Trainer or Accelerate script on CPUs distributes only when told to (in the versions that ask for it): "
+                "ACCELERATE_USE_CPU=1 in the environment, or Accelerator(cpu=True).")
+    if libraries & {"lightning", "pytorch_lightning"}:
+        return ("A Lightning Trainer distributes over the launcher's processes when told the world it is in: "
+                "--devices {nproc_per_node} --num-nodes {nodes}, with a DDP strategy.")
+    if libraries:
+        return f"The script loaded {', '.join(sorted(libraries))} but never set up distributed training with it."
+    return ("The script never calls torch.distributed.init_process_group nor wraps its model in DistributedDataParallel: a "
+            "single-device script started on N processes trains N copies. Add both (the PyTorch DDP tutorial's few lines), "
+            "or gpuscale.init() and gpuscale.setup().")
 
 
 def _same_experiments(rows: list[dict[str, Any]]) -> list[str]:
