@@ -44,11 +44,8 @@ Schema (top level, then tables):
     warn_before_end_s = 120              # optional: SLURM sends USR1 this long before the time limit, so the job
                                          #   checkpoints and requeues itself (default 120; SLURM may send it 60 s early)
     billing_unit = "GPU-hours"           # optional: the unit the cluster bills in, and where its rule is published;
-    billing_source = "https://..."       #   each partition's rate is its billing table:
-    [partitions.NAME.billing]  node_hour = 4.0                      (whole nodes billed: units per node-hour), or
-                               slice_hour = 0.5, slice_gpus = 1,    (billed per slice: the most of GPUs / slice_gpus,
-                               slice_cores = 8, slice_mem_gb = 64    cores / slice_cores, GB / slice_mem_gb; see
-                                                                     `gpuscale.slurm.billing`)
+    billing_source = "https://..."       #   each partition's rate: [partitions.NAME] billing = { node_hour = 4.0 } or
+                                         #   { slice_hour = 0.5, slice_gpus = 1, slice_cores = 8, slice_mem_gb = 64 }
 
 Unknown keys are errors that name the valid ones, so a typo never silently does nothing.
 
@@ -201,14 +198,7 @@ class Profile:
         warn = self.warn_before_end_s
         if not isinstance(warn, int) or isinstance(warn, bool) or not 0 <= warn <= 65535:  # sbatch --signal's range
             raise ValueError(f"{where}: warn_before_end_s={warn!r} must be a whole number of seconds in 0..65535")
-        for key in ("billing_unit", "billing_source"):
-            value = getattr(self, key)
-            if value is not None and not (isinstance(value, str) and value.strip() and value.isprintable()):
-                raise ValueError(f"{where}: {key}={value!r} must be text on one line, e.g. {key} = \"...\"")
-        billed = [name for name, part in self.partitions.items() if part.billing is not None]
-        if billed and not self.billing_unit:
-            raise ValueError(f"{where}: {_table(billed[0])} has a billing rule but the profile names no billing_unit; "
-                             "add e.g. billing_unit = \"GPU-hours\" (and billing_source, where the rule is published)")
+        self._check_billing(where)
         check_containers(self.container, self.containers, where)
         _check_node_dirs(self.node_dirs, where)
         for table in ("env", "env_shell"):
@@ -217,6 +207,17 @@ class Profile:
                     raise ValueError(f"{where}: [{table}] key {key!r} is not a valid environment variable name")
                 if not isinstance(value, str):
                     raise ValueError(f"{where}: [{table}] {_show(key)} = {value!r} must be a string, e.g. NAME = \"...\"")
+
+    def _check_billing(self, where: str) -> None:
+        """The billing unit and source are one line of text each; a partition with a rule needs the unit."""
+        for key in ("billing_unit", "billing_source"):
+            value = getattr(self, key)
+            if value is not None and not (isinstance(value, str) and value.strip() and value.isprintable()):
+                raise ValueError(f"{where}: {key}={value!r} must be text on one line, e.g. {key} = \"...\"")
+        billed = [name for name, part in self.partitions.items() if part.billing is not None]
+        if billed and not self.billing_unit:
+            raise ValueError(f"{where}: {_table(billed[0])} has a billing rule but the profile names no billing_unit; "
+                             "add e.g. billing_unit = \"GPU-hours\" (and billing_source, where the rule is published)")
 
     def container_for(self, image: str, pattern: str | None = None) -> ContainerSetup:
         """How `image` starts here: [container]'s settings, with those of the first [containers."PATTERN"] table

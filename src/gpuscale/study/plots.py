@@ -16,16 +16,9 @@ What each plot shows, and why it is drawn that way:
 - `cost_plot` (plots/cost.png): speed-up against cost per sample (device-hours over the baseline's), one
   point per run, named, with its billing units per million samples where the profile has a billing rule;
   ideal scaling is the line x = 1.
-- `waterfall_plot` (plots/waterfall-<run>.png): one figure per run with more devices than its baseline,
-  titled with its name: a bar at ideal throughput (100%), one falling bar per measured part of the loss (data, exposed
-  communication, imbalance, per-device compute, rest; rising where a part was a gain), and the
-  measured efficiency at the end, all in % of ideal; the predicted efficiency is a dashed line
-  and the predicted parts are marked with a cross.
+- `waterfall_plot` and `utilisation_plot`: each run's own figures (`gpuscale.study.plot_runs`).
 - `time_breakdown_plot` (plots/time_breakdown.png): one horizontal stacked bar per run, in
   seconds: the phases of PHASES.
-- `utilisation_plot` (plots/utilisation-<run>.png): per run with a timeline, util % vs seconds
-  since training started (the timeline's t; samples before it, at t < 0, are startup, left of a
-  dashed line), one line per series ("rank R device").
 
 Values that are None (no baseline, no prediction, no timeline) are skipped, never drawn as 0.
 Every figure is closed after saving, so a long study does not accumulate them.
@@ -33,19 +26,17 @@ Every figure is closed after saving, so a long study does not accumulate them.
 
 from __future__ import annotations
 
-import io
-import json
 import math
 import re
 from pathlib import Path
 from typing import Any
 
-from gpuscale.files import atomic_write
-from gpuscale.log import get_logger
 from gpuscale.stepsplit import PHASES
-from gpuscale.study.analysis import PARTS, compared_rows
+from gpuscale.study.analysis import compared_rows
 from gpuscale.study.experiments import group_key
 from gpuscale.study.numbers import three_figures
+from gpuscale.study.plot_runs import utilisation_plot, waterfall_plot
+from gpuscale.study.plotting import pyplot as _pyplot, save as _save
 
 __all__ = ["devices_label", "plot_paths", "throughput_plot", "efficiency_plot", "waterfall_plot", "cost_plot",
            "time_breakdown_plot", "utilisation_plot", "write_plots"]
@@ -53,19 +44,6 @@ __all__ = ["devices_label", "plot_paths", "throughput_plot", "efficiency_plot", 
 
 _PHASE_COLOURS = ("#9e9e9e", "#e3a32b", "#3b75af", "#d1603d", "#8c564b", "#59a14f", "#b07aa1", "#c7c7c7")
 _SCALING_STYLE = {"weak": ("#3b75af", "o"), "strong": ("#d1603d", "s")}
-_DPI = 110
-log = get_logger(__name__)
-
-
-def _pyplot() -> Any:
-    """matplotlib's pyplot on the Agg backend (no display on clusters and in tests), imported when a
-    plot is drawn: reading or tabling a study (`gpuscale report --no-files`) needs no matplotlib."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # before pyplot
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def devices_label(results: dict[str, Any]) -> str:
@@ -157,17 +135,6 @@ def _points(rows: list[dict[str, Any]], value: Any) -> tuple[list[int], list[flo
     return [w for w, _ in pairs], [v for _, v in pairs]
 
 
-def _save(fig: Any, path: Path) -> Path:
-    """Write the PNG atomically, 0644 whatever the umask (a half-written plot never shows in the report)."""
-    png = io.BytesIO()
-    try:
-        fig.tight_layout()
-        fig.savefig(png, dpi=_DPI, format="png", bbox_inches="tight")  # keeps outside legends
-    finally:
-        _pyplot().close(fig)
-    return atomic_write(path, lambda f: f.write(png.getvalue()))
-
-
 def throughput_plot(results: dict[str, Any], path: Path) -> Path:
     """Training throughput (samples/s) vs devices per scaling, with the ideal line and the prediction."""
     groups = _by_scaling(results)
@@ -237,56 +204,6 @@ def efficiency_plot(results: dict[str, Any], path: Path) -> Path | None:
     return _save(fig, path)
 
 
-_PART_COLOURS = {"data": "#e3a32b", "exposed_comm": "#d1603d", "imbalance": "#8c564b", "compute": "#3b75af",
-                 "rest": "#9e9e9e"}
-_PART_SHORT = {"data": "data", "exposed_comm": "exposed\ncomm.", "imbalance": "imbal-\nance", "compute": "per-dev.\ncompute",
-               "rest": "rest"}
-
-
-def _waterfall_panel(ax: Any, row: dict[str, Any]) -> None:
-    shares = row["loss_breakdown"]
-    predicted = row.get("predicted_breakdown") or {}
-    labels, level = ["ideal"], 100.0
-    ax.bar(0, 100.0, color="#c7c7c7", edgecolor="#555555")
-    for i, part in enumerate(PARTS, 1):
-        labels.append(_PART_SHORT[part])
-        share = shares.get(part)
-        if share is None:
-            ax.text(i, level, "not\nmeasured", ha="center", va="bottom", fontsize="x-small", color="#555555")
-            continue
-        loss = 100.0 * share
-        ax.bar(i, -loss, bottom=level, color=_PART_COLOURS[part] if loss >= 0 else "#59a14f", edgecolor="#555555")
-        ax.text(i, level - max(loss, 0.0), "0%" if abs(loss) < 0.5 else f"{-loss:+.0f}%", ha="center", va="top",
-                fontsize="x-small")
-        if predicted.get(part) is not None:
-            ax.plot([i], [level - 100.0 * predicted[part]], "x", color="black", markersize=8)
-        level -= loss
-    labels.append("measured")
-    end = len(PARTS) + 1
-    ax.bar(end, 100.0 * row["efficiency"], color="#3b75af", edgecolor="#555555")
-    ax.text(end, 100.0 * row["efficiency"], f"{100 * row['efficiency']:.0f}%", ha="center", va="bottom", fontsize="small")
-    if row.get("predicted_efficiency") is not None:
-        ax.axhline(100.0 * row["predicted_efficiency"], linestyle="--", color="#555555", linewidth=1,
-                   label=f"predicted efficiency {100 * row['predicted_efficiency']:.0f}%")
-        ax.legend(loc="upper right", fontsize="x-small")
-    ax.set_xticks(range(len(labels)))
-    ax.set_xticklabels(labels, fontsize="x-small")
-    ax.set_ylim(0, max(105.0, level + 5, 100.0 * row["efficiency"] + 8))
-    ax.set_ylabel("% of ideal throughput")
-    ax.set_title(f"{row['name']}: {row['world_size']} devices, ideal {three_figures(row['ideal_samples_per_s'])} samples/s", fontsize="small")
-    ax.grid(axis="y", alpha=0.3)
-
-
-def waterfall_plot(row: dict[str, Any], path: Path) -> Path:
-    """One run's way from ideal throughput through each measured loss to its measured efficiency, at a readable size,
-    titled with the run's name (a run compared with its baseline: `compared_rows`)."""
-    fig, ax = _pyplot().subplots(figsize=(7.0, 4.2))
-    _waterfall_panel(ax, row)
-    ax.set_title(f"Why not more: {row['name']} ({row['world_size']} devices, ideal "
-                 f"{three_figures(row['ideal_samples_per_s'])} samples/s; x: the model's prediction)", fontsize="medium")
-    return _save(fig, path)
-
-
 def cost_plot(results: dict[str, Any], path: Path) -> Path | None:
     """Speed-up against what each sample costs (device-hours per sample over the baseline's), one point per run with a
     baseline, labelled with its name and, on a cluster with a billing rule, its billing units per million samples. Ideal
@@ -340,57 +257,6 @@ def time_breakdown_plot(results: dict[str, Any], path: Path) -> Path:
     ax.set_title("Where each run's time went")
     ax.grid(axis="x", alpha=0.3)
     ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False, fontsize="small")
-    return _save(fig, path)
-
-
-def _read_timeline(file: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(file.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as e:
-        log.warning("skipping the utilisation plot of %s: cannot read it (%s)", file, e)
-        return None
-    if not isinstance(data, dict) or not isinstance(data.get("series"), list):
-        log.warning("skipping the utilisation plot of %s: no 'series' list (timeline version 1 expected)", file)
-        return None
-    return data
-
-
-def utilisation_plot(row: dict[str, Any], study_dir: Path, path: Path) -> Path | None:
-    """Util % vs time for each series of the row's timeline; None (nothing written) without samples.
-
-    Reads ``study_dir / row["timeline"]``. A row without a timeline, a missing or unreadable file
-    (logged), and series without samples are skipped rather than failing the whole report.
-    """
-    if not row.get("timeline"):
-        return None
-    timeline = _read_timeline(Path(study_dir) / row["timeline"])
-    if timeline is None:
-        return None
-    series = []
-    for s in timeline["series"]:
-        t, util = s.get("t") or [], s.get("util_pct") or []
-        pairs = [(a, b) for a, b in zip(t, util) if a is not None and b is not None]
-        if pairs:
-            series.append((s, pairs))
-    if not series:
-        return None
-    fig, ax = _pyplot().subplots(figsize=(7.5, 3.6))
-    hosts = {s.get("host") for s, _ in series}
-    for s, pairs in series:
-        label = f"rank {s.get('rank')} {s.get('device')}"
-        if len(hosts) > 1:
-            label += f" on {s.get('host')}"
-        ax.plot([a for a, _ in pairs], [b for _, b in pairs], label=label, linewidth=1.2)
-    ax.set_ylim(0, 105.0)  # a share of the rank's cores or of the GPU's time: never over 100
-    if min(a for _, pairs in series for a, _ in pairs) < 0:  # samples before the first batch: startup
-        ax.axvline(0, color="#777777", linestyle="--", linewidth=1, label="training starts")
-    ax.set_xlabel("time since training started (s)")
-    ax.set_ylabel("utilisation (%)")
-    ax.set_title(f"Utilisation: {row['name']}")
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize="small", ncol=2 if len(series) > 4 else 1)
     return _save(fig, path)
 
 
