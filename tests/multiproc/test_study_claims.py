@@ -5,6 +5,7 @@ synchronise (no process group, no DDP). The truth is the script itself: its own 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -44,7 +45,7 @@ def test_ranks_that_never_synchronised_show_no_speedup_and_say_why(study):
     why = [n for n in results["notes"] if n.startswith("strong-1x2: its 2 ranks trained independent copies")]
     # the likely cause fits the script: it loaded no library that distributes, and never set up DDP itself
     assert len(why) == 1 and "never calls torch.distributed.init_process_group" in why[0] and "ACCELERATE" not in why[0]
-    table = result.stdout[result.stdout.index("\nrun "):]
+    table = result.stdout[re.search(r"^run +scaling ", result.stdout, re.M).start():]
     line = next(line for line in table.splitlines() if line.startswith("strong-1x2 "))
     assert "—" in line and "%" not in line.split()[6:8]  # no speed-up, no efficiency
     assert not any("strong scaling" in s.lower() and "faster" in s for s in results["answer"])

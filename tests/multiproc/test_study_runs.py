@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -24,7 +25,7 @@ TOLERANCE = 0.15
 def _table(stdout: str) -> str:
     """The table (header to the blank line before the report path) from a command's output."""
     lines = stdout.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("run "))
+    start = next(i for i, line in enumerate(lines) if re.match(r"run +scaling ", line))  # not a wrapped "run beyond ..."
     end = next((i for i in range(start, len(lines)) if lines[i].startswith("report:")), len(lines))
     return "\n".join(lines[start:end]).strip()
 
@@ -277,8 +278,28 @@ def test_demo_prints_weak_and_strong_scaling_and_writes_the_report(installed_whe
     for name in ("none-weak-1x2", "linear-weak-1x2", "none-strong-1x2"):
         assert rows[name]["sync_probe"]["status"] == "measured"
         assert sum(rows[name]["loss_breakdown"].values()) == pytest.approx(1 - rows[name]["efficiency"])
+    # the answer first, above the table: one sentence per scaling, with the cost, a recommendation and the scales not run
+    header = re.search(r"^run +scaling ", result.stdout, re.M)  # the table's header ("run beyond ..." may start a line too)
+    answer = " ".join(result.stdout[:header.start()].split())  # the terminal wraps its lines
+    for scaling in ("Strong scaling (none)", "Weak scaling (none)", "Strong scaling (linear)", "Weak scaling (linear)"):
+        assert f"{scaling} to 2 processes: " in answer, scaling
+    assert answer.count("the device-hours per sample") == 4 and answer.count("75% target") == 4
+    assert answer.count("Predicted, not run") == 4 and "8 processes" in answer
+    assert "device-h/1M samples" in table and "cost/sample" in table
+    # one run stands for both one-process baselines of each variant, and the table says so
+    for rule in ("none", "linear"):
+        assert rows[f"{rule}-strong-1x1"]["same_as"] == f"{rule}-weak-1x1"
+        assert f"{rule}-strong-1x1 (= {rule}-weak-1x1)" in table
+        assert not (out / f"{rule}-strong-1x1" / "output.log").exists()
+    # no part of the loss is shown negative; each flag's cause once
+    why = " ".join(table[table.index("Why not more"):table.index("Flags:")].split())
+    assert not re.search(r"\s-\d+%", why), why
+    flags = [line for line in table[table.index("Flags:"):].splitlines()[1:] if line.startswith("  ") and ": " in line]
+    advice = [line.rsplit(": ", 1)[1] for line in flags]
+    assert len(advice) == len(set(advice)), flags
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") >= 4 and 'data-plot="waterfall-' in html
+    assert 'id="answer"' in html and 'data-plot="cost"' in html
     # `gpuscale report` gives the same table from the saved JSON
     again = run(gpuscale_cmd("report", str(out), "--no-files"))
     assert_ok(again)

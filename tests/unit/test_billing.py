@@ -65,7 +65,7 @@ def test_a_billing_rule_is_checked_in_one_line():
         profile_from_dict("p", {**base, "billing_unit": "GPU-hours", "partitions": {"gpu": {**part, "billing": {}}}})
     with pytest.raises(ValueError, match=r"slice_hour=-1 must be a positive number"):
         profile_from_dict("p", {**base, "billing_unit": "GPU-hours", "partitions": {"gpu": {**part, "billing": {"slice_hour": -1}}}})
-    with pytest.raises(ValueError, match=r"unknown billing key 'per_gpu'; valid keys: node_hour"):
+    with pytest.raises(ValueError, match=r"\[partitions.gpu\] billing: unknown key 'per_gpu'; valid keys are: node_hour"):
         profile_from_dict("p", {**base, "billing_unit": "GPU-hours", "partitions": {"gpu": {**part, "billing": {"per_gpu": 1}}}})
     with pytest.raises(ValueError, match=r"has a billing rule but the profile names no billing_unit"):
         profile_from_dict("p", {**base, "partitions": {"gpu": {**part, "billing": {"node_hour": 4}}}})

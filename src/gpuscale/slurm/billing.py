@@ -25,6 +25,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from gpuscale.slurm.values import check_keys
+
 __all__ = ["Billing", "Allocation", "billing_from_dict", "units_per_hour", "rule_words", "allocation_of_plan",
            "default_allocation", "record_for"]
 
@@ -59,9 +61,7 @@ def billing_from_dict(data: Any, where: str) -> Billing:
     """A partition's ``billing`` table, checked."""
     if not isinstance(data, dict):
         raise ValueError(f"{where}: billing must be a table, e.g. billing = {{ node_hour = 4.0 }}")
-    unknown = sorted(set(data) - set(_KEYS))
-    if unknown:
-        raise ValueError(f"{where}: unknown billing key {unknown[0]!r}; valid keys: {', '.join(_KEYS)}")
+    check_keys(data, set(_KEYS), f"{where} billing")
     rule = Billing(**data)
     rule.check(where)
     return rule
