@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from gpuscale.failures import EXIT_DIR, FAILURE_DIR
-from gpuscale.verdicts import first_failure, killed_rank_line, note_from_record, quiet_torchrun_logs, read_notes, unseen_tracebacks, verdict
 from gpuscale.probe import read_records
+from gpuscale.verdicts import first_failure, killed_rank_line, note_from_record, quiet_torchrun_logs, read_notes, unseen_tracebacks, verdict
 
 __all__ = ["Outcome", "launch", "SIGNALS_OPTION", "write_exit_note", "main"]
 
@@ -113,7 +113,7 @@ def _usr1_like_torchrun(needed: bool, signal_exception: type[Exception]) -> Iter
         return
 
     def raise_signal_exception(signum: int, frame: Any) -> None:
-        raise signal_exception(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
+        raise signal_exception(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))  # type: ignore[call-arg]
 
     previous = signal.signal(signal.SIGUSR1, raise_signal_exception)
     try:

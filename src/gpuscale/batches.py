@@ -36,7 +36,7 @@ def to_device(batch: Any, device: torch.device) -> Any:
     if isinstance(batch, Mapping):
         moved = {key: to_device(value, device) for key, value in batch.items()}
         try:
-            return type(batch)(moved)
+            return type(batch)(moved)  # type: ignore[call-arg]  # dict and its kind take the items; others land below
         except TypeError:  # a mapping type that cannot be built from a dict
             return moved
     move = getattr(batch, "to", None)

@@ -48,12 +48,12 @@ from torch import nn
 from gpuscale.files import atomic_write, fsync_dir
 from gpuscale.log import get_logger
 from gpuscale.rng import capture_rng, restore_rng
+from gpuscale.runtime import Runtime, current
+from gpuscale.sharded import load_all
 from gpuscale.speed import keeping_implementation
 from gpuscale.strategy import Strategy, strategy_of
 from gpuscale.strategy.deepspeed import TAG as DEEPSPEED_TAG
-from gpuscale.runtime import Runtime, current
 from gpuscale.strategy.deepspeed import consolidate_deepspeed
-from gpuscale.sharded import load_all
 
 __all__ = ["Checkpointer", "ResumeState", "capture_rng", "restore_rng", "consolidate"]
 
@@ -209,7 +209,7 @@ class Checkpointer:
         if step < 0:
             raise ValueError(f"step={step} must not be negative")
         newest = self.latest()  # every rank checks, before any collective, so all refuse alike
-        if newest is not None and int(_NAME.match(newest.name).group(1)) > step:
+        if newest is not None and (named := _NAME.match(newest.name)) and int(named.group(1)) > step:
             raise ValueError(
                 f"{self.directory} already holds {newest.name}, newer than step {step} (an earlier run?); "
                 "resume from it, or start in an empty directory, so rotation never deletes the new checkpoints"

@@ -22,11 +22,11 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from gpuscale import wrapped
-from gpuscale.batchplan import SCALINGS, BatchPlan, plan_batch
 from gpuscale.batches import batch_len
 from gpuscale.batches import to_device as move_to_device
-from gpuscale.sample_seeds import SeededSamples
+from gpuscale.batchplan import BatchPlan, plan_batch
 from gpuscale.runtime import Runtime, current
+from gpuscale.sample_seeds import SeededSamples
 
 __all__ = ["BatchPlan", "plan_batch", "make_loader", "ShardedLoader", "ResumableDistributedSampler", "EvalShardSampler"]
 

@@ -31,6 +31,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import torch
@@ -68,7 +69,7 @@ _THIS_FILE = str(Path(__file__).resolve())
 
 def _call_site() -> tuple[str, str]:
     """(file:line, function) of the first frame outside torch and this module."""
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     while frame is not None:
         name = str(Path(frame.f_code.co_filename).resolve()) if not frame.f_code.co_filename.startswith("<") else frame.f_code.co_filename
         if not name.startswith(_TORCH_DIR) and name != _THIS_FILE:

@@ -284,7 +284,7 @@ def _detect_slurm(environ: Mapping[str, str]) -> DistEnv:
 
     nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
     if "MASTER_ADDR" in environ:
-        master_addr = _master_addr(environ)
+        master_addr = check_master_addr(environ["MASTER_ADDR"])
     elif nodelist:
         master_addr = expand_hostlist(nodelist)[0]
     else:
@@ -364,7 +364,8 @@ def device_index(env: DistEnv, num_visible: int) -> int:
     if env.local_world_size > num_visible:
         raise ValueError(
             f"LOCAL_RANK={env.local_rank} of {env.local_world_size} processes on this node, but only "
-            f"{num_visible} GPU{'s' if num_visible != 1 else ''} {'are' if num_visible != 1 else 'is'} visible; start at most {num_visible} processes per node "
+            f"{num_visible} GPU{'s' if num_visible != 1 else ''} {'are' if num_visible != 1 else 'is'} visible; "
+            f"start at most {num_visible} processes per node "
             "(--nproc-per-node / --ntasks-per-node) or make more GPUs visible"
         )
     return env.local_rank

@@ -21,8 +21,9 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, BinaryIO
+from typing import Any, BinaryIO
 
 __all__ = ["atomic_write", "atomic_write_json", "fsync_dir", "make_dir", "tighten_umask", "write_run_files"]
 

@@ -112,9 +112,11 @@ class AmdSmiSampler:
 
     source, min_interval_s = "amdsmi", 0.0
 
-    def __init__(self, bus: tuple[int, int, int]) -> None:
+    def __init__(self, bus: tuple[int, int, int] | None) -> None:
         import amdsmi
 
+        if bus is None:
+            raise RuntimeError("torch gave no PCI bus id to find the GPU by in amdsmi")
         self.amdsmi = amdsmi
         amdsmi.amdsmi_init()
         self.handle = next((h for h in amdsmi.amdsmi_get_processor_handles()

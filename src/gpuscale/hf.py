@@ -61,16 +61,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpuscale import wrapped
+from gpuscale import syncprobe, wrapped
 from gpuscale.data import BatchPlan
-from gpuscale import syncprobe
 from gpuscale.metrics import Meter
 from gpuscale.precision import resolve_precision
+from gpuscale.runtime import Runtime, current
 from gpuscale.speed import check_compile_mode
 from gpuscale.strategy import gradient_bytes
-from gpuscale.strategy.deepspeed_config import build_config, config_precision, load_config
-from gpuscale.runtime import Runtime, current
 from gpuscale.strategy.deepspeed import refuse_unsafe_pickles
+from gpuscale.strategy.deepspeed_config import build_config, config_precision, load_config
 
 try:
     from transformers import TrainerCallback

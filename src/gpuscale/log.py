@@ -21,7 +21,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence, Sized
 from typing import Any, TypeVar
 
 from gpuscale.env import detect_env
@@ -68,7 +68,8 @@ class _Formatter(logging.Formatter):
             message += "\n" + self.formatException(record.exc_info)
         if record.levelno < logging.WARNING:
             return f"[gpuscale] {message}"
-        where = f" [rank {record.rank}/{record.world_size} {record.host}]" if record.world_size > 1 else ""
+        rank, world, host = (getattr(record, key, None) for key in ("rank", "world_size", "host"))  # set by the rank filter
+        where = f" [rank {rank}/{world} {host}]" if isinstance(world, int) and world > 1 else ""
         return f"[gpuscale] {record.levelname}{where} {message}"
 
 
@@ -118,7 +119,7 @@ class progress(Iterator[T]):  # noqa: N801 - used like a function, as tqdm is
     def __init__(self, iterable: Iterable[T], desc: str = "", total: int | None = None, stream: Any = None) -> None:
         self._it = iter(iterable)
         self.desc = desc
-        self.total = total if total is not None else (len(iterable) if hasattr(iterable, "__len__") else None)
+        self.total = total if total is not None else (len(iterable) if isinstance(iterable, Sized) else None)
         self.postfix: dict[str, Any] = {}
         self.count = 0
         self._stream = stream or sys.stderr
@@ -180,4 +181,4 @@ def format_placements(placements: list[dict[str, Any]]) -> str:
 def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """Columns padded to their widest cell, two spaces apart, no trailing blanks. Pure."""
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [header, *rows])
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)).rstrip() for row in [header, *rows])

@@ -38,11 +38,12 @@ from gpuscale._version import __version__
 from gpuscale.batches import batch_len as _batch_len
 from gpuscale.data import BatchPlan
 from gpuscale.files import write_run_files
-from gpuscale.probe.recorder import meter_created
 from gpuscale.monitor import Monitor, device_stats, make_timeline, monitor_enabled
-from gpuscale.stepsplit import PHASES, split_step, time_split
-from gpuscale.syncprobe import FIRST_PROBE_STEP, PROBE_STEPS, RECORD as PROBES, probe_enabled
+from gpuscale.probe.recorder import meter_created
 from gpuscale.runtime import Runtime, current
+from gpuscale.stepsplit import PHASES, split_step, time_split
+from gpuscale.syncprobe import FIRST_PROBE_STEP, PROBE_STEPS, probe_enabled
+from gpuscale.syncprobe import RECORD as PROBES
 
 __all__ = ["Average", "Meter", "all_reduce_sum", "all_reduce_max", "SUMMARY_KEYS", "PHASES"]
 
@@ -159,7 +160,7 @@ class Meter:
         self.seconds = {"data_wait": 0.0, "eval": 0.0, "checkpoint": 0.0}
         self.batches = 0
         self.samples = 0
-        self.epochs = 0
+        self.epochs: float = 0  # whole epochs; the HF Trainer's callback sets its fractional count
         self.created = time.time()
         self.train_started: float | None = None  # wall clock of the first batch request
         self.warmup_steps = warmup_steps
@@ -346,11 +347,11 @@ class Meter:
     def _timeline(self) -> dict[str, Any] | None:
         """Every rank's series, on rank 0 only (collective: the series can be long, so not on every rank)."""
         mine = (self.monitor.started, self._series()) if self.monitor is not None else None
-        gathered = [mine]
+        gathered: list[Any] | None = [mine]
         if self.rt.is_distributed:
-            gathered = [None] * self.rt.world_size if self.rt.is_main else None
+            gathered = [None] * self.rt.world_size if self.rt.is_main else None  # None on the other ranks, as torch asks
             dist.gather_object(mine, gathered, dst=0)
-        if not self.rt.is_main or not any(gathered):
+        if not self.rt.is_main or gathered is None or not any(gathered):
             return None
         starts = [g[0] for g in gathered if g is not None and g[0] is not None]
         return make_timeline([g[1] for g in gathered if g is not None], self.monitor.interval_s if self.monitor else None,

@@ -67,8 +67,18 @@ from typing import Any, Protocol
 import torch
 
 # re-exported: the GPU samplers were defined here, and callers and tests reach them through this module
-from gpuscale.gpu_samplers import (NVIDIA_SMI, ROCM_SMI, SMI_INTERVAL_S, AmdSmiSampler, CommandSampler, NvmlSampler, Sample,
-                                   amd_sampler, as_number, gpu_sampler, nvidia_sampler, parse_nvidia_smi, parse_rocm_smi)
+from gpuscale.gpu_samplers import (
+    AmdSmiSampler,
+    CommandSampler,
+    NvmlSampler,
+    Sample,
+    amd_sampler,
+    as_number,
+    gpu_sampler,
+    nvidia_sampler,
+    parse_nvidia_smi,
+    parse_rocm_smi,
+)
 from gpuscale.log import get_logger
 from gpuscale.timeline import TIMELINE_VERSION, device_stats, make_timeline
 from gpuscale.topology import format_cpulist
@@ -151,10 +161,14 @@ class Placed(Protocol):
     """What the monitor needs to know of a rank: its device, cores, rank and host (a `gpuscale.Runtime` is
     one; the probe, which has no Runtime in a script that does not use gpuscale, passes a stand-in)."""
 
-    device: torch.device
-    cores: Sequence[int]
-    rank: int
-    host: str
+    @property
+    def device(self) -> torch.device: ...
+    @property
+    def cores(self) -> Sequence[int]: ...
+    @property
+    def rank(self) -> int: ...
+    @property
+    def host(self) -> str: ...
 
 
 def open_sampler(rt: Placed) -> Any:
@@ -172,7 +186,7 @@ class Monitor:
             raise ValueError(f"interval_s={interval_s} must be a positive number of seconds")
         self.rt, self.interval_s = rt, float(interval_s)
         cuda = rt.device.type == "cuda"
-        self.name = torch.cuda.get_device_name(rt.device) if cuda else f"cores {format_cpulist(rt.cores or os.sched_getaffinity(0))}"
+        self.name = torch.cuda.get_device_name(rt.device) if cuda else f"cores {format_cpulist(rt.cores or sorted(os.sched_getaffinity(0)))}"
         self.source: str | None = None
         self.error: str | None = None
         self.times: list[float] = []  # unix time of each sample
@@ -241,7 +255,7 @@ class Monitor:
         with self._lock:
             times, samples = list(self.times), list(self.samples)
         zero = zero if zero is not None else (times[0] if times else 0.0)
-        columns = list(zip(*samples)) or [(), (), ()]
+        columns = list(zip(*samples, strict=True)) or [(), (), ()]
         return {"rank": self.rt.rank, "host": self.rt.host, "device": str(self.rt.device), "name": self.name,
                 "source": self.source, "t": [round(t - zero, 3) for t in times],
                 "util_pct": list(columns[0]), "mem_bytes": list(columns[1]), "power_w": list(columns[2])}

@@ -43,8 +43,17 @@ import sys
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 
 from gpuscale.env import DistEnv, detect_env, visible_devices
-from gpuscale.topology import (BindingPlan, allowed_cores, format_cpulist, gpu_local_cores, parse_cpulist,
-                               parse_gpu_core_map, pci_gpus, plan_binding, set_affinity)
+from gpuscale.topology import (
+    BindingPlan,
+    allowed_cores,
+    format_cpulist,
+    gpu_local_cores,
+    parse_cpulist,
+    parse_gpu_core_map,
+    pci_gpus,
+    plan_binding,
+    set_affinity,
+)
 
 __all__ = ["RANK_CORES", "GPU_CORES", "PLACED", "OMP_FROM_LAUNCHER", "plan_node", "rank_cores_text",
            "placed_source", "place_this_rank", "size_thread_pools", "sysfs_gpu_cores", "gpus_known_only_to_torch"]

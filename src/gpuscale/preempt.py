@@ -51,8 +51,8 @@ import torch
 import torch.distributed as dist
 
 from gpuscale.exits import EXIT_STOPPED, STOP_MARKER, Stopped, stopped_marker
-from gpuscale.runtime import Runtime, current
 from gpuscale.log import get_logger
+from gpuscale.runtime import Runtime, current
 
 __all__ = ["StopSignal", "Stopped", "EXIT_STOPPED", "STOP_SIGNALS"]
 
@@ -77,7 +77,7 @@ class StopSignal:
         self.rt = rt or current()
         self.every = every
         self.interval_s = interval_s
-        self._next_check = 1 if every == "auto" else every  # the call that checks next
+        self._next_check: int = 1 if isinstance(every, str) else every  # the call that checks next ("auto": the first)
         self._last_check = time.monotonic()
         self._calls_at_last_check = 0
         self._skip = 1  # calls between the last two checks

@@ -25,7 +25,8 @@ def capture_rng(device: torch.device) -> dict[str, Any]:
     try:
         import numpy as np
 
-        kind, keys, pos, has_gauss, cached = np.random.get_state()
+        legacy: Any = np.random.get_state()  # the tuple form, numpy's default (its stubs say tuple or dict)
+        kind, keys, pos, has_gauss, cached = legacy
         state["numpy"] = (kind, torch.from_numpy(keys.astype("int64")), int(pos), int(has_gauss), float(cached))
     except ImportError:
         pass

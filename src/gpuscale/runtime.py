@@ -39,8 +39,8 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -50,14 +50,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gpuscale.env import DistEnv, detect_env, visible_devices
-from gpuscale.launchtime import launch_time, process_start_time
-from gpuscale.files import tighten_umask
-from gpuscale.lifeline import end_with_parent, parent_death_signal
-from gpuscale.failures import report_failure
-from gpuscale.log import configure_logging, format_placements, get_logger
-from gpuscale.exits import Stopped
 from gpuscale import wrapped
+from gpuscale.env import DistEnv, detect_env, visible_devices
+from gpuscale.exits import Stopped
+from gpuscale.failures import report_failure
+from gpuscale.files import tighten_umask
+from gpuscale.launchtime import launch_time, process_start_time
+from gpuscale.lifeline import end_with_parent, parent_death_signal
+from gpuscale.log import configure_logging, format_placements, get_logger
 from gpuscale.pinning import OMP_FROM_LAUNCHER  # set where gpuscale run, not the user, put OMP_NUM_THREADS=1
 from gpuscale.placement import choose_device, plan_cores
 from gpuscale.teardown import end_process_group

@@ -42,7 +42,7 @@ def _expand_one(item: str) -> list[str]:
     if not match:
         return [item]
     prefix, suffix = item[: match.start()], item[match.end() :]
-    names = []
+    names: list[str] = []
     for part in match.group(1).split(","):
         if "-" in part:
             lo, hi = part.split("-", 1)

@@ -146,7 +146,7 @@ def keeping_implementation(optimizer: Any) -> Iterator[None]:
     groups = getattr(optimizer, "param_groups", None) or []
     flags = [{k: group[k] for k in ("fused", "foreach") if k in group} for group in groups]
     yield
-    for group, kept in zip(getattr(optimizer, "param_groups", None) or [], flags):
+    for group, kept in zip(getattr(optimizer, "param_groups", None) or [], flags, strict=False):
         group.update(kept)
         if group.get("fused"):
             for p in group["params"]:

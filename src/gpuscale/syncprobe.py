@@ -224,14 +224,14 @@ def _set_rng_states(states: tuple[torch.Tensor, torch.Tensor | None], device: to
 def _restore(params: list[nn.Parameter], grads: list[torch.Tensor | None], buffers: list[torch.Tensor],
              saved_buffers: list[torch.Tensor]) -> None:
     with torch.no_grad():
-        for param, grad in zip(params, grads):
+        for param, grad in zip(params, grads, strict=True):
             if grad is None:
                 param.grad = None
             elif param.grad is None:
                 param.grad = grad
             else:
                 param.grad.copy_(grad)  # in place: DDP's gradients are views into its buckets
-        for buffer, saved in zip(buffers, saved_buffers):
+        for buffer, saved in zip(buffers, saved_buffers, strict=True):
             buffer.copy_(saved)
 
 

@@ -30,7 +30,7 @@ def device_stats(series: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def make_timeline(series: list[dict[str, Any]], interval_s: float, started: float | None) -> dict[str, Any]:
+def make_timeline(series: list[dict[str, Any]], interval_s: float | None, started: float | None) -> dict[str, Any]:
     """The timeline.json document from every rank's series."""
     return {"version": TIMELINE_VERSION, "interval_s": interval_s, "started": started,
             "series": sorted(series, key=lambda s: s["rank"])}

@@ -161,7 +161,7 @@ def plan_binding(
         elif len(free) < len(cores):
             notes.append(f"GPUs of local ranks {ranks} share nearby cores with other GPUs; gave them {format_cpulist(free)}")
         claimed |= cores
-        for rank, share in zip(ranks, split_evenly(free, len(ranks))):
+        for rank, share in zip(ranks, split_evenly(free, len(ranks)), strict=True):
             plan[rank] = share
     return BindingPlan(tuple(plan), "gpu-local", "; ".join(notes) or None)
 

@@ -41,10 +41,10 @@ from gpuscale import wrapped as wrapped_facts
 from gpuscale.data import BatchPlan
 from gpuscale.log import get_logger
 from gpuscale.precision import PRECISIONS, Precision, resolve_precision
-from gpuscale.strategy import STRATEGIES, Strategy, get_strategy, gradient_bytes, no_sync, unwrap, wrap_and_describe
-from gpuscale.strategy.deepspeed_config import ZERO_STAGES, build_config, config_precision, load_config
 from gpuscale.runtime import Runtime, current
+from gpuscale.strategy import STRATEGIES, Strategy, get_strategy, gradient_bytes, no_sync, unwrap, wrap_and_describe
 from gpuscale.strategy.deepspeed import import_deepspeed
+from gpuscale.strategy.deepspeed_config import ZERO_STAGES, build_config, config_precision, load_config
 
 __all__ = ["Training", "setup", "add_arguments", "training_options", "loader_options"]
 
@@ -252,7 +252,7 @@ def _setup_deepspeed(chosen: Strategy, model: nn.Module, optimizer: OptimizerFac
         # ZeRO runs the optimizer on flat slices of the parameters: right for optimizers that
         # update each element on its own (these), wrong for per-tensor ones (LAMB, factored Adafactor).
         config.setdefault("zero_allow_untested_optimizer", True)
-    engine, engine_optimizer = chosen.initialize(module, torch_optimizer, config)
+    engine, engine_optimizer = chosen.initialize(module, torch_optimizer, config)  # type: ignore[attr-defined]  # deepspeed's own
     engine._gpuscale_strategy = chosen
     gathers = chosen.gathers_parameters(engine)
     facts = wrapped_facts.Wrapped(strategy=chosen.name, gradient_bytes=synchronised_bytes, gathers_parameters=gathers,

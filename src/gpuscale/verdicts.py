@@ -76,7 +76,7 @@ def first_failure(failures: Mapping[int, Any], notes: Mapping[int, Mapping[str, 
 
     first = min(failures, key=key)
     printed = notes.get(first, {}).get("repeat_of")
-    return printed if printed in failures else first
+    return printed if isinstance(printed, int) and printed in failures else first
 
 
 def verdict(failures: Mapping[int, Any], notes: Mapping[int, Mapping[str, Any]], nproc: int, host: str) -> tuple[int, str]:

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from gpuscale.cli import study as study_cmd
-from gpuscale.study.spec import run_study
 from gpuscale.cli.verbs import verb_parser
+from gpuscale.study.spec import run_study
 
 DEMO_ARGS = ["--epochs", "2", "--finetune-epochs", "1"]
 LR_VARIANTS = ["--variant", "none=--lr-scaling none", "--variant", "linear=--lr-scaling linear"]

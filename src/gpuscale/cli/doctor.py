@@ -33,21 +33,19 @@ import socket
 import sys
 from typing import Any
 
-from gpuscale.slurm.profiles import load_profile
-from gpuscale.topology import parse_gpu_core_map
-from gpuscale.doctor import check_port_free
-from gpuscale.doctor.bandwidth import message_sizes, parse_size
-from gpuscale.env import detect_env
-from gpuscale.runtime import Runtime, init
-from gpuscale.doctor import Finding, judge
-from gpuscale.doctor.bandwidth import sweep, verdict
+from gpuscale.cli.verbs import verb_parser
+from gpuscale.doctor import Finding, check_port_free, judge
+from gpuscale.doctor.bandwidth import message_sizes, parse_size, sweep, verdict
 from gpuscale.doctor.facts import rank_facts
 from gpuscale.doctor.gloonet import gloo_endpoint
 from gpuscale.doctor.nccl_capture import NcclLogCapture
 from gpuscale.doctor.ncclog import parse_process
 from gpuscale.doctor.network import gloo_loopback, judge_network
 from gpuscale.doctor.report import as_json, exit_code, format_text
-from gpuscale.cli.verbs import verb_parser
+from gpuscale.env import detect_env
+from gpuscale.runtime import Runtime, init
+from gpuscale.slurm.profiles import load_profile
+from gpuscale.topology import parse_gpu_core_map
 
 PROBE_BYTES = 4 * 2**10
 """The all-reduce that makes NCCL set up its network (and log it), with or without the bandwidth sweep."""
@@ -152,7 +150,7 @@ def _examine(args: argparse.Namespace, rt: Runtime, environ: dict[str, str], siz
         dist.all_gather_object(facts, mine)
         rendezvous = Finding("ok", "rendezvous", f"all {rt.world_size} ranks met at {mine['master']}")
     findings: list[Finding] = []
-    plan = [False, False, None]  # measure the all-reduce, capture NCCL's log, why not
+    plan: list[Any] = [False, False, None]  # measure the all-reduce, capture NCCL's log, why not
     if rt.is_main:
         findings, plan = _judge_and_plan(args, rt, facts, gpu_cores, rendezvous)
     if distributed:

@@ -23,10 +23,10 @@ from typing import Any
 
 import torch
 
+from gpuscale.cli.verbs import verb_parser
 from gpuscale.env import relevant_environment
 from gpuscale.log import format_placements
 from gpuscale.runtime import Runtime, init
-from gpuscale.cli.verbs import verb_parser
 
 EPILOG = """examples:
   gpuscale env

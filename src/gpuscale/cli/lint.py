@@ -36,8 +36,8 @@ import json
 import sys
 from typing import Any
 
-from gpuscale.lint import RULE_IDS, format_findings, lint_paths, select_rules
 from gpuscale.cli.verbs import verb_parser
+from gpuscale.lint import RULE_IDS, format_findings, lint_paths, select_rules
 
 EPILOG = """examples:
   gpuscale lint train.py

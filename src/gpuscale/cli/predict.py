@@ -30,11 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from gpuscale.cli.slurm import profile_from_args
-from gpuscale.slurm import billing
-from gpuscale.study.numbers import three_figures
-from gpuscale.study import matrix, predict
-from gpuscale.study import linkmeasure
 from gpuscale.cli.verbs import verb_parser
+from gpuscale.slurm import billing
+from gpuscale.study import linkmeasure, matrix, predict
+from gpuscale.study.numbers import three_figures
 
 EPILOG = """examples:
   gpuscale predict runs/dvc-1gpu --profile lumi-g --nproc 1,2,4,8 --nodes 1,2
@@ -142,7 +141,7 @@ def format_prediction(prediction: dict[str, Any], cells: list[matrix.Cell]) -> s
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
 
     def line(values: list[str]) -> str:
-        return " ".join(v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(values, widths))).rstrip()
+        return " ".join(v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(values, widths, strict=True))).rstrip()
 
     table = [line(head), "-" * len(line(head)), *(line(r) for r in rows)]
     lines += table

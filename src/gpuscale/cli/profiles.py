@@ -11,9 +11,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from gpuscale.slurm.profiles import list_profiles, load_profile
-from gpuscale.slurm.billing import rule_words
 from gpuscale.cli.verbs import verb_parser
+from gpuscale.slurm.billing import rule_words
+from gpuscale.slurm.profiles import list_profiles, load_profile
 
 EPILOG = """examples:
   gpuscale profiles
@@ -51,20 +51,22 @@ def run(args: argparse.Namespace) -> int:
     for name, part in profile.partitions.items():
         role = [r for r, p in (("full nodes", profile.full_node_partition), ("partial nodes", profile.partial_node_partition)) if p == name]
         print(f"  partition   {name}: {'whole nodes' if part.whole_node else 'shared nodes (CPU masks need --exclusive)'}, "
-              f"max {part.max_time}" + (f", max {part.max_nodes} nodes" if part.max_nodes else "") + (f"  [default for {' and '.join(role)}]" if role else ""))
+              f"max {part.max_time}" + (f", max {part.max_nodes} nodes" if part.max_nodes else "")
+              + (f"  [default for {' and '.join(role)}]" if role else ""))
     for name in profile.partitions:
         rule = rule_words(profile, name)
         if rule:
             print(f"  billing     {rule}")
     if profile.billing_source:
         print(f"  billing     rule from {profile.billing_source}")
-    if profile.gpu_cores:
-        for index, cores in enumerate(profile.gpu_cores):
-            print(f"  GPU {index}       cores {cores}  mask {profile.cpu_masks(profile.gpus_per_node)[index]}")
+    masks = profile.cpu_masks(profile.gpus_per_node) or []
+    for index, (cores, mask) in enumerate(zip(profile.gpu_cores or (), masks, strict=True)):
+        print(f"  GPU {index}       cores {cores}  mask {mask}")
     if profile.container:
         how = "srun --container-image (pyxis)" if profile.container.exec == "pyxis" else profile.container.exec
         print(f"  container   {how} (binds {', '.join(profile.container.binds) or 'none'}), "
-              f"activate {profile.container.activate or 'nothing'}" + (f", default image {profile.container.image}" if profile.container.image else ""))
+              f"activate {profile.container.activate or 'nothing'}"
+              + (f", default image {profile.container.image}" if profile.container.image else ""))
     for pattern in profile.containers:
         setup = profile.container_for(pattern, pattern=pattern)
         needs = [f"start with {setup.exec}"] + ([f"activate {setup.activate}"] if setup.activate else [])

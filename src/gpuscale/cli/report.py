@@ -11,11 +11,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from gpuscale.cli.verbs import verb_parser
+from gpuscale.files import atomic_write_json
 from gpuscale.study import analysis
 from gpuscale.study.answer import check_target
-from gpuscale.files import atomic_write_json
 from gpuscale.study.report import format_table, write_report
-from gpuscale.cli.verbs import verb_parser
 
 EPILOG = """examples:
   gpuscale report runs/study

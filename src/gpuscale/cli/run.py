@@ -31,17 +31,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpuscale.agent import SIGNALS_OPTION, Outcome, launch
+from gpuscale.cli.verbs import verb_parser
+from gpuscale.env import check_master_addr, check_one_launcher_per_node, port_from_job_id
 from gpuscale.files import make_dir
+from gpuscale.launchtime import LAUNCH_TIME, launch_time, process_start_time
 from gpuscale.pinning import RANK_CORES, rank_cores_text
 from gpuscale.placement import plan_for_workers
-from gpuscale.agent import SIGNALS_OPTION, Outcome, launch
 from gpuscale.probe import RECORDS, collect, describe, probe_enabled, probe_environ, site_environ, summary_name
-from gpuscale.slurm.render import TORCHRUN_SIGNALS
-from gpuscale.env import check_master_addr, check_one_launcher_per_node, port_from_job_id
-from gpuscale.launchtime import LAUNCH_TIME, launch_time, process_start_time
 from gpuscale.runtime import OMP_FROM_LAUNCHER
+from gpuscale.slurm.render import TORCHRUN_SIGNALS
 from gpuscale.topology import allowed_cores, check_cpu_processes
-from gpuscale.cli.verbs import verb_parser
 
 EPILOG = """examples:
   gpuscale run examples/dogs_vs_cats.py                       # one process per GPU, or per core
@@ -95,7 +95,7 @@ def _option(parser: argparse.ArgumentParser, name: str, **kwargs: Any) -> None:
     """`parser.add_argument(name, ...)`, and its TORCHRUN_SPELLINGS as hidden options filling the same value."""
     action = parser.add_argument(name, **kwargs)
     for spelling in TORCHRUN_SPELLINGS.get(name, ()):
-        parser.add_argument(spelling, dest=action.dest, type=action.type, metavar=action.metavar,
+        parser.add_argument(spelling, dest=action.dest, type=action.type, metavar=action.metavar,  # type: ignore[arg-type]
                             default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
@@ -274,7 +274,7 @@ def _arm_probe(args: argparse.Namespace) -> Any:
         return None
     else:
         records = tempfile.TemporaryDirectory(prefix="gpuscale-probe-")
-    path = _records_path(records)
+    path = _folder(records)
     make_dir(path)
     os.environ.update(probe_environ(path))
     return records
@@ -284,6 +284,11 @@ def _records_path(records: Any) -> Path | None:
     """The folder of `_arm_probe`'s records (None when it armed none)."""
     if records is None:
         return None
+    return _folder(records)
+
+
+def _folder(records: Path | tempfile.TemporaryDirectory[str]) -> Path:
+    """The folder of records that `_arm_probe` armed: --summary's, or a temporary one."""
     return records if isinstance(records, Path) else Path(records.name)
 
 
@@ -294,7 +299,7 @@ def _report_probe(args: argparse.Namespace, records: Any, world_size: int, code:
     (that is the failure's own story, told last; the file keeps it); without --summary, nothing
     when no step was measured.
     """
-    path = _records_path(records)
+    path = _folder(records)
     try:
         if args.node_rank != 0:
             return

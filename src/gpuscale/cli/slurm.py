@@ -21,12 +21,12 @@ import re
 import sys
 from typing import Any
 
-from gpuscale.slurm.cluster import ClusterOptions, cluster_job, load_cluster_profile
-from gpuscale.slurm.render import CPU_BINDS, MODES, JobSpec, render_sbatch
-from gpuscale.slurm import jobs
+from gpuscale.cli.verbs import verb_parser
 from gpuscale.files import atomic_write
 from gpuscale.secrets import is_secret_name
-from gpuscale.cli.verbs import verb_parser
+from gpuscale.slurm import jobs
+from gpuscale.slurm.cluster import ClusterOptions, cluster_job, load_cluster_profile
+from gpuscale.slurm.render import CPU_BINDS, MODES, JobSpec, render_sbatch
 
 EPILOG = """examples:
   gpuscale slurm script --profile lumi-g --account project_465000 --container $SIF --gpus-per-node 8 --mode srun -- train.py
@@ -41,7 +41,8 @@ EPILOG = """examples:
 def add_cluster_options(parser: Any, profile_required: bool = True) -> None:
     """Where and how a job runs (profile, account, time, container, ...): shared by `slurm` and `study`."""
     parser.add_argument("--profile", required=profile_required, help="cluster profile: a name (see `gpuscale profiles`) or a .toml path")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a single-valued profile key, e.g. gpus_per_node=4 (repeatable)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a single-valued profile key, e.g. gpus_per_node=4 (repeatable)")
     parser.add_argument("--mode", choices=MODES, default="torchrun", help="torchrun: one task per node; srun: one task per GPU")
     parser.add_argument("--time", default="00:30:00", help="time limit, e.g. 30, 01:00:00, 1-00:00:00 (default 00:30:00)")
     parser.add_argument("--account", default=None,
@@ -106,8 +107,9 @@ def cluster_options(args: argparse.Namespace) -> ClusterOptions:
     """The cluster options (`add_cluster_options`) of parsed arguments, as typed values."""
     return ClusterOptions(
         profile=args.profile, overrides=tuple(_pairs(args.set, "--set")), mode=args.mode, time=args.time,
-        account=args.account or os.environ.get("SBATCH_ACCOUNT") or None, partition=args.partition, reservation=args.reservation, mem_per_gpu=args.mem_per_gpu,
-        job_name=args.job_name, container=args.container, no_container=args.no_container, modules=tuple(args.module), env=tuple(_pairs(args.env, "--env")), venv=args.venv,
+        account=args.account or os.environ.get("SBATCH_ACCOUNT") or None, partition=args.partition, reservation=args.reservation,
+        mem_per_gpu=args.mem_per_gpu, job_name=args.job_name, container=args.container, no_container=args.no_container,
+        modules=tuple(args.module), env=tuple(_pairs(args.env, "--env")), venv=args.venv,
         exclusive=args.exclusive, cpu_bind=args.cpu_bind, cpus_per_gpu=args.cpus_per_gpu, python=args.python,
         max_requeues=args.max_requeues,
     )

@@ -42,9 +42,9 @@ from pathlib import Path
 from typing import Any
 
 from gpuscale.cli.slurm import add_cluster_options, cluster_options
+from gpuscale.cli.verbs import verb_parser
 from gpuscale.study import matrix
 from gpuscale.study.spec import StudyResult, StudySpec, run_study
-from gpuscale.cli.verbs import verb_parser
 
 EPILOG = """examples:
   gpuscale study --nproc 1,2 --scaling weak,strong --out runs/study -- examples/dogs_vs_cats.py --epochs 2

@@ -47,7 +47,7 @@ def check_port_free(addr: str | None, port: int, is_local: bool) -> Finding:
             return Finding("fail", "rendezvous", f"port {port} is already in use on this host (another job or a leftover "
                            "process): the rendezvous store cannot listen there",
                            "pick another port (gpuscale run --master-port, MASTER_PORT), or let gpuscale derive it from "
-                           "the SLURM job id; find the holder with: ss -ltnp 'sport = :%d'" % port)
+                           f"the SLURM job id; find the holder with: ss -ltnp 'sport = :{port}'")
     return Finding("ok", "rendezvous", f"port {port} is free for the rendezvous store")
 
 

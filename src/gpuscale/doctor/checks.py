@@ -190,7 +190,7 @@ def _check_nearness(facts: Sequence[Facts], gpu_cores: Sequence[Sequence[int] | 
             continue
         index = f.get("gpu_index")
         if gpu_cores is not None and index is not None and 0 <= index < len(gpu_cores) and gpu_cores[index]:
-            near = set(gpu_cores[index])
+            near = set(gpu_cores[index] or ())
             judged += 1
             far = sorted(set(f["cores"]) - near)
             if far:
@@ -303,10 +303,12 @@ def check_environment(facts: Sequence[Facts]) -> list[Finding]:
         unset = [n for n, p in paths.items() if not p]
         shared = [n for n, p in paths.items() if p and not p.startswith(_NODE_LOCAL)]
         if unset or shared:
+            where = f"not set ({', '.join(unset)})" if unset else f"not node-local ({', '.join(shared)})"
             found.append(Finding("warn", "environment",
-                                 f"MIOpen's cache is {'not set (' + ', '.join(unset) + ')' if unset else 'not node-local (' + ', '.join(shared) + ')'}: "
+                                 f"MIOpen's cache is {where}: "
                                  "all ranks of all nodes share one database in $HOME and lock each other out",
-                                 "export MIOPEN_USER_DB_PATH=/tmp/$USER-miopen-cache-$SLURM_JOB_ID MIOPEN_CUSTOM_CACHE_DIR=/tmp/$USER-miopen-cache-$SLURM_JOB_ID "
+                                 "export MIOPEN_USER_DB_PATH=/tmp/$USER-miopen-cache-$SLURM_JOB_ID "
+                                 "MIOPEN_CUSTOM_CACHE_DIR=/tmp/$USER-miopen-cache-$SLURM_JOB_ID "
                                  "(the lumi-g profile sets both)"))
         else:
             found.append(Finding("ok", "environment", "MIOpen's cache is node-local"))

@@ -21,8 +21,8 @@ import torch.distributed as dist
 
 from gpuscale.doctor.gloonet import gloo_endpoint
 from gpuscale.env import relevant_environment, visible_devices
-from gpuscale.topology import allowed_cores, numa_node_of_pci, parse_cpulist
 from gpuscale.runtime import Runtime
+from gpuscale.topology import allowed_cores, numa_node_of_pci, parse_cpulist
 
 __all__ = ["rank_facts", "core_numa_nodes", "SYSFS_NODES"]
 

@@ -115,7 +115,7 @@ class NcclInit:
         """'IB', 'OFI', 'Socket' or another network's own name; from the 'Using network' line, else the channel paths."""
         if self.network:
             return transport_kind(self.network)
-        names = {_NET_VIA.match(p).group("name") for p in self.net_paths if _NET_VIA.match(p)}
+        names = {m.group("name") for m in map(_NET_VIA.match, self.net_paths) if m}
         return transport_kind(sorted(names)[0]) if len(names) == 1 else None
 
     @property

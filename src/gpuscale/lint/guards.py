@@ -164,8 +164,8 @@ class Guards:
                         or (index is not None and _tests_index(ancestor.test, index)):
                     return True
             if isinstance(ancestor, ast.BoolOp):
-                index = ancestor.values.index(child)
-                if any(self.rankish(v) for v in ancestor.values[:index]):
+                before = ancestor.values[:ancestor.values.index(child)]  # type: ignore[arg-type]  # child is one of them
+                if any(self.rankish(v) for v in before):
                     return True
             if isinstance(child, ast.stmt) and self._early_exit_before(child):
                 return True

@@ -109,9 +109,11 @@ class Launches:
     def process_indexes(self) -> dict[ast.AST, str]:
         """Each spawn target's first parameter, whatever its name (`gpu`, `proc_id`): spawn passes the process's
         index there, so a test of it (`if gpu == 0:`) tells the first process from the others."""
-        found = {}
+        found: dict[ast.AST, str] = {}
         for name in spawn_targets(self.script):
             for function in self._defined(name):
+                if not isinstance(function, calls.FUNCTIONS):  # _defined keeps only these
+                    continue
                 params = [*function.args.posonlyargs, *function.args.args]
                 if params:
                     found[function] = params[0].arg

@@ -39,7 +39,7 @@ def _literal_configs(script: Script) -> Iterator[dict[str, Any]]:
     for node in script.nodes:
         pairs: list[tuple[str, ast.AST]] = []
         if isinstance(node, ast.Dict):
-            pairs = [(k.value, v) for k, v in zip(node.keys, node.values)
+            pairs = [(k.value, v) for k, v in zip(node.keys, node.values, strict=True)
                      if isinstance(k, ast.Constant) and isinstance(k.value, str)]
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "dict":
             pairs = [(kw.arg, kw.value) for kw in node.keywords if kw.arg]

@@ -205,11 +205,11 @@ def _loaders(script: Script, expr: ast.AST, scope: ast.AST, depth: int = 3) -> l
                 return None
             found += values
         return found or None
-    values = script.assignments(name)
-    if not values:
+    assigned = script.assignments(name)
+    if not assigned:
         return None
     found = []
-    for value in values:
+    for value in assigned:
         loaders = _loaders(script, value, script.scope(value), depth - 1)
         if loaders is None:
             return None
@@ -256,7 +256,7 @@ def _caller_names(script: Script, site: ast.Call, parts: list[bool]) -> set[str]
             and len(target.elts) == len(value.elts):  # a, b = f(), g()
         return _targets(target.elts[value.elts.index(site)]) if any(parts) else set()
     if value is site and isinstance(target, ast.Tuple) and len(parts) == len(target.elts) > 1:
-        return set().union(*(_targets(t) for t, part in zip(target.elts, parts) if part))
+        return set().union(*(_targets(t) for t, part in zip(target.elts, parts, strict=False) if part))
     return _targets(target) if value is site or site in list(ast.walk(value)) else set()
 
 

@@ -71,7 +71,7 @@ def tells_rank(call: ast.Call) -> bool:
 
 def _stdlib_loggers(script: Script) -> set[str]:
     """Names and attributes assigned a standard-library logger (`log = logging.getLogger(__name__)`)."""
-    names = set()
+    names: set[str] = set()
     for node in script.nodes:
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and script.qualname(node.value) == "logging.getLogger":
             names.update(name for name in (dotted(t) for t in node.targets) if name)

@@ -130,7 +130,8 @@ def check_unfreeze_after_wrap(script: Script) -> Iterator[Hit]:
         if expr is None:
             continue
         lines = wraps.get(script.scope(node), [])
-        if any(line < node.lineno for line in lines) and not any(line > node.lineno for line in lines) \
+        at = getattr(node, "lineno", 0)
+        if any(line < at for line in lines) and not any(line > at for line in lines) \
                 and _is_parameter(script, expr, node):
             yield Hit(node, f"{ast.unparse(expr)} made trainable after the model was wrapped")
 
@@ -163,7 +164,7 @@ def check_master_port(script: Script) -> Iterator[Hit]:
                     and _constant_text(node.args[1]) is not None:
                 yield Hit(node, f"MASTER_PORT is hard-coded to {_constant_text(node.args[1])}")
             elif node.func.attr == "update":
-                pairs = [(k, v) for a in node.args if isinstance(a, ast.Dict) for k, v in zip(a.keys, a.values) if k is not None]
+                pairs = [(k, v) for a in node.args if isinstance(a, ast.Dict) for k, v in zip(a.keys, a.values, strict=True) if k is not None]
                 pairs += [(ast.Constant(kw.arg), kw.value) for kw in node.keywords if kw.arg]
                 for key, value in pairs:
                     if _constant_text(key) == "MASTER_PORT" and _constant_text(value) is not None:

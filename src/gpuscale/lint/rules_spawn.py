@@ -55,7 +55,8 @@ def _bound(node: ast.AST) -> Iterator[str]:
 def main_only_names(script: Script) -> set[str]:
     """Module-level names assigned only inside `if __name__ == "__main__":` (not elsewhere at module level, and
     not by a function declaring them `global`)."""
-    main, elsewhere = set(), set()
+    main: set[str] = set()
+    elsewhere: set[str] = set()
     for stmt in script.tree.body:
         (main if is_main_block(stmt) else elsewhere).update(_bound(stmt))
     for node in script.nodes:
@@ -73,7 +74,7 @@ def _spawn_start_method(script: Script) -> bool:
         if last_name(call.func) in ("set_start_method", "get_context") and call.args:
             value = call.args[0]
         else:
-            value = keyword(call, "multiprocessing_context")
+            value = keyword(call, "multiprocessing_context")  # type: ignore[assignment]  # an expression, or None
         if isinstance(value, ast.Constant) and value.value == "spawn":
             return True
     return False

@@ -149,7 +149,7 @@ class Script:
         folder = self.directory
         if folder is None:
             return []
-        names = set()
+        names: set[str] = set()
         for node in self.nodes:
             if isinstance(node, ast.Import):
                 names.update(alias.name for alias in node.names)
@@ -274,10 +274,10 @@ class Script:
         return self.parents.get(node)
 
     def ancestors(self, node: ast.AST) -> Iterator[ast.AST]:
-        node = self.parents.get(node)
-        while node is not None:
-            yield node
-            node = self.parents.get(node)
+        above = self.parents.get(node)
+        while above is not None:
+            yield above
+            above = self.parents.get(above)
 
     def scope(self, node: ast.AST) -> Scope:
         """The function (or lambda, or the module) whose body holds `node`."""
@@ -298,7 +298,7 @@ class Script:
 
     def assignments(self, name: str) -> list[ast.AST]:
         """The values assigned to a name or attribute chain (`x = ...`, `self.x = ...`), in order."""
-        values = []
+        values: list[ast.AST] = []
         for node in self.nodes:
             if isinstance(node, ast.Assign):
                 if any(dotted(t) == name for t in node.targets):

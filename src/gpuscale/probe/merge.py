@@ -42,8 +42,8 @@ from datetime import datetime, timezone
 from typing import Any, NamedTuple
 
 from gpuscale._version import __version__
-from gpuscale.timeline import device_stats, make_timeline
 from gpuscale.stepsplit import split_step, time_split
+from gpuscale.timeline import device_stats, make_timeline
 
 __all__ = ["rank_account", "merge_records", "synchronised", "NOT_MEASURED", "DDP_SCHEDULE"]
 
@@ -194,7 +194,7 @@ def _counting_problems(accounts: list[dict[str, Any]], totals: _Totals) -> list[
 
 def _clock(records: list[dict[str, Any]], starts: list[float]) -> tuple[float, float, float | None]:
     """The run's zero (the first training start, else the launch), its startup and its time to result."""
-    launched = min((r.get("launched_at") or r.get("loaded_at") for r in records), default=None)
+    launched = min((float(t) for r in records if (t := r.get("launched_at") or r.get("loaded_at")) is not None), default=None)
     zero = min(starts) if starts else launched or 0.0
     startup = max(0.0, zero - launched) if launched is not None else 0.0
     ended = max((r.get("written_at") or 0.0 for r in records), default=None)

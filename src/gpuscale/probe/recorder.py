@@ -56,16 +56,16 @@ from typing import Any
 
 import torch
 
-from gpuscale.monitor import Monitor, monitor_enabled
-from gpuscale.probe.model_inputs import ModelInputs
-from gpuscale.files import atomic_write_json, make_dir
 from gpuscale.env import detect_env
+from gpuscale.files import atomic_write_json, make_dir
 from gpuscale.launchtime import launch_time, process_start_time
+from gpuscale.monitor import Monitor, monitor_enabled
 from gpuscale.pinning import PLACED
-from gpuscale.topology import format_cpulist
 from gpuscale.probe.ddp_timers import MAX_DDP_SAMPLES, ddp_sample, hook_ddp, keep_sample
 from gpuscale.probe.endings import SIGNALS, hook_exceptions, hook_signals
 from gpuscale.probe.loader_waits import MAX_PASSES, Pass, hook_loaders, next_pass
+from gpuscale.probe.model_inputs import ModelInputs
+from gpuscale.topology import format_cpulist
 
 __all__ = ["RECORD_VERSION", "MAX_DDP_SAMPLES", "WARMUP_STEPS", "FLUSH_S", "MAX_PASSES", "SIGNALS", "ACTIVE", "Recorder",
            "ddp_sample", "install", "meter_created"]
@@ -231,7 +231,8 @@ class Recorder:
             "env": {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK")},
             "launched_at": self.launched_at, "loaded_at": self.loaded_at, "written_at": time.time(),
             "ended": ended, "error": self.error, "signal": self.signal,
-            "launcher": self.launcher, "placement": self.placement, "world": self.world, "device": self.device, "device_name": self.device_name, "meter": self.meter,
+            "launcher": self.launcher, "placement": self.placement, "world": self.world, "device": self.device,
+            "device_name": self.device_name, "meter": self.meter,
             "optimizers": sorted(self.optimizers.values(), key=lambda o: -o["steps"]),
             "passes": [p.as_dict() for p in list(self.passes)],
             "warmup_steps": WARMUP_STEPS, "peak_memory_bytes": _peak_memory_bytes(),

@@ -13,8 +13,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from gpuscale.slurm.profiles import Profile, load_profile, parse_override
 from gpuscale.slurm.jobspec import ClusterSide, JobSpec
+from gpuscale.slurm.profiles import Profile, load_profile, parse_override
 
 __all__ = ["ClusterOptions", "cluster_job", "load_cluster_profile"]
 
@@ -44,5 +44,5 @@ def cluster_job(options: ClusterOptions, command: list[str], *, nodes: int, gpus
     profile = load_cluster_profile(options)
     job = JobSpec(script=script, script_args=tuple(script_args), nodes=nodes, gpus_per_node=gpus_per_node,
                   output=output, tasks_per_node=tasks_per_node, doctor=doctor, probe_dir=probe_dir,
-                  **options.cluster_side())
+                  **options.cluster_side())  # type: ignore[arg-type]  # ClusterSide's own fields, each of its type
     return profile, job

@@ -136,7 +136,7 @@ def _check_image(pattern: Any, image: ContainerImage, where: str) -> None:
             raise ValueError(f"{where} {table}: {key}={value!r} must be a string")
     if image.exec is not None and not image.exec.strip():
         raise ValueError(f"{where} {table}: exec must be a command, e.g. exec = \"singularity run\"")
-    for key, value in image.env.items():
+    for key in image.env:
         if not isinstance(key, str) or not ENV_NAME.match(key):
             raise ValueError(f"{where} {table}: env key {key!r} is not a valid environment variable name")
 

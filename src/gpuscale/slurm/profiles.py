@@ -71,14 +71,21 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 from gpuscale.slurm.billing import Billing, billing_from_dict
-from gpuscale.slurm.containers import (Container, ContainerImage, ContainerSetup, check_containers, container_from_dict,
-                                        images_from_dict, resolve)
+from gpuscale.slurm.containers import (
+    Container,
+    ContainerImage,
+    ContainerSetup,
+    check_containers,
+    container_from_dict,
+    images_from_dict,
+    resolve,
+)
 from gpuscale.slurm.times import format_time, parse_time
 from gpuscale.slurm.values import ENV_NAME, MEMORY, SBATCH_SAFE, check_keys
 from gpuscale.topology import parse_cpulist
 
-__all__ = ["Profile", "Partition", "Container", "ContainerImage", "ContainerSetup", "load_profile", "list_profiles", "parse_override", "parse_time", "format_time",
-           "profile_dirs"]
+__all__ = ["Profile", "Partition", "Container", "ContainerImage", "ContainerSetup", "load_profile", "list_profiles", "parse_override",
+           "parse_time", "format_time", "profile_dirs"]
 
 BUILTIN_DIR = Path(__file__).with_name("profiles")
 VENDORS = ("amd", "nvidia", "none")
@@ -91,7 +98,7 @@ MAX_CORE = 65535
 
 def profile_dirs() -> list[Path]:
     """Where profiles are looked up by name, first match wins: user dirs, then the built-in ones."""
-    dirs = []
+    dirs: list[Path] = []
     if os.environ.get("GPUSCALE_PROFILES"):
         dirs.extend(Path(p) for p in os.environ["GPUSCALE_PROFILES"].split(os.pathsep) if p)
     config_home = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
@@ -334,7 +341,8 @@ def load_profile(name_or_path: str, overrides: dict[str, Any] | None = None) -> 
         candidates = [d / f"{name}.toml" for d in profile_dirs()]
         found = next((c for c in candidates if c.is_file()), None)
         if found is None:
-            raise ValueError(f"unknown profile {name!r}; available: {', '.join(map(_show, sorted(list_profiles())))} (or give a path to a .toml file)")
+            available = ", ".join(map(_show, sorted(list_profiles())))
+            raise ValueError(f"unknown profile {name!r}; available: {available} (or give a path to a .toml file)")
         path = found
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))

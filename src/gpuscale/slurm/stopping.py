@@ -39,9 +39,9 @@ _NO_STOP_SIGNAL = ("gpuscale: the script does not stop at a checkpoint on SLURM'
 def task_exit_note(program: str) -> str:
     """An srun task's shell around `program`: it stays the program's parent (no exec) and, when the program ends with
     a non-zero code, notes the code, the time and its host in GPUSCALE_EXIT_DIR (the host by `uname -n`, as Python's
-    socket.gethostname() names it: bash's $HOSTNAME is inherited from the environment srun passes on, the first node's). A program that a signal other than
-    TERM ended (SIGKILL: the out-of-memory killer) could not say so itself: the shell says it in one line, in place of
-    bash's own notice (its stderr goes to /dev/null around the program, whose own stderr stays). Its traps only keep
+    socket.gethostname() names it: bash's $HOSTNAME is inherited from the environment srun passes on, the first node's).
+    A program that a signal other than TERM ended (SIGKILL: the out-of-memory killer) could not say so itself: the shell
+    says it in one line, in place of bash's own notice (its stderr goes to /dev/null around the program, whose own stderr stays). Its traps only keep
     it alive through the signals the step's processes get (USR1, TERM): the program gets them too, and acts on them
     as it would alone."""
     killed = ('if [ "$code" -gt 128 ] && [ "$code" -ne 143 ]; then echo "[gpuscale] rank $SLURM_PROCID/$SLURM_NTASKS on $(uname -n) '
@@ -184,7 +184,8 @@ def requeue_block(max_requeues: int) -> list[str]:
         f'    echo "gpuscale: the step stopped at a checkpoint; job already requeued {max_requeues} times, not again; '
         f'{resume.replace("the job", "it")}" >&2',
         f'elif [ -n "$warned" ] && [ -n "$passed_on" ] && [ -e "{own_usr1_marker(_MARKER)}" ]; then',
-        '    echo "gpuscale: the step ended with $status after its script handled SLURM\'s warning itself; gpuscale did not requeue it (the script may have)" >&2',
+        '    echo "gpuscale: the step ended with $status after its script handled SLURM\'s warning itself; '
+        'gpuscale did not requeue it (the script may have)" >&2',
         'elif [ -n "$warned" ] && [ -n "$passed_on" ]; then',
         '    echo "gpuscale: the step ended with $status after SLURM\'s warning without stopping at a checkpoint; not requeued" >&2',
         "fi",

@@ -235,9 +235,9 @@ def _check_sbatch_values(job: JobSpec, partition: str) -> None:
     """Every user value that goes onto an #SBATCH line can be carried there safely."""
     for value, what in ((job.job_name, "--job-name"), (job.output, "--output"), (partition, "--partition")):
         _safe(value, what)
-    for value, what in ((job.account, "--account"), (job.reservation, "--reservation")):
-        if value is not None:
-            _safe(value, what)
+    for optional, what in ((job.account, "--account"), (job.reservation, "--reservation")):
+        if optional is not None:
+            _safe(optional, what)
 
 
 def _safe(value: str, what: str) -> str:

@@ -21,11 +21,11 @@ from torch import nn
 
 from gpuscale import wrapped as wrapped_facts
 from gpuscale.precision import Precision
+from gpuscale.runtime import Runtime, current
 from gpuscale.strategy.base import Strategy, no_sync
 from gpuscale.strategy.ddp import DDPStrategy
 from gpuscale.strategy.deepspeed import DeepSpeedStrategy
 from gpuscale.strategy.fsdp import FSDPStrategy
-from gpuscale.runtime import Runtime, current
 
 __all__ = ["Strategy", "STRATEGIES", "get_strategy", "wrap", "wrap_and_describe", "unwrap", "strategy_of", "full_state_dict", "no_sync",
            "gradient_bytes"]

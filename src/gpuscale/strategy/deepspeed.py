@@ -31,9 +31,9 @@ from torch import nn
 from torch.serialization import get_unsafe_globals_in_checkpoint
 
 from gpuscale.precision import Precision
+from gpuscale.runtime import Runtime
 from gpuscale.strategy.ddp import install_trainable_guard
 from gpuscale.strategy.deepspeed_config import config_precision
-from gpuscale.runtime import Runtime
 
 __all__ = ["DeepSpeedStrategy", "import_deepspeed", "check_checkpoint_files", "consolidate_deepspeed", "TAG"]
 

@@ -43,9 +43,9 @@ from gpuscale.study.answer import TARGET_EFFICIENCY, answer
 from gpuscale.study.cost import add_cost
 from gpuscale.study.experiments import check_experiments, group_key, missing_baseline_note, planned_baselines
 from gpuscale.study.flags import row_flags, set_flags, spread
+from gpuscale.study.matrix import SCALINGS, Cell
 from gpuscale.study.parts import NOISE_FLOOR, PARTS
 from gpuscale.study.parts import PART_LABELS as PART_LABELS  # re-exported: the report imports it from here
-from gpuscale.study.matrix import SCALINGS, Cell
 from gpuscale.study.runner import STUDY_FILE, cell_from_entry, read_billing, read_study, read_summary
 
 RESULTS_VERSION = 2
@@ -108,7 +108,8 @@ def row_from_summary(cell: Cell, summary: dict[str, Any], study_dir: Path, runs:
         "measured_by": summary.get("measured_by") or "meter",
         "not_measured": (summary.get("probe") or {}).get("not_measured") or [],
         "gradient_bytes": summary.get("gradient_bytes"),
-        "same_as": summary.get("same_as"), "samples_from": summary.get("samples_from"), "synchronised": (summary.get("probe") or {}).get("synchronised"),
+        "same_as": summary.get("same_as"), "samples_from": summary.get("samples_from"),
+        "synchronised": (summary.get("probe") or {}).get("synchronised"),
         "libraries": (summary.get("probe") or {}).get("libraries"),
         "planned_per_device_batch": None, "device_hours_per_m_samples": None, "device_hours_per_epoch": None,
         "cost_ratio": None, "joules_per_sample": None, "energy_source": None,

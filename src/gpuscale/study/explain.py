@@ -16,7 +16,8 @@ from typing import Any
 from gpuscale.study.analysis import PART_LABELS, PARTS, compared_rows
 from gpuscale.study.numbers import three_figures
 
-__all__ = ["DASH", "pct", "part_share", "why_not_more", "doubted_measurement", "REST_DOUBT", "breakdown_cells", "prediction_facts", "prediction_table"]
+__all__ = ["DASH", "pct", "part_share", "why_not_more", "doubted_measurement", "REST_DOUBT", "breakdown_cells", "prediction_facts",
+           "prediction_table"]
 
 DASH = "—"
 """What a missing value (None) renders as, everywhere."""

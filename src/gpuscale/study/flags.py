@@ -2,10 +2,11 @@
 
 Each flag is an item ``{"cause", "finding", "advice", "what", "value"}``: the cause names what went wrong (a
 key), the finding says how much in this run (with its unit and denominator; `what` is its text with "{}" where
-this run's `value` goes), the advice is the same for every run it applies to and fits the run's scaling. A row keeps its items (``flag_items``) and their text (``flags``, "finding:
-advice"); the report groups the items of all runs by cause and advice, so one cause is said once, with the
-runs it applies to (`group_flags`). Every reference in an advice points to something the reader can see where
-they read it: a file the study wrote, or a section of report.md and report.html named as such.
+this run's `value` goes), the advice is the same for every run it applies to and fits the run's scaling. A row keeps
+its items (``flag_items``) and their text (``flags``, "finding: advice"); the report groups the items of all runs by
+cause and advice, so one cause is said once, with the runs it applies to (`group_flags`). Every reference in an advice
+points to something the reader can see where they read it: a file the study wrote, or a section of report.md and
+report.html named as such.
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ def _breakdown_flags(row: dict[str, Any]) -> list[dict[str, str]]:
 def _phase_of_gap(row: dict[str, Any], base: dict[str, Any], key: str) -> str | None:
     """Where the validation metric first fell behind the baseline's by more than ACCURACY_DROP: "in phase P (epoch E: a vs b)"."""
     mine, theirs = row.get("per_epoch") or [], base.get("per_epoch") or []
-    for a, b in zip(mine, theirs):
+    for a, b in zip(mine, theirs, strict=False):
         if not (isinstance(a, dict) and isinstance(b, dict)) or a.get(key) is None or b.get(key) is None:
             continue
         if b[key] - a[key] > ACCURACY_DROP:

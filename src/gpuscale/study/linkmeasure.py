@@ -24,10 +24,10 @@ def fit(sizes: list[float], seconds: list[float], world_size: int) -> tuple[floa
     """
     weights = [1.0 / t**2 for t in seconds]
     total = sum(weights)
-    mean_s = sum(w * s for w, s in zip(weights, sizes)) / total
-    mean_t = sum(w * t for w, t in zip(weights, seconds)) / total
-    slope = sum(w * (s - mean_s) * (t - mean_t) for w, s, t in zip(weights, sizes, seconds)) / \
-        sum(w * (s - mean_s) ** 2 for w, s in zip(weights, sizes))
+    mean_s = sum(w * s for w, s in zip(weights, sizes, strict=True)) / total
+    mean_t = sum(w * t for w, t in zip(weights, seconds, strict=True)) / total
+    slope = sum(w * (s - mean_s) * (t - mean_t) for w, s, t in zip(weights, sizes, seconds, strict=True)) / \
+        sum(w * (s - mean_s) ** 2 for w, s in zip(weights, sizes, strict=True))
     intercept = max(mean_t - slope * mean_s, 0.0)
     steps = 2 * (world_size - 1)
     return intercept / steps, steps / world_size / slope

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 from gpuscale.batchplan import SCALINGS
 
-
 MAX_REPEATS = 100
 """Most runs of one cell a study makes (a typo like --repeat 1000000 would plan a million runs)."""
 

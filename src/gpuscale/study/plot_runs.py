@@ -104,7 +104,7 @@ def utilisation_plot(row: dict[str, Any], study_dir: Path, path: Path) -> Path |
     series = []
     for s in timeline["series"]:
         t, util = s.get("t") or [], s.get("util_pct") or []
-        pairs = [(a, b) for a, b in zip(t, util) if a is not None and b is not None]
+        pairs = [(a, b) for a, b in zip(t, util, strict=False) if a is not None and b is not None]
         if pairs:
             series.append((s, pairs))
     if not series:

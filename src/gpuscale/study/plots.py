@@ -36,7 +36,8 @@ from gpuscale.study.analysis import compared_rows
 from gpuscale.study.experiments import group_key
 from gpuscale.study.numbers import three_figures
 from gpuscale.study.plot_runs import utilisation_plot, waterfall_plot
-from gpuscale.study.plotting import pyplot as _pyplot, save as _save
+from gpuscale.study.plotting import pyplot as _pyplot
+from gpuscale.study.plotting import save as _save
 
 __all__ = ["devices_label", "plot_paths", "throughput_plot", "efficiency_plot", "waterfall_plot", "cost_plot",
            "time_breakdown_plot", "utilisation_plot", "write_plots"]
@@ -95,7 +96,7 @@ def _group_title(key: str) -> str:
     return f"{scaling.capitalize()} scaling" + (f" ({variant})" if variant else "")
 
 
-def _style(key: str, index: int) -> tuple[str, str, str]:
+def _style(key: str, index: int) -> tuple[str, str, Any]:
     """(colour, marker, line style) of a group: its scaling's colour and marker, a line style per variant."""
     colour, marker = _SCALING_STYLE.get(key.rpartition("/")[2], ("#555555", "^"))
     return colour, marker, ("-", "-.", "--", (0, (1, 1)))[index % 4] if "/" in key else "-"
@@ -143,7 +144,7 @@ def throughput_plot(results: dict[str, Any], path: Path) -> Path:
     fig, axes = _pyplot().subplots(lines, columns, figsize=(6.0 * columns, 4.2 * lines), squeeze=False)
     for ax in list(axes.flat)[len(groups):]:
         ax.set_visible(False)
-    for ax, (key, rows) in zip(axes.flat, groups.items()):
+    for ax, (key, rows) in zip(axes.flat, groups.items(), strict=False):
         colour, marker = _SCALING_STYLE.get(key.rpartition("/")[2], ("#555555", "^"))
         base = _baseline(results, key, rows)
         sizes = [r["world_size"] for r in rows]
@@ -247,10 +248,10 @@ def time_breakdown_plot(results: dict[str, Any], path: Path) -> Path:
     fig, ax = _pyplot().subplots(figsize=(7.5, 1.2 + 0.45 * len(rows)))
     names = [r["name"] for r in rows]
     left = [0.0] * len(rows)
-    for phase, colour in zip(PHASES, _PHASE_COLOURS):
+    for phase, colour in zip(PHASES, _PHASE_COLOURS, strict=False):
         widths = [float((r.get("time_split_s") or {}).get(phase) or 0.0) for r in rows]
         ax.barh(names, widths, left=left, color=colour, label=phase.replace("_", " "))
-        left = [a + b for a, b in zip(left, widths)]
+        left = [a + b for a, b in zip(left, widths, strict=True)]
     ax.invert_yaxis()
     ax.set_xlabel("time (s)")
     ax.set_ylabel("run")

@@ -45,10 +45,32 @@ from gpuscale.files import atomic_write
 from gpuscale.stepsplit import PHASES
 from gpuscale.study.explain import prediction_facts, prediction_table, why_not_more
 from gpuscale.study.plots import plot_paths, write_plots
-from gpuscale.study.report_cells import (BREAKDOWN_HEADER, COLUMNS, DASH, PHASE_NAMES, SPLIT_TEXT, UTIL_HEADER, UTIL_TEXT,
-                                         WHY_HEADING, WHY_TEXT, basis, breakdown_rows, cells, checked_rows, columns,
-                                         answer_text, command_line, flags, meta, notes, plot_title, split_cells, utilisation_lines)
-from gpuscale.study.report_cells import BASIS as BASIS, Column as Column  # re-exported: they were defined here
+from gpuscale.study.report_cells import BASIS as BASIS  # re-exported: they were defined here
+from gpuscale.study.report_cells import (
+    BREAKDOWN_HEADER,
+    COLUMNS,
+    DASH,
+    PHASE_NAMES,
+    SPLIT_TEXT,
+    UTIL_HEADER,
+    UTIL_TEXT,
+    WHY_HEADING,
+    WHY_TEXT,
+    answer_text,
+    basis,
+    breakdown_rows,
+    cells,
+    checked_rows,
+    columns,
+    command_line,
+    flags,
+    meta,
+    notes,
+    plot_title,
+    split_cells,
+    utilisation_lines,
+)
+from gpuscale.study.report_cells import Column as Column
 from gpuscale.study.report_html import render_html
 
 __all__ = ["DASH", "COLUMNS", "columns", "format_table", "format_markdown", "render_html", "write_report"]
@@ -60,7 +82,7 @@ def format_table(results: dict[str, Any]) -> str:
     widths = [max(len(col.header), *(len(r[i]) for r in texts)) for i, col in enumerate(cols)]
 
     def line(values: list[str]) -> str:
-        return "  ".join(v.rjust(w) if c.numeric else v.ljust(w) for c, v, w in zip(cols, values, widths)).rstrip()
+        return "  ".join(v.rjust(w) if c.numeric else v.ljust(w) for c, v, w in zip(cols, values, widths, strict=True)).rstrip()
 
     out = [wrapped for sentence in answer_text(results) for wrapped in textwrap.wrap(sentence, width=110)]
     out += [""] if out else []

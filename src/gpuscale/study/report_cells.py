@@ -15,8 +15,8 @@ from typing import Any, NamedTuple
 
 from gpuscale.stepsplit import PHASES
 from gpuscale.study.analysis import NOISE_FLOOR, PART_LABELS, PARTS, RESULTS_VERSION, compared_rows
-from gpuscale.study.flags import group_flags
 from gpuscale.study.explain import DASH, breakdown_cells
+from gpuscale.study.flags import group_flags
 from gpuscale.study.numbers import three_figures
 
 __all__ = ["DASH", "Column", "COLUMNS", "BASIS", "basis", "checked_rows", "columns", "cells", "command_line", "flags",
@@ -219,7 +219,8 @@ def meta(results: dict[str, Any]) -> list[tuple[str, str]]:
 WHY_HEADING = "Why not more (lost efficiency, % of ideal throughput, measured; the model's prediction in brackets)"
 WHY_TEXT = ("Each part is the growth of a time per sample against the baseline, in % of ideal throughput; the parts "
             f"add up to 100% - efficiency. A part within the comparison's noise (the spread of repeated runs, at least {100 * NOISE_FLOOR:.0f}%) "
-            "reads ~0% (±noise), a negative one too (the baseline's part came out larger: noise, not a gain). data: loader wait; exposed communication: synchronisation that compute did "
+            "reads ~0% (±noise), a negative one too (the baseline's part came out larger: noise, not a gain). data: loader wait; "
+            "exposed communication: synchronisation that compute did "
             "not hide; imbalance: the fastest rank waiting for the slowest (both from the sync probe's replayed steps, or "
             "from DDP's own timers in a script measured by the probe); "
             "per-device compute: forward and backward per sample; rest: what no measurement explains. The model "

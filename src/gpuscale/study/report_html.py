@@ -17,9 +17,26 @@ from typing import Any
 from gpuscale.stepsplit import PHASES
 from gpuscale.study.analysis import PARTS
 from gpuscale.study.explain import prediction_facts, prediction_table, why_not_more
-from gpuscale.study.report_cells import (BREAKDOWN_HEADER, PHASE_NAMES, SPLIT_TEXT, UTIL_HEADER, UTIL_TEXT, WHY_TEXT, Column,
-                                         basis, breakdown_rows, cells, answer_text, command_line, flags, meta, notes, plot_title, split_cells,
-                                         utilisation_lines)
+from gpuscale.study.report_cells import (
+    BREAKDOWN_HEADER,
+    PHASE_NAMES,
+    SPLIT_TEXT,
+    UTIL_HEADER,
+    UTIL_TEXT,
+    WHY_TEXT,
+    Column,
+    answer_text,
+    basis,
+    breakdown_rows,
+    cells,
+    command_line,
+    flags,
+    meta,
+    notes,
+    plot_title,
+    split_cells,
+    utilisation_lines,
+)
 
 __all__ = ["render_html"]
 
@@ -74,7 +91,7 @@ def _tr(name: str, tds: Iterable[str]) -> str:
 
 def _line(keys: Iterable[str], texts: list[str], first_numeric: int) -> str:
     """A row named by its first cell, the cells from `first_numeric` on right-aligned."""
-    return _tr(texts[0], (_td(t, k, texts[0], i >= first_numeric) for i, (k, t) in enumerate(zip(keys, texts))))
+    return _tr(texts[0], (_td(t, k, texts[0], i >= first_numeric) for i, (k, t) in enumerate(zip(keys, texts, strict=False))))
 
 
 def _table(table_id: str, head: list[str], rows: Iterable[str]) -> list[str]:
@@ -99,8 +116,8 @@ def _answer(results: dict[str, Any]) -> list[str]:
 
 def _runs(results: dict[str, Any], cols: list[Column], texts: list[list[str]]) -> list[str]:
     head = ['<thead><tr>', *(_th(c.header, c.key) for c in cols), '</tr></thead>']
-    rows = (_tr(row["name"], (_td(t, c.key, row["name"], c.numeric) for c, t in zip(cols, line)))
-            for row, line in zip(results["rows"], texts))
+    rows = (_tr(row["name"], (_td(t, c.key, row["name"], c.numeric) for c, t in zip(cols, line, strict=True)))
+            for row, line in zip(results["rows"], texts, strict=True))
     said = [f'<p class="note">{_e(note)}</p>' for note in notes(results)]
     return ['<h2>Runs</h2>', *_table("runs", head, rows), *said, f'<p id="basis">{_e(basis(results))}</p>']
 
@@ -110,7 +127,7 @@ def _why(results: dict[str, Any]) -> list[str]:
     if not breakdown:
         return []
     keys = ["name", *PARTS, "lost"]
-    head = ['<thead><tr>', *(_th(h, k) for k, h in zip(keys, BREAKDOWN_HEADER)), '</tr></thead>']
+    head = ['<thead><tr>', *(_th(h, k) for k, h in zip(keys, BREAKDOWN_HEADER, strict=True)), '</tr></thead>']
     rows = (_line(keys, line, 1) for line in breakdown)
     return ['<h2>Why not more</h2>', f'<p>{_e(WHY_TEXT)}</p>', *_table("breakdown", head, rows),
             '<ul id="why">', *_items(why_not_more(results)), '</ul>']

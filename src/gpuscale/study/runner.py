@@ -26,16 +26,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuscale.launchtime import LAUNCH_TIME
 from gpuscale.files import atomic_write_json, make_dir
-from gpuscale.probe import RECORDS as PROBE_RECORDS, SUMMARY as SUMMARY_FILE, collect, probe_enabled, probe_environ, read_records
+from gpuscale.launchtime import LAUNCH_TIME
+from gpuscale.probe import RECORDS as PROBE_RECORDS
+from gpuscale.probe import SUMMARY as SUMMARY_FILE
+from gpuscale.probe import collect, probe_enabled, probe_environ, read_records
+from gpuscale.slurm import billing, jobs
+from gpuscale.slurm.render import render_sbatch
+from gpuscale.slurm.validate import validate_job
 from gpuscale.study import otherload
 from gpuscale.study.matrix import SCALINGS, Cell, cpu_cores_for, local_argv
 from gpuscale.study.numbers import three_figures
 from gpuscale.topology import check_cpu_processes
-from gpuscale.slurm import billing, jobs
-from gpuscale.slurm.validate import validate_job
-from gpuscale.slurm.render import render_sbatch
 
 STUDY_FILE = "study.json"
 LOG_FILE = "output.log"
@@ -385,7 +387,7 @@ def run_cells(out: Path, cells: list[Cell], runner: Any, progress: Callable[[str
                 + (f"; {SELF_MEASURED}" if uses_gpuscale else "")
         elif error and merged and merged["probe"].get("why"):
             error += f"\n    the probe: {merged['probe']['why']}"
-        if error:
+        if error or summary is None:
             progress(f"{head}: FAILED after {seconds:.1f} s: {error}")
             outcomes.append(Outcome(cell, "failed", seconds, error=error))
         else:

@@ -24,13 +24,12 @@ from typing import Any
 
 from gpuscale.files import atomic_write_json
 from gpuscale.slurm.cluster import ClusterOptions, cluster_job, load_cluster_profile
+from gpuscale.study import analysis, linkmeasure, matrix, predict, runner
 from gpuscale.study.answer import TARGET_EFFICIENCY, check_target
-from gpuscale.study import analysis, matrix, predict, runner
-from gpuscale.study.command import StudyCommand, check_no_cell_options, baseline_world_size
+from gpuscale.study.command import StudyCommand, baseline_world_size, check_no_cell_options
 from gpuscale.study.linkmeasure import MeasureError
-from gpuscale.topology import allowed_cores
-from gpuscale.study import linkmeasure
 from gpuscale.study.report import format_table, write_report
+from gpuscale.topology import allowed_cores
 
 __all__ = ["StudySpec", "StudyResult", "run_study", "LAUNCHERS"]
 
