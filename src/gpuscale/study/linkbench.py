@@ -22,17 +22,16 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from gpuscale.files import atomic_write_json
-from gpuscale.runtime import init
+from gpuscale.runtime import Runtime, init
 from gpuscale.study.linkmeasure import fit
 
 SIZES = tuple(2**k for k in range(13, 26, 2))  # 8 KiB .. 32 MiB
 BLOCKS, STEPS_PER_BLOCK = 7, 5
 
 
-def sync_cost(num_bytes: int, rt: Any) -> float:
+def sync_cost(num_bytes: int, rt: Runtime) -> float:
     """Seconds DDP's gradient synchronisation adds to a step with `num_bytes` of gradients (median of blocks)."""
     import torch
     from torch import nn
