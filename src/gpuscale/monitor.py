@@ -68,6 +68,9 @@ import torch
 
 # re-exported: the GPU samplers were defined here, and callers and tests reach them through this module
 from gpuscale.gpu_samplers import (
+    NVIDIA_SMI,
+    ROCM_SMI,
+    SMI_INTERVAL_S,
     AmdSmiSampler,
     CommandSampler,
     NvmlSampler,
@@ -85,7 +88,7 @@ from gpuscale.topology import format_cpulist
 
 __all__ = ["Monitor", "open_sampler", "nvidia_sampler", "amd_sampler", "monitor_enabled", "device_stats", "make_timeline", "parse_nvidia_smi",
            "parse_rocm_smi", "ProcSampler", "share_pct", "cpu_share_pct", "NvmlSampler", "AmdSmiSampler", "CommandSampler",
-           "TIMELINE_VERSION", "MAX_SAMPLES"]
+           "TIMELINE_VERSION", "MAX_SAMPLES", "NVIDIA_SMI", "ROCM_SMI", "SMI_INTERVAL_S"]
 
 MAX_SAMPLES = 10_000
 

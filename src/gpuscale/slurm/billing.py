@@ -27,7 +27,7 @@ from typing import Any
 
 from gpuscale.slurm.values import check_keys
 
-__all__ = ["Billing", "Allocation", "billing_from_dict", "units_per_hour", "rule_words", "allocation_of_plan",
+__all__ = ["Billing", "Allocation", "billing_from_dict", "check_billing", "units_per_hour", "rule_words", "allocation_of_plan",
            "default_allocation", "record_for"]
 
 _SIZE = re.compile(r"^([0-9]+)([KMGT]?)\Z")
@@ -65,6 +65,17 @@ def billing_from_dict(data: Any, where: str) -> Billing:
     rule = Billing(**data)
     rule.check(where)
     return rule
+
+
+def check_billing(unit: Any, source: Any, billed: list[str], where: str) -> None:
+    """A profile's billing_unit and billing_source are one line of text each; partitions with a rule (`billed`, their
+    tables) need the unit."""
+    for key, value in (("billing_unit", unit), ("billing_source", source)):
+        if value is not None and not (isinstance(value, str) and value.strip() and value.isprintable()):
+            raise ValueError(f"{where}: {key}={value!r} must be text on one line, e.g. {key} = \"...\"")
+    if billed and not unit:
+        raise ValueError(f"{where}: {billed[0]} has a billing rule but the profile names no billing_unit; "
+                         "add e.g. billing_unit = \"GPU-hours\" (and billing_source, where the rule is published)")
 
 
 @dataclass(frozen=True, kw_only=True)

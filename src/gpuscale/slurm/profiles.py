@@ -70,7 +70,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-from gpuscale.slurm.billing import Billing, billing_from_dict
+from gpuscale.slurm.billing import Billing, billing_from_dict, check_billing
 from gpuscale.slurm.containers import (
     Container,
     ContainerImage,
@@ -205,7 +205,7 @@ class Profile:
         warn = self.warn_before_end_s
         if not isinstance(warn, int) or isinstance(warn, bool) or not 0 <= warn <= 65535:  # sbatch --signal's range
             raise ValueError(f"{where}: warn_before_end_s={warn!r} must be a whole number of seconds in 0..65535")
-        self._check_billing(where)
+        check_billing(self.billing_unit, self.billing_source, [_table(n) for n, p in self.partitions.items() if p.billing], where)
         check_containers(self.container, self.containers, where)
         _check_node_dirs(self.node_dirs, where)
         for table in ("env", "env_shell"):
@@ -214,17 +214,6 @@ class Profile:
                     raise ValueError(f"{where}: [{table}] key {key!r} is not a valid environment variable name")
                 if not isinstance(value, str):
                     raise ValueError(f"{where}: [{table}] {_show(key)} = {value!r} must be a string, e.g. NAME = \"...\"")
-
-    def _check_billing(self, where: str) -> None:
-        """The billing unit and source are one line of text each; a partition with a rule needs the unit."""
-        for key in ("billing_unit", "billing_source"):
-            value = getattr(self, key)
-            if value is not None and not (isinstance(value, str) and value.strip() and value.isprintable()):
-                raise ValueError(f"{where}: {key}={value!r} must be text on one line, e.g. {key} = \"...\"")
-        billed = [name for name, part in self.partitions.items() if part.billing is not None]
-        if billed and not self.billing_unit:
-            raise ValueError(f"{where}: {_table(billed[0])} has a billing rule but the profile names no billing_unit; "
-                             "add e.g. billing_unit = \"GPU-hours\" (and billing_source, where the rule is published)")
 
     def container_for(self, image: str, pattern: str | None = None) -> ContainerSetup:
         """How `image` starts here: [container]'s settings, with those of the first [containers."PATTERN"] table
