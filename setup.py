@@ -6,8 +6,8 @@ puts a copy under gpuscale/examples/ (`gpuscale demo --examples` prints where). 
 (`pip install -e .`) copies nothing: the demo finds the checkout's examples/ itself.
 """
 
-from pathlib import Path
 import shutil
+from pathlib import Path
 
 from setuptools import setup
 from setuptools.command.build_py import build_py

@@ -53,7 +53,9 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"{flag} {value!r} is not a comma-separated list of positive numbers like 1,2,4")
     named = args.names or DEFAULT
     for flag, given, owner in (("--cases", args.cases is not None, "gpu"), ("--compile", args.compile, "gpu"),
-                               ("--allow-cpu", args.allow_cpu, "gpu"), ("--sweep", args.sweep is not None, "gpu"), ("--compile-mode", args.compile_mode is not None, "gpu"), ("--batch-sizes", args.batch_sizes is not None, "scaling_cpu"),
+                               ("--allow-cpu", args.allow_cpu, "gpu"), ("--sweep", args.sweep is not None, "gpu"),
+                               ("--compile-mode", args.compile_mode is not None, "gpu"),
+                               ("--batch-sizes", args.batch_sizes is not None, "scaling_cpu"),
                                ("--nproc", args.nproc is not None, "scaling_cpu")):
         if given and owner not in named:
             parser.error(f"{flag} is an option of the {owner} benchmark; name it: python -m bench {owner} {flag} ...")

@@ -66,7 +66,7 @@ def run(repeat: int = 9) -> dict[str, Any]:
             bare.append(_wall([sys.executable, "-c", "pass"], folder))
             for name, argv in commands.items():
                 wall[name].append(_wall([sys.executable, "-m", "gpuscale", *argv], folder))
-    verbs = {name: {"wall_s": summary(times), "minus_interpreter_s": summary([t - b for t, b in zip(times, bare)])}
+    verbs = {name: {"wall_s": summary(times), "minus_interpreter_s": summary([t - b for t, b in zip(times, bare, strict=False)])}
              for name, times in wall.items()}
     return {"repeat": repeat, "interpreter_s": summary(bare), "verbs": verbs,
             "targets": {f"{name} <= {TARGET_S} s": v["wall_s"]["median"] <= TARGET_S for name, v in verbs.items()}}

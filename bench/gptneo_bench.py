@@ -33,6 +33,7 @@ from gpuscale.log import current_rank
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: bench.step_profile
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import gptneo_imdb as example  # noqa: E402
+
 import gptneo_imdb_data as data  # noqa: E402
 
 # GPT-neo-125M's layers and widths (its vocabulary aside: the offline tokenizer has 8,192 tokens); its 2,048 positions

@@ -15,10 +15,10 @@ Together under 20 minutes on one H100, and each step fits a 10-minute command. `
 in 8 minutes: the tests, then ``bench gpu --sweep quick`` (GPT-neo compiled at three batch x block points, each
 profiled) without the course-way baselines, within `QUICK_BUDGETS_S`. OUT_DIR/gpu-check.json (the results file,
 rewritten after each step, so a check cut off still says what it found) holds the machine, every step's outcome
-(the tests passed, failed and skipped by name; the bench's record), the total time and a verdict: "pass" when every step ran to its end, no GPU test failed, and the bench measured
-every example it was asked for; else "fail" with its reasons, and the exit code is 1. A step not run this time
-keeps its entry from an earlier results file in OUT_DIR (one run the same way, with or without --allow-cpu), so
-the steps can run one command at a time.
+(the tests passed, failed and skipped by name; the bench's record), the total time and a verdict: "pass" when every
+step ran to its end, no GPU test failed, and the bench measured every example it was asked for; else "fail" with its
+reasons, and the exit code is 1. A step not run this time keeps its entry from an earlier results file in OUT_DIR (one
+run the same way, with or without --allow-cpu), so the steps can run one command at a time.
 
 ``--allow-cpu`` checks the whole on a machine without a GPU: the GPU tests then skip themselves (reported as
 skipped) and the bench runs with its small CPU settings (a check of the plumbing, not a figure).

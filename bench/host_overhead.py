@@ -355,7 +355,7 @@ def worker(path: str, steps: int, out: Path) -> None:
             _training(model, total, loop=path == "epochloop")
         else:
             _trainer(model, total, callbacks=path == "trainer+gpuscale", out=tmp)
-    gaps = [(b - a) * 1e3 for i, (a, b) in enumerate(zip(stamps.times, stamps.times[1:]), start=1)
+    gaps = [(b - a) * 1e3 for i, (a, b) in enumerate(zip(stamps.times, stamps.times[1:], strict=False), start=1)
             if WARMUP <= i < WARMUP + steps and not is_probe_step(i)]
     out.write_text(json.dumps({"path": path, "steps": len(gaps), "median_ms": statistics.median(gaps),
                                "mean_ms": statistics.fmean(gaps), "device_waits": stamps.sites or []}))

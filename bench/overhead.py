@@ -47,10 +47,10 @@ def run(repeat: int = 5, steps: int = 220, warmup: int = 20) -> dict[str, Any]:
                     records = read_records(env["GPUSCALE_PROBE_DIR"])
                     assert len(records) == 2 and all(r["optimizers"][0]["steps"] >= steps for r in records), records
     paired = {
-        "gpuscale / plain": [g / p for g, p in zip(times["gpuscale"], times["plain"])],
-        "gpuscale / accelerate": [g / a for g, a in zip(times["gpuscale"], times["accelerate"])],
-        "gpuscale (bind none) / plain": [g / p for g, p in zip(times["gpuscale (bind none)"], times["plain"])],
-        "plain (probe) / plain": [g / p for g, p in zip(times["plain (probe)"], times["plain"])],
+        "gpuscale / plain": [g / p for g, p in zip(times["gpuscale"], times["plain"], strict=False)],
+        "gpuscale / accelerate": [g / a for g, a in zip(times["gpuscale"], times["accelerate"], strict=False)],
+        "gpuscale (bind none) / plain": [g / p for g, p in zip(times["gpuscale (bind none)"], times["plain"], strict=False)],
+        "plain (probe) / plain": [g / p for g, p in zip(times["plain (probe)"], times["plain"], strict=False)],
     }
     return {
         "repeat": repeat, "steps": steps, "warmup": warmup,

@@ -43,7 +43,7 @@ def study(repeat: int, nproc: str, batch_size: int) -> dict[str, Any]:
         "rows": [{k: r.get(k) for k in ("name", "samples_per_s", "speedup", "efficiency", "metric_value")} for r in rows],
         "samples_per_s_each_run": {cell: summary(values) for cell, values in runs.items()},
         "ms_per_step_median": {cell: {k: statistics.median(s[k] for s in items) for k in items[0]} for cell, items in steps.items()},
-        "efficiency_each_round": [two / (2 * one) for one, two in zip(runs.get("weak-1x1", []), runs.get("weak-1x2", []))],
+        "efficiency_each_round": [two / (2 * one) for one, two in zip(runs.get("weak-1x1", []), runs.get("weak-1x2", []), strict=False)],
     }
 
 

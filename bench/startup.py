@@ -27,7 +27,7 @@ def run(repeat: int = 7) -> dict[str, Any]:
                 out = Path(tmp) / f"{round_}-{name.replace(' ', '_')}.json"
                 started = launch([*LAUNCHERS[name], script, str(out), "3", "1"])
                 seconds[name].append(json.loads(out.read_text())["first_step_at"] - started)
-    extra = [g - t for g, t in zip(seconds["gpuscale run"], seconds["torchrun"])]
+    extra = [g - t for g, t in zip(seconds["gpuscale run"], seconds["torchrun"], strict=False)]
     med = summary(extra)["median"]
     return {"repeat": repeat, "launch_to_first_step_s": {name: summary(v) for name, v in seconds.items()},
             "gpuscale_minus_torchrun_s": summary(extra), "targets": {"extra <= 0.5 s": med <= 0.5}, "raw_s": seconds}

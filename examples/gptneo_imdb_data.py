@@ -19,9 +19,10 @@ import importlib.util
 import os
 import re
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch.utils.data import Dataset
@@ -44,7 +45,7 @@ class Chunks(Dataset):
         self.ids, self.offsets = ids, offsets
 
     @classmethod
-    def from_lists(cls, chunks: list[list[int]]) -> "Chunks":
+    def from_lists(cls, chunks: list[list[int]]) -> Chunks:
         lengths = torch.tensor([0] + [len(c) for c in chunks], dtype=torch.int64)
         ids = torch.tensor([t for c in chunks for t in c], dtype=torch.int32)
         return cls(ids, torch.cumsum(lengths, 0))
@@ -56,16 +57,16 @@ class Chunks(Dataset):
         start, end = int(self.offsets[index]), int(self.offsets[index + 1])
         return {"input_ids": self.ids[start:end].tolist()}
 
-    def subset(self, indices: torch.Tensor) -> "Chunks":
+    def subset(self, indices: torch.Tensor) -> Chunks:
         starts, ends = self.offsets[indices].tolist(), self.offsets[indices + 1].tolist()
-        lengths = torch.tensor([0] + [e - s for s, e in zip(starts, ends)], dtype=torch.int64)
-        return Chunks(torch.cat([self.ids[s:e] for s, e in zip(starts, ends)]), torch.cumsum(lengths, 0))
+        lengths = torch.tensor([0] + [e - s for s, e in zip(starts, ends, strict=False)], dtype=torch.int64)
+        return Chunks(torch.cat([self.ids[s:e] for s, e in zip(starts, ends, strict=False)]), torch.cumsum(lengths, 0))
 
     def save(self, path: Path) -> None:
         atomic_write(path, lambda f: torch.save({"ids": self.ids, "offsets": self.offsets}, f))
 
     @classmethod
-    def load(cls, path: Path) -> "Chunks":
+    def load(cls, path: Path) -> Chunks:
         state = torch.load(path, weights_only=True)
         return cls(state["ids"], state["offsets"])
 

@@ -51,6 +51,7 @@ import torch.nn.functional as F
 
 import gpuscale
 import gpuscale.lr
+
 from vit_data import offline_data_path, open_splits  # beside this file: the HDF5 images and the offline set
 
 log = gpuscale.get_logger("vit")
@@ -96,7 +97,7 @@ def evaluate(training: gpuscale.Training, loader: gpuscale.ShardedLoader, meter:
 def per_epoch(history: dict[str, list[float]]) -> list[dict]:
     """One entry per epoch trained (1-based; a resumed run's earlier epochs included), for summary.json."""
     return [{"epoch": i + 1, "phase": "train", "val_accuracy": acc, "val_loss": val, "train_loss": loss}
-            for i, (loss, val, acc) in enumerate(zip(history["train_loss"], history["val_loss"], history["val_accuracy"]))]
+            for i, (loss, val, acc) in enumerate(zip(history["train_loss"], history["val_loss"], history["val_accuracy"], strict=False))]
 
 
 def train(args: argparse.Namespace) -> dict:
@@ -140,7 +141,7 @@ def train(args: argparse.Namespace) -> dict:
             train_loss = loss_avg.compute()
             val_loss, val_acc = evaluate(training, val_loader, loop.meter, rt.device)
             epoch_time = time.perf_counter() - started
-            for key, value in zip(history, (train_loss, val_loss, val_acc, epoch_time)):
+            for key, value in zip(history, (train_loss, val_loss, val_acc, epoch_time), strict=False):
                 history[key].append(value)
             log.info("epoch %d/%d: train loss %.4f, validation loss %.4f, accuracy %.4f, %.1f s",
                      epoch + 1, args.epochs, train_loss, val_loss, val_acc, epoch_time)

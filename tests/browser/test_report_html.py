@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import io
-import math
 import json
+import math
 import shlex
 import struct
 from pathlib import Path
@@ -77,14 +77,14 @@ def _expected(row: dict) -> dict[str, str]:
         return DASH if value is None else fmt(value)
     return {
         "name": row["name"], "scaling": row["scaling"],
-        "layout": "%dx%d (%d)" % (row["nodes"], row["nproc_per_node"], row["world_size"]),
+        "layout": f"{row['nodes']}x{row['nproc_per_node']} ({row['world_size']})",
         "global_batch": str(row["global_batch"]), "per_device_batch": str(row["per_device_batch"]),
         "samples_per_s": _sig3(row["samples_per_s"]), "time_to_result_s": f"{row['time_to_result_s']:.1f}s",
         "speedup": maybe(row["speedup"], lambda v: f"{v:.2f}x"),
-        "efficiency": maybe(row["efficiency"], lambda v: "%d%%" % round(v * 100)),
+        "efficiency": maybe(row["efficiency"], lambda v: f"{round(v * 100)}%"),
         "time_speedup": maybe(row["time_speedup"], lambda v: f"{v:.2f}x"),
         "metric_value": maybe(row["metric_value"], lambda v: f"{v:.2f}"),  # perplexity: 2 decimals
-        "predicted_efficiency": maybe(row["predicted_efficiency"], lambda v: "%d%%" % round(v * 100)),
+        "predicted_efficiency": maybe(row["predicted_efficiency"], lambda v: f"{round(v * 100)}%"),
         "device_hours_per_m_samples": _sig3(row["device_hours_per_m_samples"]),
         "cost_ratio": maybe(row["cost_ratio"], lambda v: f"{v:.2f}x"),
     }
@@ -144,10 +144,10 @@ def test_report_renders_with_plots_and_the_json_numbers(page, report):
     for row in shown:
         shares = row["loss_breakdown"]
         comm = p.locator(f'#breakdown td[data-row="{row["name"]}"][data-key="exposed_comm"]').inner_text()
-        assert comm == "%d%% (pred. 5%%)" % round(100 * shares["exposed_comm"])
+        assert comm == f"{round(100 * shares['exposed_comm'])}% (pred. 5%)"
         assert p.locator(f'#breakdown td[data-row="{row["name"]}"][data-key="imbalance"]').inner_text() == DASH
         lost = p.locator(f'#breakdown td[data-row="{row["name"]}"][data-key="lost"]').inner_text()
-        assert lost == "%d%%" % round(100 * (1 - row["efficiency"]))
+        assert lost == f"{round(100 * (1 - row['efficiency']))}%"
         line = p.locator(f'#why li[data-row="{row["name"]}"]').inner_text()
         assert "(not measured: <b>fsdp</b>: cannot)" in line and f"of an ideal {_sig3(row['ideal_samples_per_s'])} samples/s;" in line
     for row in shown:  # one waterfall per run, titled with its name, at a readable size

@@ -95,7 +95,7 @@ def main():
     samples = 0
     model.train()
     start = end = time.perf_counter()  # the training time: first batch requested .. last optimizer step
-    for epoch in range(args.epochs):
+    for _epoch in range(args.epochs):
         for inputs, targets in loader:
             with accelerator.accumulate(model):
                 loss = loss_fn(model(inputs), targets)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from procs import ROOT, run
 
 TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]

@@ -63,6 +63,7 @@ def test_resume_after_kill_continues_exactly(tmp_path, nproc, strategy):
         assert shards == [".metadata", "SHA256SUMS", "__0_0.distcp", "__1_0.distcp", "gpuscale.pt"], shards
         # a flipped bit in one rank's shard is caught: the directory is refused, the one before it is used
         import shutil
+
         from gpuscale.checkpoint import Checkpointer
         damaged = shutil.copytree(interrupted / "ckpt" / names[-1], tmp_path / "damaged")
         data = bytearray((damaged / "__1_0.distcp").read_bytes())

@@ -13,8 +13,9 @@ import sys
 
 import pytest
 
-from procs import EXAMPLES, assert_ok, gpuscale_cmd, run, run_by_hand, torchrun_cmd
 from gpuscale.metrics import SUMMARY_KEYS
+
+from procs import EXAMPLES, assert_ok, gpuscale_cmd, run, run_by_hand, torchrun_cmd
 
 pytestmark = pytest.mark.multiproc
 EXAMPLE = str(EXAMPLES / "dogs_vs_cats.py")

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from procs import EXAMPLES, SCRIPTS, assert_ok, gpuscale_cmd, run, torchrun_cmd
 from gpuscale.metrics import SUMMARY_KEYS
+
+from procs import EXAMPLES, SCRIPTS, assert_ok, gpuscale_cmd, run, torchrun_cmd
 
 pytestmark = pytest.mark.multiproc
 EXAMPLE = str(EXAMPLES / "gptneo_imdb.py")
@@ -92,7 +93,7 @@ def test_ranks_train_on_different_batches_with_the_same_weights(interrupted_run)
     assert [e["step"] for e in steps[0]] == [e["step"] for e in steps[1]] == [1, 2, 3, 4]
     assert ranks[0][0]["event"] == "begin" and ranks[0][0]["weights"] == ranks[1][0]["weights"]
     seen: list[set[str]] = [set(), set()]
-    for a, b in zip(*steps):
+    for a, b in zip(*steps, strict=False):
         assert len(a["batches"]) == len(b["batches"]) == 1  # one micro-batch of 16 per rank and step
         assert a["batches"] != b["batches"], f"step {a['step']}: both ranks trained on the same batch"
         assert a["weights"] == b["weights"], f"step {a['step']}: the ranks' weights differ after the step"

@@ -12,8 +12,9 @@ import json
 
 import pytest
 
-from procs import EXAMPLES, assert_ok, gpuscale_cmd, run
 from gpuscale.metrics import SUMMARY_KEYS
+
+from procs import EXAMPLES, assert_ok, gpuscale_cmd, run
 
 pytestmark = pytest.mark.multiproc
 EXAMPLE = str(EXAMPLES / "vit.py")

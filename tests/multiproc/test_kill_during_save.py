@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from gpuscale.checkpoint import Checkpointer
+
 from procs import ROOT, SCRIPTS, clean_env
 
 pytestmark = pytest.mark.multiproc

@@ -38,6 +38,7 @@ import json
 import sys
 
 import pytest
+
 from procs import EXAMPLES, assert_ok, run
 
 pytestmark = pytest.mark.multiproc

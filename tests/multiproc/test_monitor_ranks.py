@@ -26,7 +26,7 @@ def test_two_ranks_each_sample_their_own_cores(tmp_path):
     for s in series:
         assert s["device"] == "cpu" and s["source"] == "proc" and s["name"].startswith("cores ")
         t = s["t"]
-        assert len(t) >= 6 and all(b > a for a, b in zip(t, t[1:])), t
+        assert len(t) >= 6 and all(b > a for a, b in zip(t, t[1:], strict=False)), t
         assert len(s["util_pct"]) == len(s["mem_bytes"]) == len(s["power_w"]) == len(t)
     assert series[0]["name"] != series[1]["name"], "each rank is bound to its own cores"
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import re
 import signal
-from pathlib import Path
 
 import pytest
 
 from gpuscale.probe import read_records
 from gpuscale.probe.merge import merge_records
+
 from procs import ROOT, SCRIPTS, assert_ok, gpuscale_cmd, run
 
 pytestmark = pytest.mark.multiproc

@@ -30,9 +30,9 @@ def test_probed_training_is_bit_for_bit_the_unprobed_one(tmp_path):
             assert summary["sync_probe"]["status"] == "not measured"
             assert summary["sync_probe"]["why"] == "the sync probe is off (GPUSCALE_SYNC_PROBE=0)"
             assert summary["time_split_s"]["exposed_comm"] is None
-    for rank, (probed, plain) in enumerate(zip(finals["1"], finals["0"])):
+    for rank, (probed, plain) in enumerate(zip(finals["1"], finals["0"], strict=False)):
         assert probed["state"].keys() == plain["state"].keys()
         for key in plain["state"]:  # running_mean, running_var and num_batches_tracked included
             assert torch.equal(probed["state"][key], plain["state"][key]), (rank, key)
-        assert all(torch.equal(a, b) for a, b in zip(probed["momentum"], plain["momentum"])), rank
+        assert all(torch.equal(a, b) for a, b in zip(probed["momentum"], plain["momentum"], strict=False)), rank
         assert torch.equal(probed["next_random"], plain["next_random"]), rank

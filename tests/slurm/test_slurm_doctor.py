@@ -36,7 +36,7 @@ def test_submit_doctor_checks_every_rank_before_the_training(cluster, tmp_path, 
     hosts = sorted({row[0] for row in table})
     assert [line.split(":")[0].strip() for line in network] == hosts  # one line per node
     if nodes == 2 and cluster.layout == "two":
-        for host, line in zip(hosts, network):
+        for host, line in zip(hosts, network, strict=False):
             interface, address = _node_address(host)
             assert line == f"  {host}: gloo over TCP on {interface} {address} (host name {host} resolves to it)", network
         assert "ok    network      gloo binds a routable address on all 2 nodes" in log
@@ -52,7 +52,8 @@ WRONG_BINDING = """#!/bin/bash
 MASTER_ADDR=$(hostname) MASTER_PORT=$((10000 + SLURM_JOB_ID % 10000))
 export MASTER_ADDR MASTER_PORT
 # the mistake: both tasks mapped onto core 0
-srun --cpu-bind=map_cpu:0,0 bash -c 'RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS exec {python} -m gpuscale doctor --no-bandwidth'
+srun --cpu-bind=map_cpu:0,0 \\
+    bash -c 'RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS exec {python} -m gpuscale doctor --no-bandwidth'
 echo "doctor exit code $?"
 """
 

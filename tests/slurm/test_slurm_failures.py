@@ -117,7 +117,8 @@ def test_a_failure_ends_the_job_with_the_failing_ranks_code_and_one_short_story(
     assert closing and closing[0] > first and lines[closing[0]].endswith(f"the job ends with {code}" if failure != "requeue" else
                                                                          "which asks for the job to run again; the job ends with 75"), where
     if failure == "requeue":  # (SLURM's own line on the requeue may follow)
-        assert lines[closing[0] + 1] == f"gpuscale: the step stopped at a checkpoint; requeueing job {job} (restart 1 of at most 10) to resume from it", where
+        assert lines[closing[0] + 1] == (f"gpuscale: the step stopped at a checkpoint; requeueing job {job} (restart 1 of at most 10) "
+                                         "to resume from it"), where
     else:
         assert closing[0] == len(lines) - 1, where
         assert fields["ExitCode"] == f"{code}:0", (fields["ExitCode"], where)

@@ -162,14 +162,14 @@ def test_srun_tasks_get_what_torchrun_gives_its_workers(cluster, tmp_path, nodes
         jobs[mode] = result.stdout.strip()
         seen[mode] = sorted((json.loads(p.read_text()) for p in out.glob("rank*.json")), key=lambda r: int(r["RANK"]))
         assert [r["RANK"] for r in seen[mode]] == [str(rank) for rank in range(nodes * gpus)]
-    for srun, torchrun in zip(seen["srun"], seen["torchrun"]):
+    for srun, torchrun in zip(seen["srun"], seen["torchrun"], strict=False):
         assert {name: srun[name] for name in TORCHRUN_VARIABLES} == {name: torchrun[name] for name in TORCHRUN_VARIABLES}
         assert srun["host"] == torchrun["host"]
         assert (srun["launcher"], torchrun["launcher"]) == ("slurm", "torchrun"), "gpuscale no longer tells srun's tasks apart"
         assert srun["TORCHELASTIC_RUN_ID"] == jobs["srun"] and torchrun["TORCHELASTIC_RUN_ID"]
         if nodes > 1:  # --rdzv-id is the job id (one node: --standalone makes up an id)
             assert torchrun["TORCHELASTIC_RUN_ID"] == jobs["torchrun"]
-    for mode, ranks in seen.items():
+    for ranks in seen.values():
         assert len({r["MASTER_PORT"] for r in ranks}) == 1 and 1024 < int(ranks[0]["MASTER_PORT"]) < 65536
     assert seen["srun"][0]["MASTER_PORT"] == str(10000 + int(jobs["srun"]) % 10000)
 

@@ -27,6 +27,7 @@ from gpuscale.env import expand_hostlist
 from gpuscale.slurm import jobs
 from gpuscale.slurm.profiles import load_profile
 from gpuscale.slurm.render import JobSpec, render_sbatch
+
 from slurm_helpers import SCRIPTS, read_ranks
 
 pytestmark = pytest.mark.slurm
@@ -109,7 +110,7 @@ def test_twenty_jobs_submitted_back_to_back_all_finish_with_their_own_outputs(sl
     node_counts = [1, 2] if len(_sinfo("-N", "-o", "%N")) >= 2 else [1]
     shapes = [(("srun", "torchrun")[i % 2], node_counts[(i // 2) % len(node_counts)]) for i in range(NUM_BACK_TO_BACK)]
     outs = [tmp_path / f"out-{i:02d}" for i in range(NUM_BACK_TO_BACK)]
-    scripts = [_job(mode, nodes, out, tmp_path) for (mode, nodes), out in zip(shapes, outs)]
+    scripts = [_job(mode, nodes, out, tmp_path) for (mode, nodes), out in zip(shapes, outs, strict=False)]
 
     started = time.monotonic()
     job_ids: list[str] = []
@@ -122,7 +123,7 @@ def test_twenty_jobs_submitted_back_to_back_all_finish_with_their_own_outputs(sl
         _cancel_unfinished(job_ids)
 
     assert len(set(job_ids)) == NUM_BACK_TO_BACK
-    for job_id, (mode, nodes), out in zip(job_ids, shapes, outs):
+    for job_id, (mode, nodes), out in zip(job_ids, shapes, outs, strict=False):
         log = (tmp_path / f"job-{job_id}.out").read_text()
         _check_job(infos[job_id], out, log, mode, nodes)
     assert submit_s < 20, f"submitting took {submit_s:.1f} s: not back to back"
@@ -138,7 +139,7 @@ def test_four_jobs_at_once_on_one_node_meet_on_their_own_ports(slurm, tmp_path):
     gate.mkdir()
     modes = [("srun", "torchrun")[i % 2] for i in range(NUM_AT_ONCE)]
     outs = [tmp_path / f"out-{i}" for i in range(NUM_AT_ONCE)]
-    scripts = [_job(mode, 1, out, tmp_path, "--gate", str(gate), "--ranks", str(2 * NUM_AT_ONCE)) for mode, out in zip(modes, outs)]
+    scripts = [_job(mode, 1, out, tmp_path, "--gate", str(gate), "--ranks", str(2 * NUM_AT_ONCE)) for mode, out in zip(modes, outs, strict=False)]
     # CPUs only (fake GPUs are never shared), on one node of the partition that lets 4 jobs share a CPU
     # (a 1 x 2 job takes every GPU of a node, so its script asks to own the node: --exclusive; --oversubscribe here
     # overrides it, for these jobs share the node on purpose)
@@ -153,7 +154,7 @@ def test_four_jobs_at_once_on_one_node_meet_on_their_own_ports(slurm, tmp_path):
         _cancel_unfinished(job_ids)
 
     everyone = []
-    for job_id, mode, out in zip(job_ids, modes, outs):
+    for job_id, mode, out in zip(job_ids, modes, outs, strict=False):
         log = (tmp_path / f"job-{job_id}.out").read_text()
         assert infos[job_id].nodes == node, (job_id, infos[job_id].nodes)
         everyone += _check_job(infos[job_id], out, log, mode, 1)

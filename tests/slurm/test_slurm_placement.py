@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpuscale.topology import parse_cpulist
+
 from slurm_helpers import ROOT
 
 pytestmark = pytest.mark.slurm

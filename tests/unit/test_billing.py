@@ -76,7 +76,8 @@ def test_a_billing_rule_is_checked_in_one_line():
 def test_a_slurm_study_keeps_each_jobs_rate_and_the_table_prices_a_million_samples(lumi, tmp_path, monkeypatch):
     """SlurmRunner writes what one hour of the cell's job costs; the analysis prices the run's samples with it:
     weak-1x2 at 200 samples/s on 2 GCDs of small-g: 1.0 GPU-hour an hour x 1e6 / 200 / 3600 = 1.389 GPU-hours per 1M."""
-    from gpuscale.study.report_cells import basis, cells as table_cells
+    from gpuscale.study.report_cells import basis
+    from gpuscale.study.report_cells import cells as table_cells
 
     script = tmp_path / "train.py"
     script.write_text("print('hi')\n")
@@ -87,7 +88,7 @@ def test_a_slurm_study_keeps_each_jobs_rate_and_the_table_prices_a_million_sampl
                                                                 gpus_per_node=cell.nproc_per_node, output=output))
     cells = matrix.cells([1, 2], [1], ["weak"])
     runner.record_study(tmp_path, [str(script)], "slurm", cells)
-    for cell, sps in zip(cells, (110.0, 200.0)):
+    for cell, sps in zip(cells, (110.0, 200.0), strict=True):
         (tmp_path / cell.name).mkdir()
         assert slurm.run(cell, tmp_path / cell.name) is None
         (tmp_path / cell.name / "summary.json").write_text(json.dumps({

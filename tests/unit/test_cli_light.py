@@ -40,7 +40,7 @@ def _study(folder: Path) -> Path:
 
     cells = [Cell("weak", 1, 1), Cell("weak", 1, 2)]
     runner.record_study(folder, ["train.py"], "local", cells)
-    for cell, samples_per_s in zip(cells, (100.0, 180.0)):
+    for cell, samples_per_s in zip(cells, (100.0, 180.0), strict=True):
         (folder / cell.name).mkdir()
         (folder / cell.name / "summary.json").write_text(json.dumps({
             "world_size": cell.world_size, "scaling": "weak", "samples_per_s": samples_per_s, "train_time_s": 10.0,

@@ -459,7 +459,7 @@ def samples(loader, epochs=1):
     seen = {}
     for epoch in range(epochs):
         for batch in loader:
-            for i, *draws in zip(*(part.tolist() for part in batch)):
+            for i, *draws in zip(*(part.tolist() for part in batch), strict=True):
                 seen[(epoch, i)] = tuple(draws)
     return seen
 

@@ -14,8 +14,9 @@ import subprocess
 import pytest
 
 from gpuscale.slurm.profiles import load_profile
-from lumi import lumi_g_for_other_tests
 from gpuscale.slurm.render import JobSpec, render_sbatch
+
+from lumi import lumi_g_for_other_tests
 
 FAKE_PYTHON = """#!/bin/bash
 if [ "$1" = -m ] && [ "$2" = gpuscale ] && [ "$3" = doctor ]; then

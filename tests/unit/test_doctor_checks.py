@@ -153,7 +153,8 @@ def test_amd_needs_a_node_local_miopen_cache():
     local = {"MIOPEN_USER_DB_PATH": "/tmp/me-miopen-1", "MIOPEN_CUSTOM_CACHE_DIR": "/tmp/me-miopen-1"}
     assert levels(check_environment([rank(0, world=1, gpu="GCD0", versions=amd, environ=local)]), "warn") == []
     shared = {"MIOPEN_USER_DB_PATH": "/users/me/.cache", "MIOPEN_CUSTOM_CACHE_DIR": "/tmp/x"}
-    assert "not node-local (MIOPEN_USER_DB_PATH)" in levels(check_environment([rank(0, world=1, gpu="GCD0", versions=amd, environ=shared)]), "warn")[0]
+    found = check_environment([rank(0, world=1, gpu="GCD0", versions=amd, environ=shared)])
+    assert "not node-local (MIOPEN_USER_DB_PATH)" in levels(found, "warn")[0]
 
 
 def test_tokenizers_and_thread_settings():

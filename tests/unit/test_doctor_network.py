@@ -17,8 +17,17 @@ import pytest
 
 from gpuscale.doctor.gloonet import gloo_endpoint, is_loopback
 from gpuscale.doctor.nccl_capture import NcclLogCapture, expand_debug_file
-from gpuscale.doctor.ncclog import (NET_NOT_FOUND, NO_IB_DEVICE, NO_IBVERBS, NO_INTERFACE, NO_OFI_PROVIDER, NcclInit, parse_log,
-                                    parse_process, transport_kind)
+from gpuscale.doctor.ncclog import (
+    NET_NOT_FOUND,
+    NO_IB_DEVICE,
+    NO_IBVERBS,
+    NO_INTERFACE,
+    NO_OFI_PROVIDER,
+    NcclInit,
+    parse_log,
+    parse_process,
+    transport_kind,
+)
 from gpuscale.doctor.network import LUMI_BINDINGS, gloo_loopback, judge_network
 from gpuscale.doctor.report import as_json, format_text
 

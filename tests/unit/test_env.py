@@ -26,9 +26,9 @@ from gpuscale.env import (
     tasks_per_node,
     visible_devices,
 )
-from gpuscale.slurm.profiles import load_profile
-from lumi import lumi_g_for_other_tests
 from gpuscale.slurm.render import JobSpec, render_sbatch
+
+from lumi import lumi_g_for_other_tests
 
 # --------------------------------------------------------------------------------------------------
 # environment builders (what each launcher really sets)
@@ -341,7 +341,7 @@ def test_srun_step_heterogeneous_tasks_per_node():
     nodelist = "n[1-3]"
     layout = [(0, 0, 0), (1, 1, 0), (2, 0, 1), (3, 1, 1), (4, 0, 2)]
     expected_local_world = [2, 2, 2, 2, 1]
-    for (procid, localid, nodeid), lws in zip(layout, expected_local_world):
+    for (procid, localid, nodeid), lws in zip(layout, expected_local_world, strict=True):
         env = detect_env(srun_task_env(procid=procid, localid=localid, nodeid=nodeid, ntasks=5, nnodes=3,
                                        step_tasks_per_node="2(x2),1", nodelist=nodelist))
         assert env.rank == procid and env.local_rank == localid

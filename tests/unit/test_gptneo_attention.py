@@ -82,8 +82,8 @@ def test_logits_loss_and_gradients_equal_eager(padding):
     torch.testing.assert_close(outputs[1].loss, outputs[0].loss, atol=TOL, rtol=0)
     for out in outputs:
         out.loss.backward()
-    for (name, a), b in zip(eager.named_parameters(), fast.parameters()):
-        torch.testing.assert_close(b.grad, a.grad, atol=TOL, rtol=0, msg=lambda m: f"{name}: {m}")
+    for (name, a), b in zip(eager.named_parameters(), fast.parameters(), strict=True):
+        torch.testing.assert_close(b.grad, a.grad, atol=TOL, rtol=0, msg=lambda m, name=name: f"{name}: {m}")
 
 
 def test_local_layers_see_their_window_and_global_ones_everything():
@@ -155,7 +155,7 @@ def test_output_attentions_come_from_eager():
     ids, _ = batch(None)
     expected, got = (model(ids, output_attentions=True) for model in (eager, fast))
     assert len(got.attentions) == 4
-    for a, b in zip(expected.attentions, got.attentions):
+    for a, b in zip(expected.attentions, got.attentions, strict=True):
         torch.testing.assert_close(b, a, atol=TOL, rtol=0)
 
 

@@ -16,8 +16,9 @@ sys.path.insert(0, str(ROOT / "examples"))  # as when the example runs as a scri
 sys.path.insert(0, str(ROOT))
 
 import gptneo_imdb as ex  # noqa: E402
-import gptneo_imdb_data as data  # noqa: E402
 from bench import gptneo_bench  # noqa: E402
+
+import gptneo_imdb_data as data  # noqa: E402
 
 TEXTS = ["a good film with a good cast and a good story " * 8, "bad.", "an average film, neither good nor bad " * 3]
 

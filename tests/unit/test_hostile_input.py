@@ -343,7 +343,8 @@ def _execute(job: dict, workdir: Path) -> tuple[subprocess.CompletedProcess, Pat
     script.write_text(render_sbatch(load_profile(job["profile"]), spec))
     env = {"PATH": f"{stub_dir}:{os.environ['PATH']}", "HOME": str(workdir), "USER": "tester", "LC_ALL": "C.UTF-8",
            "STUB_DIR": str(stub_dir), "STUB_ENV_NAMES": json.dumps([n for n, _ in job["env"]] + ["GS_VENV_ACTIVATED"]),
-           "VAR": "EXPANDED", "X": "EXPANDED", "WITH_CONDA": "true", "SLURM_JOB_ID": "4242", "SLURM_JOB_ACCOUNT": "project_1", "SLURM_JOB_NODELIST": "node[1-2]",
+           "VAR": "EXPANDED", "X": "EXPANDED", "WITH_CONDA": "true", "SLURM_JOB_ID": "4242", "SLURM_JOB_ACCOUNT": "project_1",
+           "SLURM_JOB_NODELIST": "node[1-2]",
            "SLURM_NNODES": str(job["nodes"]), "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NTASKS": "1"}
     result = subprocess.run(["bash", str(script)], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
     return result, stub_dir, spec

@@ -60,7 +60,8 @@ def test_a_child_that_asked_ends_when_its_parent_is_killed(tmp_path):
         open({str(child_pid)!r}, "w").write(str(os.getpid()))
         time.sleep(120)
     """))
-    parent = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys, time; subprocess.Popen([sys.executable, {str(child)!r}]); time.sleep(120)"])
+    program = f"import subprocess, sys, time; subprocess.Popen([sys.executable, {str(child)!r}]); time.sleep(120)"
+    parent = subprocess.Popen([sys.executable, "-c", program])
     try:
         deadline = time.monotonic() + 60
         while not (child_pid.exists() and child_pid.read_text()):

@@ -93,7 +93,7 @@ def test_warm_up_without_scaling_is_flat():
 def _sgd(lr: float, groups: int = 1) -> tuple[list[torch.nn.Parameter], torch.optim.SGD]:
     params = [torch.nn.Parameter(torch.zeros(1)) for _ in range(groups)]
     rates = [lr] + [lr / 10] * (groups - 1)  # a second group with a tenth of the rate
-    return params, torch.optim.SGD([{"params": [p], "lr": r} for p, r in zip(params, rates)])
+    return params, torch.optim.SGD([{"params": [p], "lr": r} for p, r in zip(params, rates, strict=True)])
 
 
 def _train(params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer, scheduler, steps: int) -> list[float]:

@@ -21,6 +21,7 @@ import pytest
 from gpuscale.cli import main
 from gpuscale.slurm.profiles import load_profile, profile_from_dict
 from gpuscale.slurm.render import JobSpec, render_sbatch
+
 from lumi import AI_FACTORY_IMAGE, OLD_IMAGE
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,6 +10,7 @@ import resource
 import subprocess
 import sys
 import time
+from itertools import pairwise
 from types import SimpleNamespace
 
 import pytest
@@ -211,7 +212,7 @@ def test_monitor_series_have_increasing_times_and_the_timeline_format():
     zero = m.started - 1.0
     series = m.series(zero)
     t = series["t"]
-    assert len(t) >= 5 and all(b > a for a, b in zip(t, t[1:])) and t[0] == pytest.approx(1.0, abs=0.01)
+    assert len(t) >= 5 and all(b > a for a, b in pairwise(t)) and t[0] == pytest.approx(1.0, abs=0.01)
     assert len(series["util_pct"]) == len(series["mem_bytes"]) == len(series["power_w"]) == len(t)
     assert {k: series[k] for k in ("rank", "host", "device", "name", "source")} == {
         "rank": 0, "host": "here", "device": "cpu", "name": "cores 0", "source": "proc"}
@@ -227,7 +228,7 @@ def test_a_long_run_keeps_its_whole_span_at_half_the_resolution(monkeypatch):
     time.sleep(1.0)
     m.stop()
     t = m.series()["t"]
-    assert len(t) <= 8 and all(b > a for a, b in zip(t, t[1:]))
+    assert len(t) <= 8 and all(b > a for a, b in pairwise(t))
     assert t[-1] > 0.7, "the last part of the run is kept"
     assert t[-1] - t[-2] > 0.05, "later samples are further apart"
 

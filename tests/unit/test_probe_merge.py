@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gpuscale.probe import collect, describe, probe_enabled, probe_environ, SITE_DIR
+from gpuscale.probe import SITE_DIR, collect, describe, probe_enabled, probe_environ
 from gpuscale.probe.merge import merge_records, rank_account
 from gpuscale.probe.recorder import ddp_sample
 from gpuscale.study import runner

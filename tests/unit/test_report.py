@@ -112,7 +112,7 @@ def test_markdown_holds_every_rows_formatted_numbers(study):
         assert f"| {round(100 * row['efficiency'])}% |" in line
         assert f"| {row['metric_value']:.3f} |" in line
         assert f"| {row['nodes']}x{row['nproc_per_node']} ({row['world_size']}) |" in line
-    assert "| accuracy |" in md.splitlines()[next(i for i, l in enumerate(md.splitlines()) if l == "## Runs") + 2]
+    assert "| accuracy |" in md.splitlines()[next(i for i, line in enumerate(md.splitlines()) if line == "## Runs") + 2]
     assert "python examples/dogs_vs_cats.py --epochs 2" in md
     assert "- **weak-1x4**: rank 1 (cpu) used 12%" in md
     assert "## Prediction" in md and "| batch sweet spot | 256 |" in md

@@ -15,7 +15,6 @@ from gpuscale.metrics import SUMMARY_KEYS
 from gpuscale.strategy import strategy_of
 
 
-
 @pytest.fixture(autouse=True)
 def _single_process(single_process):
     """Every test here runs as a plain single process (tests/unit/conftest.py)."""

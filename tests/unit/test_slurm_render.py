@@ -15,6 +15,7 @@ import pytest
 
 from gpuscale.slurm.profiles import load_profile, parse_time, profile_from_dict
 from gpuscale.slurm.render import JobSpec, render_sbatch
+
 from lumi import AI_FACTORY_IMAGE, OLD_IMAGE, lumi_g_for_other_tests
 
 GOLDEN = Path(__file__).with_name("golden")
@@ -126,7 +127,8 @@ def test_lumi_srun_one_node_has_what_the_course_asks_for():
     assert f"CPU_MASKS={LUMI_MASKS}" in text and '--cpu-bind=mask_cpu:"$CPU_MASKS"' in text
     assert 'export RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID"' in text  # inside single quotes: per task
     assert 'singularity run "$IMAGE" bash -c' in text and "module load lumi-aif-singularity-bindings" in text
-    assert "LOCAL_WORLD_SIZE=8 GROUP_RANK=\"$SLURM_NODEID\"" in text and "GPUSCALE_SRUN_TASK=1; trap : USR1 TERM; { python3 train.py 2>&3 3>&-; } 3>&2 2>/dev/null; code=$?" in text
+    assert "LOCAL_WORLD_SIZE=8 GROUP_RANK=\"$SLURM_NODEID\"" in text
+    assert "GPUSCALE_SRUN_TASK=1; trap : USR1 TERM; { python3 train.py 2>&3 3>&-; } 3>&2 2>/dev/null; code=$?" in text
     assert "--cpus-per-gpu" not in text
 
 
@@ -185,7 +187,9 @@ def test_hostile_arguments_reach_the_script_verbatim_and_run_nothing(tmp_path):
     for tool in bin_dir.iterdir():
         tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
     dump = tmp_path / "dump argv.py"
-    dump.write_text("import json, os, sys\njson.dump({'argv': sys.argv[1:], 'hf': os.environ.get('HF_HOME'), 'rank': os.environ['RANK']}, open(os.environ['DUMP_TO'], 'w'))\n")
+    dump.write_text("import json, os, sys\n"
+                    "json.dump({'argv': sys.argv[1:], 'hf': os.environ.get('HF_HOME'), 'rank': os.environ['RANK']}, "
+                    "open(os.environ['DUMP_TO'], 'w'))\n")
     job = JobSpec(script=str(dump), script_args=tuple(HOSTILE), mode="srun", gpus_per_node=1, python="python3",
                   env=(("HF_HOME", '$(touch PWNED) `touch PWNED` x'), ("DUMP_TO", str(tmp_path / "seen.json"))))
     script = tmp_path / "job.sh"

@@ -54,7 +54,7 @@ def test_fused_optimizer_keeps_every_group_and_option_and_takes_the_same_steps()
     assert all(g["weight_decay"] == 0.05 for g in fused.param_groups)
     assert [p for g in fused.param_groups for p in g["params"]] == list(fused_net.parameters())
     assert _train(fused_net, fused) == pytest.approx(_train(plain_net, plain), rel=1e-5)
-    for a, b in zip(fused_net.parameters(), plain_net.parameters()):
+    for a, b in zip(fused_net.parameters(), plain_net.parameters(), strict=True):
         assert torch.allclose(a, b, atol=1e-6)
 
 
@@ -101,7 +101,7 @@ def test_a_resumed_run_keeps_its_own_fused_choice():
     assert all(isinstance(s, torch.Tensor) and s.dtype == torch.float32 and float(s) == 2.0 for s in steps)
     _train(net, fused, steps=1)
     _train(writer_net, writer, steps=1)
-    for a, b in zip(net.parameters(), writer_net.parameters()):
+    for a, b in zip(net.parameters(), writer_net.parameters(), strict=True):
         assert torch.allclose(a, b, atol=1e-6), "the resumed fused run continues the unfused one"
 
 
@@ -124,7 +124,7 @@ def test_channels_last_changes_strides_not_values_keys_or_outputs():
     assert weight.is_contiguous(memory_format=torch.channels_last) and not weight.is_contiguous()
     assert converted[3].weight.is_contiguous(), "only Conv2d weights change layout"
     assert reference.state_dict().keys() == converted.state_dict().keys()
-    for (name, a), b in zip(reference.state_dict().items(), converted.state_dict().values()):
+    for (name, a), b in zip(reference.state_dict().items(), converted.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
     x = torch.randn(2, 3, 6, 6)
     assert torch.allclose(reference(x), converted(x), atol=1e-6)

@@ -7,8 +7,8 @@ import re
 import pytest
 import torch
 
-from gpuscale.study.command import StudyCommand
 from gpuscale.study import analysis, matrix, predict, runner
+from gpuscale.study.command import StudyCommand
 from gpuscale.study.linkmeasure import fit
 from gpuscale.study.matrix import Cell
 
@@ -61,7 +61,7 @@ def _summary(world, scaling, sps, time_s, epochs=2, batch=32, acc=0.9, data_wait
 def _write_study(tmp_path, summaries):
     cells = [Cell(s["scaling"], 1, s["world_size"]) for s in summaries]
     runner.record_study(tmp_path, ["train.py"], "local", cells)
-    for cell, summary in zip(cells, summaries):
+    for cell, summary in zip(cells, summaries, strict=True):
         (tmp_path / cell.name).mkdir()
         (tmp_path / cell.name / "summary.json").write_text(json.dumps(summary))
 
@@ -273,7 +273,7 @@ def test_variants_get_their_own_cells_arguments_and_baselines(tmp_path):
     with pytest.raises(ValueError, match="must differ"):
         matrix.cells([1], [1], ["weak"], [("a", ()), ("a", ("-x",))])
     runner.record_study(tmp_path, ["dvc.py"], "local", cells)
-    for cell, sps in zip(cells, [100.0, 150.0, 50.0, 95.0]):
+    for cell, sps in zip(cells, [100.0, 150.0, 50.0, 95.0], strict=True):
         (tmp_path / cell.name).mkdir()
         (tmp_path / cell.name / "summary.json").write_text(json.dumps(_summary(cell.world_size, "weak", sps, 10.0)))
     results = analysis.analyse(tmp_path)
@@ -318,7 +318,7 @@ def test_with_repeats_the_table_shows_the_range_of_throughput_and_efficiency(tmp
         (tmp_path / cell.name / "summary.json").write_text(json.dumps(_summary(cell.world_size, "weak", throughput[cell.name], 10.0)))
     results = analysis.analyse(tmp_path)
     cols, lines = table_cells(results)
-    table = {line[0]: dict(zip([c.key for c in cols], line)) for line in lines}
+    table = {line[0]: dict(zip([c.key for c in cols], line, strict=True)) for line in lines}
     assert table["weak-1x2"]["samples_per_s"] == "170 (150-190)" and table["weak-1x2"]["efficiency"] == "85% (75-95%)"
     assert table["weak-1x1"]["samples_per_s"] == "100 (98.0-104)" and table["weak-1x1"]["efficiency"] == "100% (98-104%)"
 
@@ -414,7 +414,7 @@ def _write_batch_study(tmp_path, trained, probe=None):
     """A study of a script with a batch template and --global-batch 64, whose runs trained `trained` per rank."""
     cells = [Cell("weak", 1, 1), Cell("weak", 1, 2), Cell("strong", 1, 1), Cell("strong", 1, 2)]
     runner.record_study(tmp_path, ["train.py", "--batch-size", "{per_device_batch}"], "local", cells, batch={"global_batch": 64})
-    for cell, sps in zip(cells, (100.0, 190.0, 101.0, 180.0)):
+    for cell, sps in zip(cells, (100.0, 190.0, 101.0, 180.0), strict=True):
         summary = {**_summary(cell.world_size, cell.scaling, sps, 10.0), "per_device_batch": trained,
                    "global_batch": trained * cell.world_size, "measured_by": "probe", "samples_from": "data loader",
                    "probe": probe or {"synchronised": True}}

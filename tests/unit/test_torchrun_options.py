@@ -19,8 +19,9 @@ import pytest
 from torch.distributed.run import get_args_parser
 
 from gpuscale.slurm.profiles import load_profile
-from lumi import lumi_g_for_other_tests
 from gpuscale.slurm.render import TORCHRUN_SIGNALS, JobSpec, render_sbatch
+
+from lumi import lumi_g_for_other_tests
 
 TORCH_2_6_OPTIONS = frozenset({
     "-h", "--help", "--nnodes", "--nproc-per-node", "--nproc_per_node", "--rdzv-backend", "--rdzv_backend",

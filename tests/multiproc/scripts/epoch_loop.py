@@ -35,7 +35,7 @@ with gpuscale.init() as rt:
     loop = gpuscale.EpochLoop(training, loader, epochs=3, checkpoints=out / "checkpoints", scheduler=scheduler,
                               state={"history": []}, stop=gpuscale.StopSignal(every=1))
     loss_avg = loop.average("loss")
-    for epoch in loop:
+    for _epoch in loop:
         for x, y in loop.batches():
             with training.autocast():
                 loss = F.cross_entropy(training.model(x), y)

@@ -29,7 +29,7 @@ with gpuscale.init() as rt:
     train = gpuscale.make_loader(torch.utils.data.TensorDataset(x, y), plan, seed=0)
     val = gpuscale.make_loader(torch.utils.data.TensorDataset(x[:512], y[:512]), plan, train=False)
     meter = gpuscale.Meter(plan)
-    for epoch in range(args.epochs):
+    for _epoch in range(args.epochs):
         for xb, yb in meter.iter(train):
             with training.autocast():
                 loss = nn.functional.cross_entropy(training.model(xb), yb)

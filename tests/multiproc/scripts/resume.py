@@ -1,9 +1,9 @@
 """Train 12 steps with checkpoints every step; optionally die right after the checkpoint of step K.
 
 argv: OUT [--crash-at K]. Rank 0 writes OUT/final.pt (weights) and OUT/losses.json (step -> loss).
-Model and optimizer come from gpuscale.setup (--strategy ddp|fsdp|deepspeed). The model has dropout (random numbers), the loader shuffles and the run crosses epoch boundaries
-and stops mid-epoch, so resuming exactly needs the model, optimizer, scheduler, loader position
-and every rank's RNG state.
+Model and optimizer come from gpuscale.setup (--strategy ddp|fsdp|deepspeed). The model has dropout (random numbers),
+the loader shuffles and the run crosses epoch boundaries and stops mid-epoch, so resuming exactly needs the model,
+optimizer, scheduler, loader position and every rank's RNG state.
 """
 
 import argparse
