@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 import gpuscale
-from gpuscale.files import atomic_write_json
-from gpuscale.log import current_rank
+from gpuscale.base.files import atomic_write_json
+from gpuscale.detect.log import current_rank
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: bench.step_profile
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))

@@ -10,14 +10,14 @@ a fraction of a millisecond, so what a step costs is host work: Python, the fram
     bare              a plain torch loop: DataLoader, forward, backward, clip_grad_norm_, AdamW, zero_grad
     bare+probe        the same under gpuscale's probe (what `gpuscale run` loads into an unchanged script)
     training          gpuscale.init, make_loader, setup's Training (backward, step), Meter.iter
-    epochloop         the same through EpochLoop, with a per-epoch Average updated every step (the README's loop)
+    epochloop         the same through EpochLoop, with a per-epoch Average updated every step (docs/training.md's loop)
     trainer           the HF Trainer (the GPT-neo example's arguments) without gpuscale's callbacks
     trainer+gpuscale  the same with MeterCallback and StopCallback, as the GPT-neo example runs it
 
 Every step's end is stamped by torch.optim's global post-step hook; the first WARMUP steps and the steps the sync
-probe replays (gpuscale.syncprobe.is_probe_step: documented, charged to the run's "probe" phase) are left out. Each
+probe replays (gpuscale.measure.syncprobe.is_probe_step: documented, charged to the run's "probe" phase) are left out. Each
 run's figure is its median and mean host milliseconds per step. Then each path runs FINDER_STEPS more steps under
-`gpuscale.device_waits.find_device_waits`, which names every call that would wait for the device, by file and line.
+`gpuscale.measure.device_waits.find_device_waits`, which names every call that would wait for the device, by file and line.
 
 On a shared machine the same path varies by more than a millisecond from one process to the next, so gpuscale's
 additions are measured inside one process each, where that drift cancels:
@@ -49,7 +49,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from gpuscale.syncprobe import is_probe_step  # the steps the sync probe replays: documented, left out
+from gpuscale.measure.syncprobe import is_probe_step  # the steps the sync probe replays: documented, left out
 
 ROOT = Path(__file__).resolve().parents[1]
 PATHS = ("bare", "bare+probe", "training", "epochloop", "trainer", "trainer+gpuscale")
@@ -101,7 +101,7 @@ class Stamps:
         register_optimizer_step_post_hook(self.after_step)
 
     def after_step(self, *_: Any) -> None:
-        from gpuscale.device_waits import find_device_waits
+        from gpuscale.measure.device_waits import find_device_waits
 
         self.times.append(time.perf_counter())
         if len(self.times) == self.steps:
@@ -168,7 +168,7 @@ def _gpuscale_training(model: Any, loop: bool) -> Iterator[tuple[Any, Iterator[A
 
 
 def _gpuscale_step(training: Any, batches: Iterator[Any], epochs: Any) -> float:
-    """One step the README's way: autocast, Training.backward, then Training.step, or EpochLoop.step and a per-epoch
+    """One step the way docs/training.md writes it: autocast, Training.backward, then Training.step, or EpochLoop.step and a per-epoch
     Average updated with the batch's loss; its host seconds."""
     start = time.perf_counter()
     batch = next(batches)
@@ -194,7 +194,7 @@ def _trainer(model: Any, total: int, callbacks: bool, out: str) -> None:
     from transformers import Trainer, TrainingArguments, default_data_collator
 
     import gpuscale
-    from gpuscale.hf import MeterCallback, StopCallback, trainer_arguments
+    from gpuscale.integrations.hf import MeterCallback, StopCallback, trainer_arguments
 
     with gpuscale.init() as rt:
         torch.set_num_threads(1)
@@ -250,7 +250,7 @@ def _hf_callbacks(steps: int) -> list[float]:
     from transformers import Trainer, TrainerCallback, TrainingArguments, default_data_collator
 
     import gpuscale
-    from gpuscale.hf import MeterCallback, StopCallback, trainer_arguments
+    from gpuscale.integrations.hf import MeterCallback, StopCallback, trainer_arguments
 
     spent, per_step = [0.0], []
 
@@ -279,7 +279,7 @@ def _probe_hooks(steps: int) -> list[float]:
     loader's own __next__ (timed beneath the wrapper)."""
     from torch.utils.data import dataloader
 
-    from gpuscale.probe import recorder
+    from gpuscale.measure.probe import recorder
 
     spent, per_step = [0.0], []
     iterator_class = dataloader._BaseDataLoaderIter
@@ -345,7 +345,7 @@ def worker(path: str, steps: int, out: Path) -> None:
     total = WARMUP + steps + FINDER_STEPS
     stamps = Stamps(WARMUP + steps, model)
     if path == "bare+probe":
-        from gpuscale.probe import recorder
+        from gpuscale.measure.probe import recorder
 
         recorder.install()
     with tempfile.TemporaryDirectory() as tmp:

@@ -6,7 +6,7 @@ round to round (so a slow minute of this VM hits each variant alike), and reads 
 each round and their medians reported. `gpuscale (bind none)` is gpuscale with its CPU binding
 switched off, to tell the binding's share from the rest of gpuscale. `plain (probe)` is the plain
 DDP loop with gpuscale's probe loaded in each rank, as `gpuscale run` and every study cell load it
-(`gpuscale.probe`: hooks on optimizer steps and DataLoader iterators, a record at exit). Targets:
+(`gpuscale.measure.probe`: hooks on optimizer steps and DataLoader iterators, a record at exit). Targets:
 gpuscale within 2% of plain PyTorch, never slower than Accelerate, and the probe within 1% of plain.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.stats import ROOT, TORCHRUN, launch, summary
-from gpuscale.probe import probe_environ, read_records
+from gpuscale.measure.probe import probe_environ, read_records
 
 VARIANTS = {
     "plain": ("plain_ddp.py", {}),

@@ -68,7 +68,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import gpuscale
-import gpuscale.lr
+import gpuscale.train.lr
 
 from dogs_vs_cats_parts import ImageFolder, build_model, prepare_data  # beside this file: the data and the network
 
@@ -96,7 +96,7 @@ def evaluate(training: gpuscale.Training, loader: gpuscale.ShardedLoader, meter:
 
 def phase_lrs(args: argparse.Namespace, plan: gpuscale.BatchPlan) -> dict[str, gpuscale.ScaledLR]:
     """Each phase's learning rate (--lr, --finetune-lr) scaled for the global batch by the same rule (--lr-scaling)."""
-    options = gpuscale.lr.lr_options(args)
+    options = gpuscale.train.lr.lr_options(args)
     return {"head": gpuscale.scale_lr(args.lr, plan, **options), "fine-tune": gpuscale.scale_lr(args.finetune_lr, plan, **options)}
 
 
@@ -250,7 +250,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", default="runs/dogs_vs_cats", help="output folder for summary.json and checkpoints")
     parser.add_argument("--no-resume", action="store_true", help="ignore checkpoints in OUT/checkpoints and start afresh")
     gpuscale.add_arguments(parser)
-    gpuscale.lr.add_arguments(parser, default_warmup_steps=0)
+    gpuscale.train.lr.add_arguments(parser, default_warmup_steps=0)
     args = parser.parse_args(argv)
     for name in ("image_size", "batch_size", "eval_batch_size", "max_device_batch"):
         if getattr(args, name) is not None and getattr(args, name) < 1:

@@ -56,7 +56,7 @@ from typing import Any
 import torch
 
 import gpuscale
-import gpuscale.lr
+import gpuscale.train.lr
 
 from gptneo_attention import EndPaddingCollator, attention_in_use, use_sdpa_attention  # beside this file: GPT-neo's attention through SDPA
 from gptneo_imdb_data import OFFLINE, local_main_first, prepare_data  # beside this file: the reviews, tokenised
@@ -158,7 +158,7 @@ def scaled_lr(args: argparse.Namespace, plan: gpuscale.BatchPlan) -> gpuscale.Sc
     """The Trainer's peak learning rate (--lr or its default) scaled by --lr-scaling; its warm-up (--lr-warmup-steps)."""
     chosen = settings(args)
     warmup = args.lr_warmup_steps if args.lr_warmup_steps is not None else chosen["warmup_steps"]
-    return gpuscale.scale_lr(chosen["lr"], plan, **{**gpuscale.lr.lr_options(args), "warmup_steps": warmup})
+    return gpuscale.scale_lr(chosen["lr"], plan, **{**gpuscale.train.lr.lr_options(args), "warmup_steps": warmup})
 
 
 def per_epoch(evaluations: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -173,8 +173,8 @@ def train(args: argparse.Namespace, callbacks: Sequence[Any] = (), make_data: Ca
     (tokenizer, train, validation, test), `make_model(args, tokenizer, rt)` the model; `callbacks` join the Trainer's."""
     from transformers import Trainer, TrainingArguments
 
-    from gpuscale.data import default_num_workers
-    from gpuscale.hf import MeterCallback, StopCallback, check_checkpoint, check_trainer, trainer_arguments
+    from gpuscale.integrations.hf import MeterCallback, StopCallback, check_checkpoint, check_trainer, trainer_arguments
+    from gpuscale.runtime.data import default_num_workers
 
     torch.manual_seed(args.seed)
     chosen = settings(args)
@@ -293,7 +293,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", default="runs/gptneo_imdb", help="output folder: checkpoints and summary.json")
     parser.add_argument("--no-resume", action="store_true", help="delete OUT's checkpoints and start afresh")
     gpuscale.add_arguments(parser)
-    gpuscale.lr.add_arguments(parser, default_warmup_steps=None)  # None: --warmup-steps or the model's default
+    gpuscale.train.lr.add_arguments(parser, default_warmup_steps=None)  # None: --warmup-steps or the model's default
     args = parser.parse_args(argv)
     if None not in (args.lr_warmup_steps, args.warmup_steps) and args.lr_warmup_steps != args.warmup_steps:
         parser.error(f"--lr-warmup-steps {args.lr_warmup_steps} and --warmup-steps {args.warmup_steps} disagree; "

@@ -28,7 +28,7 @@ import torch
 from torch.utils.data import Dataset
 
 import gpuscale
-from gpuscale.files import atomic_write
+from gpuscale.base.files import atomic_write
 
 OFFLINE = "offline"
 CACHE_VERSION = 1  # bump when tokenisation or the offline split changes, so stale caches are not reused

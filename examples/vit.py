@@ -50,7 +50,7 @@ import torch
 import torch.nn.functional as F
 
 import gpuscale
-import gpuscale.lr
+import gpuscale.train.lr
 
 from vit_data import offline_data_path, open_splits  # beside this file: the HDF5 images and the offline set
 
@@ -115,7 +115,7 @@ def train(args: argparse.Namespace) -> dict:
         torch.manual_seed(args.seed)
         model = build_model(args.model, num_classes, image_size)
         num_params = sum(p.numel() for p in model.parameters())  # before setup: ZeRO-3 partitions them
-        scaled = gpuscale.scale_lr(args.lr, plan, **gpuscale.lr.lr_options(args))
+        scaled = gpuscale.scale_lr(args.lr, plan, **gpuscale.train.lr.lr_options(args))
         training = gpuscale.setup(model, lambda params: torch.optim.Adam(params, lr=scaled.lr), plan=plan,
                                   clip_grad_norm=args.clip_grad_norm or None, **gpuscale.training_options(args))
         scheduler = scaled.scheduler(training.optimizer)  # the warm-up; step it once per optimizer step
@@ -183,7 +183,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", default="runs/vit", help="output folder for summary.json and checkpoints")
     parser.add_argument("--no-resume", action="store_true", help="ignore checkpoints in OUT/checkpoints and start afresh")
     gpuscale.add_arguments(parser, default_zero_stage=1)
-    gpuscale.lr.add_arguments(parser)
+    gpuscale.train.lr.add_arguments(parser)
     args = parser.parse_args(argv)
     for name in ("batch_size", "eval_batch_size", "epochs"):
         if getattr(args, name) < 1:

@@ -64,7 +64,7 @@ def test_resume_after_kill_continues_exactly(tmp_path, nproc, strategy):
         # a flipped bit in one rank's shard is caught: the directory is refused, the one before it is used
         import shutil
 
-        from gpuscale.checkpoint import Checkpointer
+        from gpuscale.train.checkpoint import Checkpointer
         damaged = shutil.copytree(interrupted / "ckpt" / names[-1], tmp_path / "damaged")
         data = bytearray((damaged / "__1_0.distcp").read_bytes())
         data[len(data) // 2] ^= 0x01

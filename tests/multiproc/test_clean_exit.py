@@ -3,7 +3,7 @@
 gloo's exit race (docs/traps.md) aborts ranks after a correct training: "terminate called without an
 active exception", SIGABRT. gpuscale's own scripts end their group in `gpuscale.init()`; for any other
 script the start-up hook that `gpuscale run` loads in every rank ends it from an exit handler
-(`gpuscale.teardown`). The truth here is the exit status and output of real processes: the same
+(`gpuscale.runtime.teardown`). The truth here is the exit status and output of real processes: the same
 script, under bare torchrun (no hook), shows the race is real on this machine."""
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from gpuscale.metrics import SUMMARY_KEYS
+from gpuscale.measure.metrics import SUMMARY_KEYS
 
 from procs import EXAMPLES, assert_ok, gpuscale_cmd, run, run_by_hand, torchrun_cmd
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuscale.metrics import SUMMARY_KEYS
+from gpuscale.measure.metrics import SUMMARY_KEYS
 
 from procs import EXAMPLES, SCRIPTS, assert_ok, gpuscale_cmd, run, torchrun_cmd
 

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from gpuscale.metrics import SUMMARY_KEYS
+from gpuscale.measure.metrics import SUMMARY_KEYS
 
 from procs import EXAMPLES, assert_ok, gpuscale_cmd, run
 

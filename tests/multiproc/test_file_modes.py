@@ -103,7 +103,7 @@ def test_gpuscale_run_fsdp_checkpoints_are_not_world_writable(tmp_path):
 
 
 # gpuscale.init() tightens the umask itself for scripts started by plain torchrun or srun (no
-# gpuscale CLI in between): runtime's _Restorer calls gpuscale.files.tighten_umask and restores
+# gpuscale CLI in between): runtime's _Restorer calls gpuscale.base.files.tighten_umask and restores
 # the old umask at teardown.
 def test_plain_torchrun_fsdp_checkpoints_are_not_world_writable(tmp_path):
     out = tmp_path / "torchrun"

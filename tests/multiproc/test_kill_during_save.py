@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpuscale.checkpoint import Checkpointer
+from gpuscale.train.checkpoint import Checkpointer
 
 from procs import ROOT, SCRIPTS, clean_env
 

@@ -1,4 +1,4 @@
-"""A launcher killed with SIGKILL leaves no workers training on (gpuscale.lifeline).
+"""A launcher killed with SIGKILL leaves no workers training on (gpuscale.base.lifeline).
 
 torchrun's agent watches its workers, not the other way round: without gpuscale the workers of
 a SIGKILLed `gpuscale run` or torchrun keep training together, unsupervised, writing into the

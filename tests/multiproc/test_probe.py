@@ -9,8 +9,8 @@ import signal
 
 import pytest
 
-from gpuscale.probe import read_records
-from gpuscale.probe.merge import merge_records
+from gpuscale.measure.probe import read_records
+from gpuscale.measure.probe.merge import merge_records
 
 from procs import ROOT, SCRIPTS, assert_ok, gpuscale_cmd, run
 
@@ -50,7 +50,7 @@ def _assert_timed_as_the_script_timed_itself(summary: dict, said: dict[int, dict
 def assert_placed(records: list[dict], name: str) -> None:
     """Each rank trained on cores of its own, with as many threads as cores: what the rank itself saw at its
     first batch or step (its affinity, torch.get_num_threads()), written into its probe record."""
-    from gpuscale.topology import parse_cpulist
+    from gpuscale.detect.topology import parse_cpulist
 
     cores = {r["rank"]: set(parse_cpulist(r["placement"]["cores"])) for r in records}
     for record in records:
@@ -160,7 +160,7 @@ def test_each_kind_of_script_is_studied_unchanged(tmp_path, client):
         if world == 2:  # every client trains a DDP model on two ranks: DDP's timers split the step
             assert row["sync_probe"]["status"] == "measured" and row["sync_probe"]["source"] == "ddp_timers", (name, row["sync_probe"])
             assert row["time_split_s"]["exposed_comm"] is not None and row["time_split_s"]["imbalance"] is not None
-            # one model, not copies: the HF Trainer too, on CPUs under torchrun without ACCELERATE_USE_CPU (README)
+            # one model, not copies: the HF Trainer too, on CPUs under torchrun without ACCELERATE_USE_CPU (docs/studies.md)
             assert row["synchronised"] is True and row["speedup"] is not None, name
     report = (out / "report.md").read_text()
     # says which runs the probe measured and what it could not measure

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuscale.env import expand_hostlist
+from gpuscale.detect.env import expand_hostlist
 from gpuscale.slurm import jobs
 from gpuscale.slurm.profiles import load_profile
 from gpuscale.slurm.render import JobSpec, render_sbatch

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuscale.topology import parse_cpulist
+from gpuscale.detect.topology import parse_cpulist
 
 from slurm_helpers import ROOT
 

@@ -29,4 +29,4 @@ def single_process(monkeypatch):
     yield
     os.sched_setaffinity(0, affinity)
     torch.set_num_threads(threads)
-    gpuscale.log._placement = None
+    gpuscale.detect.log._placement = None

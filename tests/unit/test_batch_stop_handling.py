@@ -207,8 +207,8 @@ def test_a_time_limit_shorter_than_the_warning_is_refused():
 
 
 def test_the_hook_notes_the_scripts_own_usr1_handler_not_gpuscales(tmp_path, monkeypatch):
-    from gpuscale.exits import own_usr1_marker, watch_usr1_handlers
-    from gpuscale.preempt import StopSignal
+    from gpuscale.base.exits import own_usr1_marker, watch_usr1_handlers
+    from gpuscale.train.preempt import StopSignal
 
     marker = str(tmp_path / "stops-at-checkpoint")
     monkeypatch.setattr(signal, "signal", signal.signal)  # restored after the test: the watch replaces it

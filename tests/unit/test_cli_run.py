@@ -371,8 +371,8 @@ def test_cli_argparse_type_error_exits_2(clean_environ, capsys, script):
 def test_the_first_failure_is_the_cause_not_the_peer_that_lost_it():
     from types import SimpleNamespace
 
-    from gpuscale.failures import is_peer_symptom
-    from gpuscale.verdicts import first_failure
+    from gpuscale.launch.verdicts import first_failure
+    from gpuscale.runtime.failures import is_peer_symptom
 
     failures = {0: SimpleNamespace(timestamp=100, exitcode=1), 1: SimpleNamespace(timestamp=100, exitcode=1)}
     # torchrun's whole seconds tie; rank 0 only lost its peer, rank 1 raised
@@ -395,7 +395,7 @@ def test_the_first_failure_is_the_cause_not_the_peer_that_lost_it():
 def test_the_launchers_last_line_names_the_rank_whose_error_is_on_screen():
     from types import SimpleNamespace
 
-    from gpuscale.verdicts import verdict
+    from gpuscale.launch.verdicts import verdict
 
     # every rank refused the same input: rank 1 printed it, the agent stopped it on its way out, rank 0 noted a repeat
     failures = {0: SimpleNamespace(timestamp=100, exitcode=1), 1: SimpleNamespace(timestamp=100, exitcode=-15)}
@@ -403,7 +403,7 @@ def test_the_launchers_last_line_names_the_rank_whose_error_is_on_screen():
     assert verdict(failures, notes, 2, "h") == (1, "gpuscale run: rank 1 on h failed first (exit code 1; its error is above), "
                                                    "and rank 0 with the same error")
     # a script without gpuscale: the probe saw rank 1 raise and rank 0 lose its peer, whichever torchrun saw first
-    from gpuscale.verdicts import note_from_record
+    from gpuscale.launch.verdicts import note_from_record
 
     records = [{"rank": 0, "ended": "exception", "written_at": 100.05,
                 "error": "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:1770"},
@@ -428,7 +428,7 @@ def test_a_rank_stopped_on_its_way_out_after_raising_is_still_the_cause():
     and the victim that only lost its peer exited first."""
     from types import SimpleNamespace
 
-    from gpuscale.verdicts import first_failure, verdict
+    from gpuscale.launch.verdicts import first_failure, verdict
 
     failures = {0: SimpleNamespace(timestamp=100, exitcode=1), 1: SimpleNamespace(timestamp=100, exitcode=-15)}
     notes = {0: {"time": 100.2, "symptom": True}, 1: {"time": 100.1, "symptom": False}}

@@ -1,4 +1,4 @@
-"""Unit tests for gpuscale.data: exact batch plans, resumable and evaluation samplers, ShardedLoader."""
+"""Unit tests for gpuscale.runtime.data: exact batch plans, resumable and evaluation samplers, ShardedLoader."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.utils.data import Dataset
 
-from gpuscale.data import (
+from gpuscale.runtime.data import (
     BatchPlan,
     EvalShardSampler,
     ResumableDistributedSampler,
@@ -20,7 +20,7 @@ from gpuscale.data import (
     make_loader,
     plan_batch,
 )
-from gpuscale.sample_seeds import sample_seed
+from gpuscale.runtime.sample_seeds import sample_seed
 
 # --------------------------------------------------------------------------------------------------
 # plan_batch
@@ -567,7 +567,7 @@ def test_batches_arrive_on_the_ranks_device_with_their_structure():
 def test_to_device_keeps_each_container_type_and_lets_an_object_move_itself():
     from collections import namedtuple
 
-    from gpuscale.batches import to_device
+    from gpuscale.base.batches import to_device
 
     Pair = namedtuple("Pair", "x y")
 

@@ -7,8 +7,8 @@ import os
 import pytest
 import torch
 
-from gpuscale.checkpoint import consolidate
 from gpuscale.strategy.deepspeed import TAG, check_checkpoint_files
+from gpuscale.train.checkpoint import consolidate
 
 
 class Payload:

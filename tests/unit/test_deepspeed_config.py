@@ -8,10 +8,10 @@ import json
 import pytest
 import torch
 
-from gpuscale.data import plan_batch
-from gpuscale.precision import resolve_precision
+from gpuscale.base.precision import resolve_precision
+from gpuscale.runtime.data import plan_batch
 from gpuscale.strategy.deepspeed_config import build_config, config_precision, load_config
-from gpuscale.training import add_arguments, training_options
+from gpuscale.train.step import add_arguments, training_options
 
 CPU = torch.device("cpu")
 FP32 = resolve_precision("fp32", CPU)
@@ -160,7 +160,7 @@ def test_missing_deepspeed_gives_the_install_command(monkeypatch):
 def test_setup_refuses_deepspeed_options_for_other_strategies():
     from types import SimpleNamespace
 
-    from gpuscale.training import setup
+    from gpuscale.train.step import setup
 
     rt = SimpleNamespace(device=CPU, world_size=1, rank=0, is_distributed=False)
     model = torch.nn.Linear(2, 1)

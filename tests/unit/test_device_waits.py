@@ -1,4 +1,4 @@
-"""gpuscale.device_waits finds, on a CPU, every call that would wait for the GPU, at its file and line: planted calls
+"""gpuscale.measure.device_waits finds, on a CPU, every call that would wait for the GPU, at its file and line: planted calls
 are found where they were planted, host-side bookkeeping is not, and gpuscale's own step path (Training, Meter,
 Average, EpochLoop, the HF callbacks) makes none."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpuscale.device_waits import KINDS, find_device_waits
+from gpuscale.measure.device_waits import KINDS, find_device_waits
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = "unit/test_device_waits.py"
@@ -89,7 +89,7 @@ def _gpuscale_sites(found) -> list[dict]:
 
 
 def test_gpuscales_training_meter_average_and_epoch_loop_never_wait(tmp_path):
-    """The README's loop through setup's Training (with clipping), Meter.iter and EpochLoop with a per-epoch
+    """The loop of docs/training.md through setup's Training (with clipping), Meter.iter and EpochLoop with a per-epoch
     Average updated every step: no call in gpuscale reads a device tensor (the grad norm and the average stay on
     the device until asked for)."""
     import gpuscale
@@ -123,7 +123,7 @@ def test_the_hf_callbacks_never_wait():
     from transformers import Trainer, TrainingArguments
 
     import gpuscale
-    from gpuscale.hf import MeterCallback, StopCallback, trainer_arguments
+    from gpuscale.integrations.hf import MeterCallback, StopCallback, trainer_arguments
 
     class Regression(torch.nn.Module):
         def __init__(self) -> None:

@@ -11,11 +11,11 @@ import json
 
 import pytest
 
+from gpuscale.detect.topology import parse_cpulist
 from gpuscale.doctor import check_port_free, judge
 from gpuscale.doctor.bandwidth import bus_bandwidth, message_sizes, parse_size, verdict
 from gpuscale.doctor.checks import check_environment, check_placement, check_software, worst
 from gpuscale.doctor.report import as_json, exit_code, format_text
-from gpuscale.topology import parse_cpulist
 
 LUMI_GPU_CORES = [parse_cpulist(c) for c in ["49-55", "57-63", "17-23", "25-31", "1-7", "9-15", "33-39", "41-47"]]
 VERSIONS = {"python": "3.11.7", "torch": "2.13.0", "cuda": "12.8", "hip": None, "nccl": "2.27.3", "gloo": True, "deepspeed": None}

@@ -1,4 +1,4 @@
-"""Unit tests for gpuscale.env: every launcher, derived addresses and ports, and the classic mistakes.
+"""Unit tests for gpuscale.detect.env: every launcher, derived addresses and ports, and the classic mistakes.
 
 Every test builds its environment as an explicit dict: nothing depends on the machine's variables.
 """
@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from gpuscale.env import (
+from gpuscale.detect.env import (
     DEFAULT_PORT,
     DistEnv,
     check_one_launcher_per_node,

@@ -1,4 +1,4 @@
-"""A failing rank's report (gpuscale.failures.report_failure) is said once: not again by Python on the way out,
+"""A failing rank's report (gpuscale.runtime.failures.report_failure) is said once: not again by Python on the way out,
 not again by a second rank of the node that failed the same way.
 
 The first tests run a real interpreter that reports an exception as gpuscale.init() does and lets it
@@ -15,9 +15,9 @@ import textwrap
 
 import pytest
 
-from gpuscale.env import DistEnv
-from gpuscale.failures import FAILURE_DIR, report_failure
-from gpuscale.verdicts import read_notes
+from gpuscale.detect.env import DistEnv
+from gpuscale.launch.verdicts import read_notes
+from gpuscale.runtime.failures import FAILURE_DIR, report_failure
 
 HOST = socket.gethostname()
 BATCH = "global batch 33 does not divide among 2 ranks; use a global batch of 32 or 34"
@@ -38,8 +38,8 @@ def raise_reported(raised: str, tmp_path) -> subprocess.CompletedProcess[str]:
     code = textwrap.dedent(f"""
         import sys
         from pathlib import Path
-        from gpuscale.env import DistEnv
-        from gpuscale.failures import report_failure
+        from gpuscale.detect.env import DistEnv
+        from gpuscale.runtime.failures import report_failure
 
         previous = sys.excepthook
         def probe_hook(kind, value, tb):
@@ -83,8 +83,8 @@ def test_a_rank_that_lost_its_peer_says_one_line(tmp_path):
 def test_one_process_leaves_a_usage_error_to_python():
     """With one process nobody else says it: Python's traceback, as without gpuscale."""
     code = textwrap.dedent(f"""
-        from gpuscale.env import DistEnv
-        from gpuscale.failures import report_failure
+        from gpuscale.detect.env import DistEnv
+        from gpuscale.runtime.failures import report_failure
         env = DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0, num_nodes=1,
                       master_addr="127.0.0.1", master_port=29500, launcher="single")
         try:
@@ -136,7 +136,7 @@ def test_only_a_collective_that_lost_its_peer_is_cut_to_one_line(monkeypatch, ca
     ranks is one line; a download's "Connection reset by peer", or any error of a single process, keeps its traceback."""
     import sys
 
-    from gpuscale.failures import one_line_for_a_lost_peer
+    from gpuscale.runtime.failures import one_line_for_a_lost_peer
 
     seen = []
     monkeypatch.setattr(sys, "excepthook", lambda kind, value, tb: (seen.append(value), print("TRACEBACK", file=sys.stderr)))
@@ -157,7 +157,7 @@ def test_only_a_collective_that_lost_its_peer_is_cut_to_one_line(monkeypatch, ca
 
 
 def test_a_lost_peers_long_message_is_cut_at_a_word_not_mid_word():
-    from gpuscale.failures import _lost_peer_line
+    from gpuscale.runtime.failures import _lost_peer_line
 
     long = RuntimeError("[/src/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:6034; the remote "
                         "process may have exited before reporting an error to this rank, so look at the other ranks' output for the "

@@ -7,8 +7,8 @@ import stat
 
 import pytest
 
+from gpuscale.base.files import atomic_write, atomic_write_json, make_dir, tighten_umask
 from gpuscale.cli import main
-from gpuscale.files import atomic_write, atomic_write_json, make_dir, tighten_umask
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Unit tests for gpuscale.hf: Trainer arguments from the batch plan, the checks, and the Meter callback."""
+"""Unit tests for gpuscale.integrations.hf: Trainer arguments from the batch plan, the checks, and the Meter callback."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import gpuscale
-from gpuscale.hf import MeterCallback, check_checkpoint, check_trainer, trainer_arguments
-from gpuscale.metrics import SUMMARY_KEYS
+from gpuscale.integrations.hf import MeterCallback, check_checkpoint, check_trainer, trainer_arguments
+from gpuscale.measure.metrics import SUMMARY_KEYS
 
 CPU = torch.device("cpu")
 
@@ -147,7 +147,7 @@ def test_truncated_checkpoint_is_refused(tmp_path):
 
 def test_meter_callback_feeds_the_summary(single_process, tmp_path, monkeypatch):
     clock = [100.0]
-    monkeypatch.setattr("gpuscale.hf.time.perf_counter", lambda: clock[0])
+    monkeypatch.setattr("gpuscale.integrations.hf.time.perf_counter", lambda: clock[0])
     args = SimpleNamespace(gradient_accumulation_steps=2, per_device_train_batch_size=8, deepspeed=None)
     with gpuscale.init():
         plan = gpuscale.plan_batch(16, 1, scaling="strong", max_per_device=8)
@@ -184,7 +184,7 @@ def test_meter_callback_feeds_the_summary(single_process, tmp_path, monkeypatch)
 def test_stop_callback_saves_and_stops_the_trainer_once_a_stop_is_requested():
     from types import SimpleNamespace
 
-    from gpuscale.hf import StopCallback
+    from gpuscale.integrations.hf import StopCallback
 
     class FakeStop:
         def __init__(self):
@@ -207,7 +207,7 @@ def test_a_compile_mode_goes_to_the_trainer_and_needs_compile():
     it is refused in one line, as gpuscale.setup refuses it."""
     import argparse
 
-    from gpuscale.training import add_arguments, training_options
+    from gpuscale.train.step import add_arguments, training_options
 
     arguments = trainer_arguments(_plan(2), compile=True, compile_mode="reduce-overhead", rt=_rt(2))
     assert arguments["torch_compile"] is True and arguments["torch_compile_mode"] == "reduce-overhead"

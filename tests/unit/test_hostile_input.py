@@ -37,14 +37,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import gpuscale.cli.env
-import gpuscale.log
+import gpuscale.detect.log
 from gpuscale.cli import main
 from gpuscale.cli.slurm import profile_from_args
+from gpuscale.detect.topology import parse_cpulist
 from gpuscale.slurm import jobs
 from gpuscale.slurm.profiles import format_time, load_profile, parse_time, profile_from_dict
 from gpuscale.slurm.render import MODES, JobSpec, render_sbatch
 from gpuscale.study import linkmeasure, runner
-from gpuscale.topology import parse_cpulist
 
 PAYLOADS = ["$(touch PAYLOAD)", "`touch PAYLOAD`", "; touch PAYLOAD", "&& touch PAYLOAD", "| touch PAYLOAD", "\ntouch PAYLOAD\n",
             "'; touch PAYLOAD; '", '"; touch PAYLOAD; "', "$(touch${IFS}PAYLOAD)", "\\'$(touch PAYLOAD)\\'", "${X:-$(touch PAYLOAD)}",
@@ -57,7 +57,7 @@ HOSTILE = st.lists(st.one_of(st.sampled_from(PAYLOADS + PIECES), st.text(CHARS, 
 NAME = HOSTILE.map(lambda s: s.replace("/", "_")).filter(lambda s: s not in ("", ".", "..") and len(s.encode()) < 200)
 SBATCH_SAFE = re.compile(r"[A-Za-z0-9_.,:%@/+=-]+")
 ROOT = Path(__file__).resolve().parents[2]
-gpuscale.log.get_logger()  # its handler binds sys.stderr when made: now, not inside a test's redirect_stderr
+gpuscale.detect.log.get_logger()  # its handler binds sys.stderr when made: now, not inside a test's redirect_stderr
 # database=None: no .hypothesis folder in the checkout; every run draws afresh (failures print their example)
 FEW, SOME, MANY = (settings(max_examples=n, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
                    for n in (30, 60, 150))
@@ -668,7 +668,7 @@ def test_gpuscale_env_with_hostile_settings_exits_0_or_2(tmp_path_factory, value
         os.environ.update(environ)
         os.sched_setaffinity(0, affinity)
         torch.set_num_threads(threads)
-        gpuscale.log._placement = None
+        gpuscale.detect.log._placement = None
     # an older runtime wrote its own "rank 0/1 failed" line before the CLI's error; tolerated here, refused below
     err_lines = err.getvalue().split("\n")
     if code == 2 and len(err_lines) == 3 and re.fullmatch(r"\[gpuscale\] rank 0/1 on \S+ failed: .*", err_lines[0]):

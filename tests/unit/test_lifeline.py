@@ -1,4 +1,4 @@
-"""gpuscale.lifeline: the kernel's parent-death signal, set by init() under torchrun and put back after.
+"""gpuscale.base.lifeline: the kernel's parent-death signal, set by init() under torchrun and put back after.
 
 What it is for (a SIGKILLed launcher leaves no workers behind) is tested with real launchers in
 tests/multiproc/test_launcher_killed.py.
@@ -15,7 +15,7 @@ import time
 import pytest
 
 import gpuscale
-from gpuscale.lifeline import end_with_parent, parent_death_signal
+from gpuscale.base.lifeline import end_with_parent, parent_death_signal
 
 
 @pytest.fixture(autouse=True)
@@ -55,7 +55,7 @@ def test_a_child_that_asked_ends_when_its_parent_is_killed(tmp_path):
     child_pid, child = tmp_path / "child.pid", tmp_path / "child.py"
     child.write_text(textwrap.dedent(f"""
         import os, time
-        from gpuscale.lifeline import end_with_parent
+        from gpuscale.base.lifeline import end_with_parent
         assert end_with_parent()
         open({str(child_pid)!r}, "w").write(str(os.getpid()))
         time.sleep(120)

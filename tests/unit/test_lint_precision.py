@@ -11,7 +11,7 @@ right findings / findings; recall is truths found / truths, over every truth. Th
 that corpus, so it must reach 90% of both.
 
 tests/unit/lint_corpus/heldout/ holds scripts written afterwards in other styles, their truths written
-before the linter first ran on them: a report, not a threshold. README.md states both measurements.
+before the linter first ran on them: a report, not a threshold. docs/lint.md states both measurements.
 """
 
 from __future__ import annotations
@@ -119,16 +119,13 @@ def table(rows: list[Score]) -> str:
 
 
 def percent(numerator: int, denominator: int) -> int:
-    """A share in whole percent, as README.md writes it."""
+    """A share in whole percent, as docs/lint.md writes it."""
     return round(100 * numerator / denominator) if denominator else 0
 
 
-def readme_lint_section() -> str:
-    """README.md's "Lint a training script" section."""
-    text = (ROOT / "README.md").read_text()
-    start = text.index("## Lint a training script")
-    end = text.index("\n## ", start + 1)
-    return text[start:end]
+def manual_lint_page() -> str:
+    """The manual's lint page (docs/lint.md)."""
+    return (ROOT / "docs" / "lint.md").read_text()
 
 
 def check_truth_files(scripts: list[Path]) -> None:
@@ -168,29 +165,29 @@ FIGURES = re.compile(r"(held-out )?precision\s+(\d+)/(\d+)\s+=\s+(\d+)%,\s+recal
 
 
 def figures(held_out: bool) -> list[list[int]]:
-    """The `precision a/b = p%, recall c/d = r%` figures README's lint section states, of the corpus or of the
+    """The `precision a/b = p%, recall c/d = r%` figures docs/lint.md states, of the corpus or of the
     held-out scripts (`held-out precision ...`), each as [a, b, p, c, d, r]."""
-    return [[int(g) for g in match.groups()[1:]] for match in FIGURES.finditer(readme_lint_section())
+    return [[int(g) for g in match.groups()[1:]] for match in FIGURES.finditer(manual_lint_page())
             if bool(match.group(1)) == held_out]
 
 
 def measured(total: Score) -> list[int]:
-    """A total's figures as README.md writes them."""
+    """A total's figures as docs/lint.md writes them."""
     return [total.right, total.findings, percent(total.right, total.findings),
             total.found, total.truths, percent(total.found, total.truths)]
 
 
 def test_readme_states_the_measured_figures():
     total, rows = measure()
-    scripts = re.search(r"(\d+)\s+training\s+scripts", readme_lint_section())
-    assert scripts, "README's lint section must say how many training scripts the corpus has"
+    scripts = re.search(r"(\d+)\s+training\s+scripts", manual_lint_page())
+    assert scripts, "docs/lint.md must say how many training scripts the corpus has"
     assert figures(held_out=False) == [measured(total)], table(rows)
     assert int(scripts.group(1)) == len(SCRIPTS)
 
 
 def test_readme_states_the_held_out_figures_as_measured():
     total, rows = measure(HELDOUT_SCRIPTS)
-    counted = re.search(r"(\d+)\s+held-out\s+scripts.*?their\s+(\d+)\s+truths", readme_lint_section(), re.DOTALL)
-    assert counted, "README's lint section must state the held-out scripts and truths"
+    counted = re.search(r"(\d+)\s+held-out\s+scripts.*?their\s+(\d+)\s+truths", manual_lint_page(), re.DOTALL)
+    assert counted, "docs/lint.md must state the held-out scripts and truths"
     assert [int(g) for g in counted.groups()] == [len(HELDOUT_SCRIPTS), total.truths]
     assert figures(held_out=True) == [measured(total)], table(rows)

@@ -1,4 +1,4 @@
-"""Unit tests for gpuscale.log: rank 0 talks, every rank warns (tagged), progress on rank 0 only."""
+"""Unit tests for gpuscale.detect.log: rank 0 talks, every rank warns (tagged), progress on rank 0 only."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-import gpuscale.log as glog
-from gpuscale.log import configure_logging, current_rank, get_logger, print0, progress
+import gpuscale.detect.log as glog
+from gpuscale.detect.log import configure_logging, current_rank, get_logger, print0, progress
 
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "TORCHELASTIC_RUN_ID",
                "MASTER_ADDR", "MASTER_PORT")
@@ -71,7 +71,7 @@ def test_current_rank_from_configure_logging_wins_over_environment(clean):
 
 def test_progress_rank0_writes_lines_to_a_log_file(monkeypatch):
     clock = iter(range(0, 10_000, 10))  # each reading of the clock is 10 s later
-    monkeypatch.setattr("gpuscale.log.time.perf_counter", lambda: next(clock))
+    monkeypatch.setattr("gpuscale.detect.log.time.perf_counter", lambda: next(clock))
     stream = io.StringIO()
     items = list(progress(range(100), desc="epoch 1", stream=stream))
     assert items == list(range(100))

@@ -1,4 +1,4 @@
-"""gpuscale.lr: learning rates scaled with the global batch, warmed up, driving a real torch optimizer.
+"""gpuscale.train.lr: learning rates scaled with the global batch, warmed up, driving a real torch optimizer.
 
 Every expected number is worked out by hand in the test (batch sizes, factors, warm-up ramps),
 not recomputed with the module's own formulas.
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import gpuscale
-from gpuscale.lr import RULES, ScaledLR, add_arguments, lr_options, scale_lr
+from gpuscale.train.lr import RULES, ScaledLR, add_arguments, lr_options, scale_lr
 
 # --- factors -------------------------------------------------------------------------------------
 

@@ -240,14 +240,14 @@ def test_caches_go_to_the_projects_scratch_and_per_node_tmp_unless_the_user_set_
 
 
 # --------------------------------------------------------------------------------------------------
-# The script the README shows is the one gpuscale writes
+# The script the manual's SLURM page shows is the one gpuscale writes
 
 
-def test_the_readmes_lumi_script_is_what_gpuscale_writes(tmp_path, monkeypatch, capsys):
-    readme = (ROOT / "README.md").read_text()
+def test_the_manuals_lumi_script_is_what_gpuscale_writes(tmp_path, monkeypatch, capsys):
+    readme = (ROOT / "docs" / "slurm.md").read_text()
     match = re.search(r"```bash\n(gpuscale slurm script --profile lumi-g [^\n]*)\n```\n\n<details>[^\n]*\n\n```bash\n(#!/bin/bash\n.*?)```",
                       readme, re.S)
-    assert match, "README's SLURM section shows the LUMI command and its script"
+    assert match, "docs/slurm.md shows the LUMI command and its script"
     command, shown = match.group(1), match.group(2)
     argv = command.split()[1:]
     monkeypatch.chdir(tmp_path)

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 import gpuscale
-from gpuscale import monitor
-from gpuscale.monitor import Monitor, ProcSampler
+from gpuscale.measure import monitor
+from gpuscale.measure.monitor import Monitor, ProcSampler
 
 LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                  "TORCHELASTIC_RUN_ID", "GROUP_RANK", "OMP_NUM_THREADS", "TOKENIZERS_PARALLELISM",
@@ -34,7 +34,7 @@ def warnings_seen():
     seen: list[str] = []
     handler = logging.Handler(logging.WARNING)
     handler.emit = lambda record: seen.append(record.getMessage())
-    logger = logging.getLogger("gpuscale.monitor")
+    logger = logging.getLogger("gpuscale.measure.monitor")
     logger.addHandler(handler)
     yield seen
     logger.removeHandler(handler)

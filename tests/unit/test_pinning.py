@@ -1,4 +1,4 @@
-"""Placing a rank before its script runs (gpuscale.pinning): the decision, GPUs found in sysfs, and the
+"""Placing a rank before its script runs (gpuscale.runtime.pinning): the decision, GPUs found in sysfs, and the
 start-up hook doing it in a real interpreter before the script's first line, without importing torch."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from gpuscale import pinning
-from gpuscale.env import detect_env
-from gpuscale.probe import SITE_DIR
-from gpuscale.topology import pci_gpus
+from gpuscale.detect.env import detect_env
+from gpuscale.detect.topology import pci_gpus
+from gpuscale.measure.probe import SITE_DIR
+from gpuscale.runtime import pinning
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -150,13 +150,13 @@ def test_the_start_up_hook_places_a_rank_before_its_first_line_without_torch(tmp
         assert s["placed"].endswith(":even-split")
 
 
-@pytest.mark.parametrize("first", ["gpuscale.runtime", "gpuscale.monitor", "gpuscale.batches", "torch"])
+@pytest.mark.parametrize("first", ["gpuscale.runtime.init", "gpuscale.measure.monitor", "gpuscale.base.batches", "torch"])
 def test_the_hooks_wait_for_a_gpuscale_module_that_imported_torch(tmp_path, first):
     """The after-torch hooks import gpuscale modules; when one of those imported torch, they must not meet it half
     made (an ImportError "partially initialized module"): they run at the next import instead."""
     code = (f"import {first}, sys, decimal\n"
-            "recorder = sys.modules.get('gpuscale.probe.recorder')\n"
-            "print(recorder is not None and recorder.ACTIVE is not None, 'gpuscale.teardown' in sys.modules)")
+            "recorder = sys.modules.get('gpuscale.measure.probe.recorder')\n"
+            "print(recorder is not None and recorder.ACTIVE is not None, 'gpuscale.runtime.teardown' in sys.modules)")
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("GPUSCALE_", "SLURM_"))}
     environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", GPUSCALE_BIND="none", GPUSCALE_PROBE_DIR=str(tmp_path),
                    PYTHONPATH=os.pathsep.join([SITE_DIR, str(ROOT / "src")]))

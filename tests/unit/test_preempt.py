@@ -6,7 +6,7 @@ import signal
 import pytest
 
 import gpuscale
-from gpuscale.preempt import EXIT_STOPPED, Stopped
+from gpuscale.train.preempt import EXIT_STOPPED, Stopped
 
 
 @pytest.fixture(autouse=True)

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from gpuscale.probe import SITE_DIR, collect, describe, probe_enabled, probe_environ
-from gpuscale.probe.merge import merge_records, rank_account
-from gpuscale.probe.recorder import ddp_sample
+from gpuscale.measure.probe import SITE_DIR, collect, describe, probe_enabled, probe_environ
+from gpuscale.measure.probe.merge import merge_records, rank_account
+from gpuscale.measure.probe.recorder import ddp_sample
 from gpuscale.study import runner
 from gpuscale.study.matrix import Cell
 
@@ -224,7 +224,7 @@ def test_a_script_without_a_dataloader_is_counted_from_its_models_inputs_or_the_
 def test_model_inputs_count_training_forwards_only():
     import torch
 
-    from gpuscale.probe.model_inputs import ModelInputs
+    from gpuscale.measure.probe.model_inputs import ModelInputs
 
     model, counted = torch.nn.Linear(4, 2), ModelInputs()
     counted.watch(model)

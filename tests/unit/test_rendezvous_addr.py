@@ -15,7 +15,7 @@ import subprocess
 import pytest
 
 import gpuscale.cli.run
-from gpuscale.env import check_master_addr, detect_env
+from gpuscale.detect.env import check_master_addr, detect_env
 from gpuscale.slurm.profiles import load_profile
 from gpuscale.slurm.render import JobSpec, render_sbatch
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import gpuscale
-from gpuscale import runtime
-from gpuscale.metrics import SUMMARY_KEYS
+from gpuscale.measure.metrics import SUMMARY_KEYS
+from gpuscale.runtime import init as runtime
 from gpuscale.strategy import strategy_of
 
 
@@ -177,7 +177,7 @@ def test_cluster_profile_core_map_decides_the_binding(monkeypatch):
 
 
 def test_consolidate_refuses_missing_and_incomplete_checkpoints(tmp_path):
-    from gpuscale.checkpoint import consolidate
+    from gpuscale.train.checkpoint import consolidate
 
     with pytest.raises(ValueError, match="does not exist"):
         consolidate(tmp_path / "step-000000001", tmp_path / "m.pt")
@@ -192,7 +192,7 @@ def test_consolidate_refuses_missing_and_incomplete_checkpoints(tmp_path):
 
 
 def test_sharded_checkpoint_metadata_that_would_run_code_is_refused(tmp_path):
-    from gpuscale.checkpoint import consolidate
+    from gpuscale.train.checkpoint import consolidate
 
     marker = tmp_path / "pwned"
 
@@ -255,23 +255,22 @@ def test_every_strategy_answers_the_whole_protocol():
 
 def test_the_training_loop_asks_the_strategy_never_its_name():
     """Strategies own their differences: the step, the speed defaults and checkpoints ask the strategy's answers."""
-    import gpuscale.checkpoint
-    import gpuscale.speed
-    import gpuscale.training
+    import gpuscale.runtime.speed
+    import gpuscale.train.checkpoint
+    import gpuscale.train.step
 
-    for module in (gpuscale.training.Training, gpuscale.speed, gpuscale.checkpoint):
+    for module in (gpuscale.train.step.Training, gpuscale.runtime.speed, gpuscale.train.checkpoint):
         source = inspect.getsource(module)
         assert "is_deepspeed" not in source, module
         for name in ("ddp", "fsdp", "deepspeed"):
             for test in (f'== "{name}"', f'!= "{name}"', f"== '{name}'", f"!= '{name}'"):
                 assert test not in source, (module, test)
-    assert "getattr(strategy" not in inspect.getsource(gpuscale.checkpoint)
+    assert "getattr(strategy" not in inspect.getsource(gpuscale.train.checkpoint)
     assert not {"strategy", "gradient_bytes", "collective_forward"} & set(gpuscale.Runtime.__dataclass_fields__)
 
 
 def test_a_wrapped_model_is_announced_and_forgotten_with_its_runtime():
-    from gpuscale import wrapped
-
+    from gpuscale.base import wrapped
     with gpuscale.init():
         model = gpuscale.wrap(torch.nn.Linear(3, 2))
         facts = wrapped.latest()

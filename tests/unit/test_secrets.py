@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from gpuscale.env import relevant_environment
-from gpuscale.secrets import is_secret_name, mask_secret, mask_secrets, mask_text, mask_value
+from gpuscale.detect.env import relevant_environment
+from gpuscale.detect.secrets import is_secret_name, mask_secret, mask_secrets, mask_text, mask_value
 
 # Shaped like the real thing, valid nowhere.
 TOKENS = {

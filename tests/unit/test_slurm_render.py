@@ -103,7 +103,7 @@ def test_every_training_step_starts_with_gpuscales_hook_and_a_study_also_records
     # the gpuscale the job's Python finds with the task's environment (an editable install, or this checkout)
     where = subprocess.run([sys.executable, "-c", "import gpuscale; print(gpuscale.__file__)"], capture_output=True, text=True,
                            env={"PATH": os.environ["PATH"], "PYTHONPATH": "/their/own"}, check=True).stdout.strip()
-    site = os.path.join(os.path.dirname(where), "probe", "site")
+    site = os.path.join(os.path.dirname(where), "measure", "probe", "site")
     assert os.path.isfile(os.path.join(site, "sitecustomize.py"))
     plain = _task_sees(tmp_path, sys.executable)
     assert plain["PYTHONPATH"] == f"{site}:/their/own" and "GPUSCALE_PROBE_DIR" not in plain
@@ -116,7 +116,7 @@ def test_every_training_step_starts_with_gpuscales_hook_and_a_study_also_records
     assert _task_sees(tmp_path, str(bare))["PYTHONPATH"] == "/their/own"
     # the doctor step is gpuscale's own: no hook there
     doctor, training = _step_commands(render_sbatch(lumi_g_for_other_tests(), JobSpec(script="t.py", mode="srun", doctor=True)))
-    assert "gpuscale probe site" not in doctor and "gpuscale probe site" in training
+    assert "gpuscale measure probe site" not in doctor and "gpuscale measure probe site" in training
 
 
 def test_lumi_srun_one_node_has_what_the_course_asks_for():

@@ -1,4 +1,4 @@
-"""gpuscale.speed and its switches: channels-last, fused optimizers and compile change kernels and layouts, never the numbers."""
+"""gpuscale.runtime.speed and its switches: channels-last, fused optimizers and compile change kernels and layouts, never the numbers."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import torch
 from torch import nn
 
 import gpuscale
-from gpuscale import speed
-from gpuscale.hf import trainer_arguments
+from gpuscale.integrations.hf import trainer_arguments
+from gpuscale.runtime import speed
 from gpuscale.strategy import get_strategy
-from gpuscale.training import add_arguments, loader_options, training_options
+from gpuscale.train.step import add_arguments, loader_options, training_options
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
 DDP, FSDP, DEEPSPEED = (get_strategy(name) for name in ("ddp", "fsdp", "deepspeed"))

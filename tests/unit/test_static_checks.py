@@ -43,7 +43,7 @@ def test_mypy_finds_nothing_in_src(tmp_path):
 
 def test_mypy_reports_a_planted_finding(tmp_path):
     planted = tmp_path / "planted.py"  # a set where a Sequence is declared
-    planted.write_text("from gpuscale.topology import format_cpulist\n\nformat_cpulist({0, 1})\n")
+    planted.write_text("from gpuscale.detect.topology import format_cpulist\n\nformat_cpulist({0, 1})\n")
     result = _mypy(str(planted), cache=tmp_path / "cache")
     assert result.returncode == 1
     assert 'Argument 1 to "format_cpulist" has incompatible type "set[int]"' in result.stdout, result.stdout

@@ -3,8 +3,8 @@
 import pytest
 from torch import nn
 
-from gpuscale import syncprobe
-from gpuscale.stepsplit import split_step, time_split
+from gpuscale.measure import syncprobe
+from gpuscale.measure.stepsplit import split_step, time_split
 from gpuscale.strategy import get_strategy
 
 

@@ -377,8 +377,7 @@ def test_strategies_that_gather_parameters_move_half_as_many_bytes_again():
 
 def test_a_wrapped_model_says_whether_its_strategy_gathers_parameters():
     import gpuscale
-    from gpuscale import wrapped
-
+    from gpuscale.base import wrapped
     with gpuscale.init():
         gpuscale.wrap(torch.nn.Linear(2, 2), strategy="fsdp")  # one process: unsharded, but FSDP would gather on more
         facts = wrapped.latest()
@@ -458,7 +457,7 @@ def test_ranks_that_trained_independent_copies_show_no_speedup(tmp_path, librari
 
 
 def test_the_probe_tells_synchronised_ranks_from_independent_copies():
-    from gpuscale.probe.merge import synchronised
+    from gpuscale.measure.probe.merge import synchronised
 
     ddp = {"world": {"world_size": 2}, "ddp": {"parameters": 10}}
     alone = {"world": None, "ddp": None}

@@ -62,7 +62,7 @@ def test_bad_templates_and_missing_batches_are_refused():
 
 
 def test_gpuscale_scripts_get_scaling_and_out_unless_they_use_templates():
-    assert uses_gpuscale("import gpuscale\n") and uses_gpuscale("from gpuscale.data import plan_batch\n")
+    assert uses_gpuscale("import gpuscale\n") and uses_gpuscale("from gpuscale.runtime.data import plan_batch\n")
     assert not uses_gpuscale("import gpuscale_other\nimport torch\n") and not uses_gpuscale("def broken(:\n")
     cells = _cells((1,))
     plain = StudyCommand.for_script(["ex.py", "--epochs", "2"], "import gpuscale\n")

@@ -1,4 +1,4 @@
-"""Unit tests for gpuscale.topology's pure functions: cpulists, even splits, binding plans."""
+"""Unit tests for gpuscale.detect.topology's pure functions: cpulists, even splits, binding plans."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from gpuscale.topology import BindingPlan, format_cpulist, parse_cpulist, plan_binding, split_evenly
+from gpuscale.detect.topology import BindingPlan, format_cpulist, parse_cpulist, plan_binding, split_evenly
 
 # LUMI-G (docs/clusters.md, LUMI-G): 64 cores, 0, 8, ..., 56 reserved; GCD -> nearest cores.
 LUMI_ALLOWED = [c for c in range(64) if c % 8 != 0]

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 import gpuscale
-from gpuscale import syncprobe
+from gpuscale.measure import syncprobe
 
 
 @pytest.fixture

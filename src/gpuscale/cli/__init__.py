@@ -6,7 +6,7 @@ once; `run`, `study`, `doctor` and the other verbs that train or measure import 
 
 Mistakes in what the user typed end in one line on stderr and exit code 2, never a traceback.
 Whatever the user's umask, nothing a verb writes (or the processes it starts write) is
-world-writable: `main` tightens the umask first (`gpuscale.files.tighten_umask`).
+world-writable: `main` tightens the umask first (`gpuscale.base.files.tighten_umask`).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from gpuscale._version import __version__
+from gpuscale.base.files import tighten_umask
 from gpuscale.cli.verbs import VERBS
-from gpuscale.files import tighten_umask
 from gpuscale.slurm.jobs import SlurmError
 from gpuscale.study.linkmeasure import MeasureError
 

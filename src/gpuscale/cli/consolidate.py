@@ -13,8 +13,8 @@ import argparse
 import warnings
 from typing import Any
 
-from gpuscale.checkpoint import NOT_A_PICKLE, consolidate
 from gpuscale.cli.verbs import verb_parser
+from gpuscale.train.checkpoint import NOT_A_PICKLE, consolidate
 
 EPILOG = """examples:
   gpuscale consolidate runs/vit/checkpoints/step-000001000 model.pt

@@ -34,6 +34,8 @@ import sys
 from typing import Any
 
 from gpuscale.cli.verbs import verb_parser
+from gpuscale.detect.env import detect_env
+from gpuscale.detect.topology import parse_gpu_core_map
 from gpuscale.doctor import Finding, check_port_free, judge
 from gpuscale.doctor.bandwidth import message_sizes, parse_size, sweep, verdict
 from gpuscale.doctor.facts import rank_facts
@@ -42,10 +44,8 @@ from gpuscale.doctor.nccl_capture import NcclLogCapture
 from gpuscale.doctor.ncclog import parse_process
 from gpuscale.doctor.network import gloo_loopback, judge_network
 from gpuscale.doctor.report import as_json, exit_code, format_text
-from gpuscale.env import detect_env
-from gpuscale.runtime import Runtime, init
+from gpuscale.runtime.init import Runtime, init
 from gpuscale.slurm.profiles import load_profile
-from gpuscale.topology import parse_gpu_core_map
 
 PROBE_BYTES = 4 * 2**10
 """The all-reduce that makes NCCL set up its network (and log it), with or without the bandwidth sweep."""

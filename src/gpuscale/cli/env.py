@@ -9,7 +9,7 @@ prints one line per rank, so you see at a glance that rank 3 is on GPU 3 next to
 
 It also lists rank 0's environment variables that decide placement and communication (SLURM_*,
 CUDA_*, NCCL_*, OMP_*, HF_*, ...), so a bug report carries them. Secrets are masked
-(`gpuscale.secrets`): a token shows as ``hf_*** (37 chars)``, set but not leaked. The text lists
+(`gpuscale.detect.secrets`): a token shows as ``hf_*** (37 chars)``, set but not leaked. The text lists
 SLURM's many variables only in ``--json``.
 """
 
@@ -24,9 +24,9 @@ from typing import Any
 import torch
 
 from gpuscale.cli.verbs import verb_parser
-from gpuscale.env import relevant_environment
-from gpuscale.log import format_placements
-from gpuscale.runtime import Runtime, init
+from gpuscale.detect.env import relevant_environment
+from gpuscale.detect.log import format_placements
+from gpuscale.runtime.init import Runtime, init
 
 EPILOG = """examples:
   gpuscale env

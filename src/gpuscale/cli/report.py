@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from gpuscale.base.files import atomic_write_json
 from gpuscale.cli.verbs import verb_parser
-from gpuscale.files import atomic_write_json
 from gpuscale.study import analysis
 from gpuscale.study.answer import check_target
 from gpuscale.study.report import format_table, write_report

@@ -11,11 +11,11 @@ monitoring, restarts), with gpuscale's choices on top:
   ``--master-addr`` (and ``--master-port``, else derived from the SLURM job id or 29500);
 - torchrun's own spellings of these options, with underscores, are taken too;
 - when a worker fails, the others are stopped and the exit code is the failing worker's; its error is
-  printed once (`gpuscale.failures`), and the last line names the rank that failed first.
+  printed once (`gpuscale.runtime.failures`), and the last line names the rank that failed first.
 
 A script that calls `gpuscale.init()` prints, on rank 0, where every rank runs.
 
-Every worker loads gpuscale's probe first (`gpuscale.probe`; ``GPUSCALE_PROBE=0`` turns it off):
+Every worker loads gpuscale's probe first (`gpuscale.measure.probe`; ``GPUSCALE_PROBE=0`` turns it off):
 for a script that does not measure itself with `gpuscale.Meter`, it counts optimizer steps,
 samples and data waits, samples the device's utilisation, and at the end this command prints the
 throughput and the split of the time (and writes summary.json and timeline.json with ``--summary DIR``).
@@ -31,17 +31,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpuscale.agent import SIGNALS_OPTION, Outcome, launch
+from gpuscale.base.files import make_dir
 from gpuscale.cli.verbs import verb_parser
-from gpuscale.env import check_master_addr, check_one_launcher_per_node, port_from_job_id
-from gpuscale.files import make_dir
-from gpuscale.launchtime import LAUNCH_TIME, launch_time, process_start_time
-from gpuscale.pinning import RANK_CORES, rank_cores_text
-from gpuscale.placement import plan_for_workers
-from gpuscale.probe import RECORDS, collect, describe, probe_enabled, probe_environ, site_environ, summary_name
-from gpuscale.runtime import OMP_FROM_LAUNCHER
+from gpuscale.detect.env import check_master_addr, check_one_launcher_per_node, port_from_job_id
+from gpuscale.detect.launchtime import LAUNCH_TIME, launch_time, process_start_time
+from gpuscale.detect.topology import allowed_cores, check_cpu_processes
+from gpuscale.launch.agent import SIGNALS_OPTION, Outcome, launch
+from gpuscale.measure.probe import RECORDS, collect, describe, probe_enabled, probe_environ, site_environ, summary_name
+from gpuscale.runtime.init import OMP_FROM_LAUNCHER
+from gpuscale.runtime.pinning import RANK_CORES, rank_cores_text
+from gpuscale.runtime.placement import plan_for_workers
 from gpuscale.slurm.render import TORCHRUN_SIGNALS
-from gpuscale.topology import allowed_cores, check_cpu_processes
 
 EPILOG = """examples:
   gpuscale run examples/dogs_vs_cats.py                       # one process per GPU, or per core
@@ -148,7 +148,7 @@ def torchrun_argv(args: argparse.Namespace, nproc: int, environ: dict[str, str],
     if handles_signals_option(parser):
         # torchrun passes these signals on to the workers (USR1 too: SLURM's warning before the time limit),
         # so a script using gpuscale.StopSignal checkpoints and exits; torchrun waits 30 s for it, then kills.
-        # Before torch 2.10 torchrun has no such option: gpuscale.agent.launch passes USR1 on itself.
+        # Before torch 2.10 torchrun has no such option: gpuscale.launch.agent.launch passes USR1 on itself.
         argv += [SIGNALS_OPTION, TORCHRUN_SIGNALS]
     if args.nnodes == 1 and args.master_addr is None and args.master_port is None:
         argv.append("--standalone")  # a c10d store on a free port: no collision with other jobs

@@ -21,9 +21,9 @@ import re
 import sys
 from typing import Any
 
+from gpuscale.base.files import atomic_write
 from gpuscale.cli.verbs import verb_parser
-from gpuscale.files import atomic_write
-from gpuscale.secrets import is_secret_name
+from gpuscale.detect.secrets import is_secret_name
 from gpuscale.slurm import jobs
 from gpuscale.slurm.cluster import ClusterOptions, cluster_job, load_cluster_profile
 from gpuscale.slurm.render import CPU_BINDS, MODES, JobSpec, render_sbatch

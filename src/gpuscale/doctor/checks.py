@@ -18,8 +18,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gpuscale.runtime import OMP_FROM_LAUNCHER
-from gpuscale.topology import format_cpulist
+from gpuscale.detect.topology import format_cpulist
+from gpuscale.runtime.init import OMP_FROM_LAUNCHER
 
 __all__ = ["Finding", "LEVELS", "check_placement", "check_software", "check_environment", "worst"]
 

@@ -19,10 +19,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from gpuscale.detect.env import relevant_environment, visible_devices
+from gpuscale.detect.topology import allowed_cores, numa_node_of_pci, parse_cpulist
 from gpuscale.doctor.gloonet import gloo_endpoint
-from gpuscale.env import relevant_environment, visible_devices
-from gpuscale.runtime import Runtime
-from gpuscale.topology import allowed_cores, numa_node_of_pci, parse_cpulist
+from gpuscale.runtime.init import Runtime
 
 __all__ = ["rank_facts", "core_numa_nodes", "SYSFS_NODES"]
 

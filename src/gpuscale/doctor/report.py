@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpuscale._version import __version__
+from gpuscale.detect.log import format_table
+from gpuscale.detect.topology import format_cpulist
 from gpuscale.doctor.bandwidth import format_size
 from gpuscale.doctor.checks import Finding, worst
-from gpuscale.log import format_table
-from gpuscale.topology import format_cpulist
 
 __all__ = ["placement_table", "network_section", "format_text", "as_json", "exit_code"]
 

@@ -53,7 +53,7 @@ plain branch, unless the option says whether the run is distributed at all.
 
 Measured on tests/unit/lint_corpus/realistic (realistic DDP scripts with hand-written truths, which the
 rules were refined on) and on tests/unit/lint_corpus/heldout (scripts written afterwards, measured as
-they are); the figures are in README.md and checked by tests/unit/test_lint_precision.py.
+they are); the figures are in docs/lint.md and checked by tests/unit/test_lint_precision.py.
 
 Rank guards are understood generously (see `gpuscale.lint.guards`): an enclosing `if` or
 conditional whose test mentions the rank or the main process, an earlier `if not is_main: return`,

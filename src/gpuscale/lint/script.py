@@ -24,12 +24,12 @@ DISTRIBUTED_NAMES = frozenset({
     "init_distributed", "Accelerator", "PartialState", "DistributedSampler",
 })
 DISTRIBUTED_QUALNAMES = frozenset({
-    "deepspeed.initialize", "gpuscale.init", "gpuscale.setup", "gpuscale.wrap", "gpuscale.runtime.init",
-    "gpuscale.training.setup", "gpuscale.strategy.wrap", "horovod.torch.init", "torch.multiprocessing.spawn",
+    "deepspeed.initialize", "gpuscale.init", "gpuscale.setup", "gpuscale.wrap", "gpuscale.runtime.init.init",
+    "gpuscale.train.step.setup", "gpuscale.strategy.wrap", "horovod.torch.init", "torch.multiprocessing.spawn",
 })
 # Wrapping a model (or handing it to an engine) after which its trainable set is fixed.
 WRAP_NAMES = frozenset({"DistributedDataParallel", "DDP", "FullyShardedDataParallel", "FSDP", "fully_shard"})
-WRAP_QUALNAMES = frozenset({"deepspeed.initialize", "gpuscale.setup", "gpuscale.wrap", "gpuscale.training.setup",
+WRAP_QUALNAMES = frozenset({"deepspeed.initialize", "gpuscale.setup", "gpuscale.wrap", "gpuscale.train.step.setup",
                             "gpuscale.strategy.wrap"})
 # Variables a launcher sets for each of several processes (torchrun, accelerate, deepspeed): a script
 # that reads them runs as one of several processes, even when a library (HF's Trainer) starts the group.
@@ -214,7 +214,7 @@ class Script:
 
     @cached_property
     def uses_gpuscale_init(self) -> bool:
-        return any(self.qualname(c) in ("gpuscale.init", "gpuscale.runtime.init") for c in self.calls)
+        return any(self.qualname(c) in ("gpuscale.init", "gpuscale.runtime.init.init") for c in self.calls)
 
     @cached_property
     def is_distributed(self) -> bool:

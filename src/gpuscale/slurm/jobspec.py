@@ -85,5 +85,5 @@ class JobSpec(ClusterSide):
     doctor: bool = False
     """Run `gpuscale doctor` on every rank first, launched like the training; the job ends there if a check fails."""
     probe_dir: str | None = None
-    """Load gpuscale's probe (`gpuscale.probe`) in every rank of the training, its records written here:
+    """Load gpuscale's probe (`gpuscale.measure.probe`) in every rank of the training, its records written here:
     a study's cells measure scripts that do not use gpuscale.Meter this way."""

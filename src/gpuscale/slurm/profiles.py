@@ -70,6 +70,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
+from gpuscale.detect.topology import parse_cpulist
 from gpuscale.slurm.billing import Billing, billing_from_dict, check_billing
 from gpuscale.slurm.containers import (
     Container,
@@ -82,7 +83,6 @@ from gpuscale.slurm.containers import (
 )
 from gpuscale.slurm.times import format_time, parse_time
 from gpuscale.slurm.values import ENV_NAME, MEMORY, SBATCH_SAFE, check_keys
-from gpuscale.topology import parse_cpulist
 
 __all__ = ["Profile", "Partition", "Container", "ContainerImage", "ContainerSetup", "load_profile", "list_profiles", "parse_override",
            "parse_time", "format_time", "profile_dirs"]

@@ -27,8 +27,8 @@ from __future__ import annotations
 import shlex
 
 from gpuscale._version import __version__
-from gpuscale.env import SRUN_TASK_MARKER
-from gpuscale.launchtime import LAUNCH_TIME
+from gpuscale.detect.env import SRUN_TASK_MARKER
+from gpuscale.detect.launchtime import LAUNCH_TIME
 from gpuscale.slurm.jobspec import CPU_BINDS, MODES, JobSpec
 from gpuscale.slurm.profiles import Profile
 from gpuscale.slurm.stopping import requeue_block, stop_handling, task_exit_note
@@ -77,7 +77,7 @@ def _startup_hook(job: JobSpec) -> str:
     own Python finds its folder); a study's probe also records into GPUSCALE_PROBE_DIR. A job Python without
     gpuscale leaves PYTHONPATH as it was (an empty entry would put the current directory on it)."""
     record = f"export GPUSCALE_PROBE_DIR={_q(job.probe_dir)}; " if job.probe_dir else ""
-    site = f"$({_q(job.python)} -c {_q(_PROBE_SITE)} gpuscale probe site 2>/dev/null)"
+    site = f"$({_q(job.python)} -c {_q(_PROBE_SITE)} gpuscale measure probe site 2>/dev/null)"
     return f'{record}hook={site} && export PYTHONPATH="$hook${{PYTHONPATH:+:$PYTHONPATH}}"; '
 
 

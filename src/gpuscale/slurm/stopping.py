@@ -7,7 +7,7 @@ signals, time limits and requeue):
   shell passes it on to the step only when the script stops at a checkpoint on it: `gpuscale.StopSignal`
   says so by creating the file GPUSCALE_STOP_MARKER names, in a folder of this job's own on the batch node
   (whose /tmp the ranks there share). So does a script that installs a SIGUSR1 handler of its own (gpuscale's
-  start-up hook notes it: `gpuscale.exits.watch_usr1_handlers`), such as Lightning's SLURM auto-requeue,
+  start-up hook notes it: `gpuscale.base.exits.watch_usr1_handlers`), such as Lightning's SLURM auto-requeue,
   which then checkpoints and requeues the job itself. A script with neither runs on to its time limit.
 - The job requeues itself only after the step stopped at a checkpoint: exit code 75 (srun passes its tasks'
   codes on), or the note the ranks leave beside the marker (torchrun turns its workers' 75 into a 1).
@@ -25,8 +25,8 @@ signals, time limits and requeue):
 
 from __future__ import annotations
 
-from gpuscale.exits import EXIT_STOPPED, STOP_MARKER, own_usr1_marker, stopped_marker
-from gpuscale.failures import EXIT_DIR, FAILURE_DIR
+from gpuscale.base.exits import EXIT_STOPPED, STOP_MARKER, own_usr1_marker, stopped_marker
+from gpuscale.runtime.failures import EXIT_DIR, FAILURE_DIR
 
 __all__ = ["stop_handling", "requeue_block", "task_exit_note"]
 

@@ -19,9 +19,9 @@ from typing import Any
 
 from torch import nn
 
-from gpuscale import wrapped as wrapped_facts
-from gpuscale.precision import Precision
-from gpuscale.runtime import Runtime, current
+from gpuscale.base import wrapped as wrapped_facts
+from gpuscale.base.precision import Precision
+from gpuscale.runtime.init import Runtime, current
 from gpuscale.strategy.base import Strategy, no_sync
 from gpuscale.strategy.ddp import DDPStrategy
 from gpuscale.strategy.deepspeed import DeepSpeedStrategy
@@ -59,7 +59,7 @@ def wrap(model: nn.Module, strategy: str | None = None, rt: Runtime | None = Non
 
 def wrap_and_describe(model: nn.Module, strategy: str | None = None, rt: Runtime | None = None,
                       precision: Precision | None = None) -> tuple[nn.Module, wrapped_facts.Wrapped]:
-    """`wrap`, also returning the facts it announced (`gpuscale.wrapped`)."""
+    """`wrap`, also returning the facts it announced (`gpuscale.base.wrapped`)."""
     rt = rt or current()
     previous = _strategy_of(model)
     chosen = get_strategy(strategy) if strategy else (previous or get_strategy("ddp"))

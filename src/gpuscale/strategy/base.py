@@ -4,7 +4,7 @@ The rest of gpuscale asks a strategy, never its name: whether its state is shard
 become directories of shards) and whether such shards load on another number of ranks; whether
 channels-last weights and fused optimizers suit it; why the sync probe cannot replay its steps;
 and how one micro-batch goes backward and when the optimizer steps. `Training`
-(`gpuscale.training`) runs the loop over these answers; `Checkpointer` saves and loads through them.
+(`gpuscale.train.step`) runs the loop over these answers; `Checkpointer` saves and loads through them.
 
 `ScriptStep` is the step of strategies whose optimizer the script's `Training` drives (DDP and
 FSDP): the loss divided over the micro-batches and scaled for fp16, gradients synchronised on
@@ -21,8 +21,8 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from gpuscale.precision import Precision
-from gpuscale.runtime import Runtime
+from gpuscale.base.precision import Precision
+from gpuscale.runtime.init import Runtime
 
 __all__ = ["Strategy", "ScriptStep", "no_sync"]
 

@@ -19,8 +19,8 @@ from typing import Any
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from gpuscale.precision import Precision
-from gpuscale.runtime import Runtime
+from gpuscale.base.precision import Precision
+from gpuscale.runtime.init import Runtime
 from gpuscale.strategy.base import ScriptStep, no_sync
 
 __all__ = ["DDPStrategy", "install_trainable_guard"]

@@ -30,8 +30,8 @@ import torch
 from torch import nn
 from torch.serialization import get_unsafe_globals_in_checkpoint
 
-from gpuscale.precision import Precision
-from gpuscale.runtime import Runtime
+from gpuscale.base.precision import Precision
+from gpuscale.runtime.init import Runtime
 from gpuscale.strategy.ddp import install_trainable_guard
 from gpuscale.strategy.deepspeed_config import config_precision
 

@@ -26,8 +26,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gpuscale.data import BatchPlan
-from gpuscale.precision import Precision
+from gpuscale.base.precision import Precision
+from gpuscale.runtime.data import BatchPlan
 
 __all__ = ["ZERO_STAGES", "DEFAULT_ZERO_STAGE", "load_config", "config_precision", "build_config"]
 

@@ -24,9 +24,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from gpuscale import sharded
-from gpuscale.precision import Precision
-from gpuscale.runtime import Runtime
+from gpuscale.base.precision import Precision
+from gpuscale.runtime import sharded
+from gpuscale.runtime.init import Runtime
 from gpuscale.strategy.base import ScriptStep
 
 __all__ = ["FSDPStrategy"]
@@ -81,7 +81,7 @@ class FSDPStrategy(ScriptStep):
         return nullcontext()
 
     def wrap(self, module: nn.Module, rt: Runtime, precision: Precision | None = None) -> nn.Module:
-        """Shard `module` over all ranks; `precision` (a `gpuscale.precision.Precision`) sets the
+        """Shard `module` over all ranks; `precision` (a `gpuscale.base.precision.Precision`) sets the
         dtype units compute in (gradients are still reduced in fp32)."""
         from torch.distributed.fsdp import FSDPModule, fully_shard
 

@@ -15,7 +15,7 @@ A study directory holds:
     study.json              what was asked: the command, the launcher, the cells (written first)
     <cell>/summary.json     each run's summary (gpuscale.Meter), e.g. weak-1x2/ = weak scaling, 1 node x 2 processes
                             (weak-1x2.r2/ is its second run with --repeat; large-weak-1x2/ a --variant's)
-    <cell>/timeline.json    each run's utilisation timeline (gpuscale.monitor)
+    <cell>/timeline.json    each run's utilisation timeline (gpuscale.measure.monitor)
     <cell>/output.log       what the run printed
     results.json            the analysed table (`analysis.analyse`), re-derived by `gpuscale report`
     report.md, report.html, plots/*.png
@@ -67,7 +67,7 @@ waits included) over the baseline's (the smallest run of the same scaling), effi
 throughput over ideal (the baseline's throughput per device x devices), the same quantity the
 prediction models. Weak scaling keeps each device's batch, strong scaling the global batch; time
 to result (the whole run) is a second, separately labelled column. `analysis` has the breakdown
-of lost efficiency, `gpuscale.stepsplit` and `gpuscale.syncprobe` how its parts are measured.
+of lost efficiency, `gpuscale.measure.stepsplit` and `gpuscale.measure.syncprobe` how its parts are measured.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ this run's (per epoch when the epoch counts differ).
 
 Why not more: `breakdown` splits each run's lost efficiency (1 - efficiency, in % of ideal) into
 measured parts, each the growth against the baseline of a per-sample time (seconds per sample on
-one device; `gpuscale.stepsplit` gives the per-step parts):
+one device; `gpuscale.measure.stepsplit` gives the per-step parts):
 
     data          more loader wait per sample than the baseline (the reference rank's)
     exposed_comm  synchronisation that compute did not hide (sync probe)
@@ -133,7 +133,7 @@ def _samples_per_device_step(row: dict[str, Any]) -> int:
 
 
 def _parts_per_sample(row: dict[str, Any]) -> dict[str, float | None]:
-    """The measured per-step parts of a row (`gpuscale.stepsplit`), in seconds per sample on one device."""
+    """The measured per-step parts of a row (`gpuscale.measure.stepsplit`), in seconds per sample on one device."""
     per_step = row.get("step_breakdown_s") or {}
     samples = _samples_per_device_step(row)
     names = {"data": "data_wait", "exposed_comm": "exposed_comm", "imbalance": "imbalance", "compute": "compute"}

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from functools import reduce
 from typing import Any
 
-from gpuscale.batchplan import BatchPlan, plan_batch
+from gpuscale.base.batchplan import BatchPlan, plan_batch
 from gpuscale.study.matrix import Cell
 
 __all__ = ["TEMPLATES", "BATCH_TEMPLATES", "StudyCommand", "uses_gpuscale"]

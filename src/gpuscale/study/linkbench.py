@@ -23,8 +23,8 @@ import sys
 import time
 from pathlib import Path
 
-from gpuscale.files import atomic_write_json
-from gpuscale.runtime import Runtime, init
+from gpuscale.base.files import atomic_write_json
+from gpuscale.runtime.init import Runtime, init
 from gpuscale.study.linkmeasure import fit
 
 SIZES = tuple(2**k for k in range(13, 26, 2))  # 8 KiB .. 32 MiB

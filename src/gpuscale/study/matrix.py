@@ -12,7 +12,7 @@ import shlex
 import sys
 from dataclasses import dataclass
 
-from gpuscale.batchplan import SCALINGS
+from gpuscale.base.batchplan import SCALINGS
 
 MAX_REPEATS = 100
 """Most runs of one cell a study makes (a typo like --repeat 1000000 would plan a million runs)."""

@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gpuscale.log import get_logger
+from gpuscale.detect.log import get_logger
 from gpuscale.study.numbers import three_figures
 from gpuscale.study.parts import PARTS
 from gpuscale.study.plotting import pyplot, save

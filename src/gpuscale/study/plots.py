@@ -31,7 +31,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from gpuscale.stepsplit import PHASES
+from gpuscale.measure.stepsplit import PHASES
 from gpuscale.study.analysis import compared_rows
 from gpuscale.study.experiments import group_key
 from gpuscale.study.numbers import three_figures

@@ -7,7 +7,7 @@ import io
 from pathlib import Path
 from typing import Any
 
-from gpuscale.files import atomic_write
+from gpuscale.base.files import atomic_write
 
 __all__ = ["DPI", "pyplot", "save"]
 

@@ -41,8 +41,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from gpuscale.files import atomic_write
-from gpuscale.stepsplit import PHASES
+from gpuscale.base.files import atomic_write
+from gpuscale.measure.stepsplit import PHASES
 from gpuscale.study.explain import prediction_facts, prediction_table, why_not_more
 from gpuscale.study.plots import plot_paths, write_plots
 from gpuscale.study.report_cells import BASIS as BASIS  # re-exported: they were defined here

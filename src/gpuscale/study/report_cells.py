@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from gpuscale.stepsplit import PHASES
+from gpuscale.measure.stepsplit import PHASES
 from gpuscale.study.analysis import NOISE_FLOOR, PART_LABELS, PARTS, RESULTS_VERSION, compared_rows
 from gpuscale.study.explain import DASH, breakdown_cells
 from gpuscale.study.flags import group_flags
@@ -143,7 +143,7 @@ _PREDICTED = ("predicted_efficiency",)
 PHASE_NAMES = {"startup": "startup", "data_wait": "data wait", "compute": "compute",
                "exposed_comm": "exposed communication", "imbalance": "imbalance", "eval": "eval",
                "checkpoint": "checkpoint", "probe": "probe"}
-"""The time split's phases (`gpuscale.stepsplit.PHASES`) as the report names them, in order."""
+"""The time split's phases (`gpuscale.measure.stepsplit.PHASES`) as the report names them, in order."""
 
 
 def checked_rows(results: dict[str, Any]) -> list[dict[str, Any]]:

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from gpuscale.stepsplit import PHASES
+from gpuscale.measure.stepsplit import PHASES
 from gpuscale.study.analysis import PARTS
 from gpuscale.study.explain import prediction_facts, prediction_table, why_not_more
 from gpuscale.study.report_cells import (

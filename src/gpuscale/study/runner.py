@@ -1,7 +1,7 @@
 """Run the cells of a study, one after another, locally or as SLURM jobs; a rerun skips finished cells.
 
 A cell is finished when its folder holds a complete summary.json of the cell's shape: the one the
-script's gpuscale.Meter wrote, or the one merged from the ranks' probe records (`gpuscale.probe`,
+script's gpuscale.Meter wrote, or the one merged from the ranks' probe records (`gpuscale.measure.probe`,
 kept in ``<cell>/probe/``) after the cell, locally or after its SLURM job. A cell folder without
 one (a run that failed or was interrupted) is emptied before the cell runs again: a run that
 resumed from its own half-written checkpoints would time only the epochs after the resume.
@@ -26,18 +26,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuscale.files import atomic_write_json, make_dir
-from gpuscale.launchtime import LAUNCH_TIME
-from gpuscale.probe import RECORDS as PROBE_RECORDS
-from gpuscale.probe import SUMMARY as SUMMARY_FILE
-from gpuscale.probe import collect, probe_enabled, probe_environ, read_records
+from gpuscale.base.files import atomic_write_json, make_dir
+from gpuscale.detect.launchtime import LAUNCH_TIME
+from gpuscale.detect.topology import check_cpu_processes
+from gpuscale.measure.probe import RECORDS as PROBE_RECORDS
+from gpuscale.measure.probe import SUMMARY as SUMMARY_FILE
+from gpuscale.measure.probe import collect, probe_enabled, probe_environ, read_records
 from gpuscale.slurm import billing, jobs
 from gpuscale.slurm.render import render_sbatch
 from gpuscale.slurm.validate import validate_job
 from gpuscale.study import otherload
 from gpuscale.study.matrix import SCALINGS, Cell, cpu_cores_for, local_argv
 from gpuscale.study.numbers import three_figures
-from gpuscale.topology import check_cpu_processes
 
 STUDY_FILE = "study.json"
 LOG_FILE = "output.log"

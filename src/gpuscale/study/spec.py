@@ -22,14 +22,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuscale.files import atomic_write_json
+from gpuscale.base.files import atomic_write_json
+from gpuscale.detect.topology import allowed_cores
 from gpuscale.slurm.cluster import ClusterOptions, cluster_job, load_cluster_profile
 from gpuscale.study import analysis, linkmeasure, matrix, predict, runner
 from gpuscale.study.answer import TARGET_EFFICIENCY, check_target
 from gpuscale.study.command import StudyCommand, baseline_world_size, check_no_cell_options
 from gpuscale.study.linkmeasure import MeasureError
 from gpuscale.study.report import format_table, write_report
-from gpuscale.topology import allowed_cores
 
 __all__ = ["StudySpec", "StudyResult", "run_study", "LAUNCHERS"]
 

@@ -27,7 +27,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 import gpuscale
-from gpuscale import syncprobe
+from gpuscale.measure import syncprobe
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--scaling", choices=("weak", "strong"), default="weak")

@@ -1,7 +1,7 @@
 """Print (and write to OUT/rank<RANK>.json) the variables torchrun gives a worker, as this rank sees them.
 
 argv: OUT. A plain script, like the course's: it reads the environment only. It also says which launcher
-gpuscale's own detection sees (gpuscale.env is pure and imports no torch).
+gpuscale's own detection sees (gpuscale.detect.env is pure and imports no torch).
 """
 
 import json
@@ -10,7 +10,7 @@ import socket
 import sys
 from pathlib import Path
 
-from gpuscale.env import detect_env
+from gpuscale.detect.env import detect_env
 
 NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
          "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
