@@ -34,7 +34,7 @@ def warnings_seen():
     seen: list[str] = []
     handler = logging.Handler(logging.WARNING)
     handler.emit = lambda record: seen.append(record.getMessage())
-    logger = logging.getLogger("gpuscale.measure.monitor")
+    logger = logging.getLogger("gpuscale.monitor")
     logger.addHandler(handler)
     yield seen
     logger.removeHandler(handler)
