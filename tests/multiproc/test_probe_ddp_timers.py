@@ -24,8 +24,13 @@ def test_an_injected_straggler_comes_back_as_imbalance(tmp_path):
     probe = summary["sync_probe"]
     assert probe["status"] == "measured" and probe["source"] == "ddp_timers", probe
     assert probe["probes"] >= 8 and probe["reference_rank"] == 1
+    # on CPUs DDP timed every iteration: the parts rest on all steps after its first 10
+    # (DDP logs an iteration's timers at the next forward: the last one is never read)
+    assert probe["of_steps"] == summary["steps"] and probe["probes"] >= summary["steps"] - 12, probe
     part = summary["step_breakdown_s"]
     assert 0.7 * DELAY < part["imbalance"] < 1.4 * DELAY, part
+    # rank 0 lags on every step: the imbalance is persistent, and rank 0 is named
+    assert probe["slow_rank"] == 0 and part["persistent_imbalance"] > 0.8 * part["imbalance"], part
     assert part["exposed_comm"] < DELAY / 2, part  # a 33k-parameter all-reduce on one host: far below the delay
     waits = {r["rank"]: r["sync_wait_s"] for r in summary["ranks"]}
     assert waits[1] > waits[0] + 0.7 * DELAY  # the fast rank waited, the slow one did not

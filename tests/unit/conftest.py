@@ -7,6 +7,7 @@ import torch
 from hypothesis import settings
 
 import gpuscale
+import gpuscale.detect.log
 
 # In CI the property tests draw the same examples every run: a red CI then always means the code, never the dice.
 # Locally they stay random, to keep finding new cases.

@@ -124,7 +124,7 @@ def test_markdown_holds_every_rows_formatted_numbers(study):
     # why not more: each part in % of ideal, the prediction beside the one it models
     weak4 = next(r for r in results["rows"] if r["name"] == "weak-1x4")
     half, rest = round(100 * (1 - weak4["efficiency"]) / 2), round(100 * weak4["loss_breakdown"]["rest"])
-    assert f"| weak-1x4 | 1% | {half}% (pred. 3%) | 2% | -1% (pred. 0%) | {rest}% | 13% |" in md
+    assert f"| weak-1x4 | 1% | {half}% (pred. 3%) | 2% | — | -1% (pred. 0%) | {rest}% | 13% |" in md
     assert f"- **weak-1x4**: 87% of an ideal 405 samples/s; lost 13%: data 1%, exposed communication {half}% (predicted 3%)" in md
     # startup 2.0 s of strong-1x1's 41.5 s
     assert re.search(r"^\| strong-1x1 \| 2\.0s \(5%\) \|", md, re.M)
@@ -153,7 +153,7 @@ def test_format_table_is_deterministic_aligned_and_lists_flags(study):
     assert "linear x4" in weak4
     assert "  strong-1x4: rank 1 (cpu) used 12%" in text and "  weak-1x4: rank 1" in text
     assert "  weak-1x4: 87% of an ideal 405 samples/s; lost 13%: data 1%, exposed communication 7% (predicted 3%), " \
-           "imbalance 2%, per-device compute -1% (predicted 0%), rest (unexplained) 5%" in text
+           "imbalance 2%, jitter —, per-device compute -1% (predicted 0%), rest (unexplained) 5%" in text
 
 
 def test_prediction_columns_only_when_a_row_has_one(study):

@@ -27,9 +27,41 @@ def test_exposed_communication_is_the_smallest_wait_and_imbalance_the_spread():
     split = split_step(0.025, 100, ranks)
     assert split["status"] == "measured" and split["probes"] == 2  # the first of three dropped
     assert split["reference_rank"] == 0  # it waited longest: the fastest rank
-    assert split["per_step_s"] == pytest.approx({"step": 0.025, "data_wait": 0.001, "compute": 0.010,
-                                                 "exposed_comm": 0.003, "imbalance": 0.008, "other": 0.003})
+    shown = {k: split["per_step_s"][k] for k in ("step", "data_wait", "compute", "exposed_comm", "imbalance", "other")}
+    assert shown == pytest.approx({"step": 0.025, "data_wait": 0.001, "compute": 0.010,
+                                   "exposed_comm": 0.003, "imbalance": 0.008, "other": 0.003})
     assert [r["data_wait_s"] for r in split["ranks"]] == pytest.approx([0.001, 0.009])
+    # rank 1 is slower on every step: all of the imbalance is persistent, and rank 1 is named
+    assert split["per_step_s"]["persistent_imbalance"] == pytest.approx(0.008) and split["per_step_s"]["jitter"] == pytest.approx(0.0)
+    assert split["slow_rank"] == 1
+
+
+def test_waiting_that_changes_rank_is_jitter_not_a_slow_rank():
+    """Rank 0 waits 4 ms on even steps, rank 1 on odd ones (a jitter of 4 ms per step); exposed communication 2 ms.
+    DDP's timers on every step: the mean over the steps after the warm-up (iterations 1-10 left out)."""
+    def wait(rank, step):
+        return 0.002 + (0.004 if step % 2 == rank else 0.0)
+    ranks = [{"rank": r, "data_wait_s": 0.0,
+              "probes": [_probe(s, 0.004, 0.006, 0.006 + (0.050 if s <= 10 else wait(r, s))) for s in range(1, 41)]}
+             for r in (0, 1)]
+    split = split_step(0.02, 40, ranks, average="mean", warmup=10)
+    assert split["probes"] == 30 and split["of_steps"] == 40  # the 30 steps after the warm-up, of 40
+    per_step = split["per_step_s"]
+    assert per_step["exposed_comm"] == pytest.approx(0.002)
+    assert per_step["imbalance"] == pytest.approx(0.004) and per_step["jitter"] == pytest.approx(0.004)
+    assert per_step["persistent_imbalance"] == pytest.approx(0.0, abs=1e-12) and split["slow_rank"] is None
+    # rank 1 lagging 1 ms more on every step (it waits 1 ms less): 1 ms persistent, rank 1 named, the rest jitter
+    for probe in ranks[1]["probes"]:
+        probe["synced_backward_s"] -= 0.001 if probe["step"] > 10 else 0.0
+    lagged = split_step(0.02, 40, ranks, average="mean", warmup=10)
+    assert lagged["slow_rank"] == 1 and lagged["per_step_s"]["persistent_imbalance"] == pytest.approx(0.001)
+    assert lagged["per_step_s"]["jitter"] == pytest.approx(0.003)  # spreads of 5 and 3 ms: 4 ms on average
+    assert lagged["per_step_s"]["imbalance"] == pytest.approx(lagged["per_step_s"]["persistent_imbalance"] + lagged["per_step_s"]["jitter"])
+
+
+def test_too_few_steps_after_the_warm_up_keep_them():
+    ranks = [{"rank": 0, "data_wait_s": 0.0, "probes": [_probe(s, 0.004, 0.006, 0.007) for s in range(1, 15)]}]
+    assert split_step(0.02, 14, ranks, average="mean", warmup=10)["probes"] == 13  # 4 after it: all but the first
 
 
 def test_accumulation_multiplies_compute_and_one_rank_has_nothing_to_wait_for():

@@ -9,9 +9,12 @@ backward replayed without synchronisation``. Across the ranks of that step:
     imbalance             = largest - smallest sync wait (the fastest rank idling for the slowest)
 
 each the median over the probed steps (the first probe is dropped as warm-up when there are three
-or more). The step is then seen from the reference rank, the one that waited longest, i.e. the
-fastest: its data wait per step and its compute (forward and backward, replayed without
-synchronisation, times the micro-batches per step) are the "data wait" and "compute" of the step;
+or more), or, for DDP's timers on every step, the mean over the steps after warm-up. Imbalance is split
+into a persistent part (one rank slower on average: the gap between the ranks' average waits, the slow
+rank named) and jitter (waiting that changes rank from step to step). The step is then seen from the
+reference rank, the one that waited longest on average, i.e. the fastest: its data wait per step and
+its compute (forward and backward, replayed without synchronisation, times the micro-batches per
+step) are the "data wait" and "compute" of the step;
 what remains of the step time (optimizer step, the loop's own host work, measurement noise) is
 "other":
 
@@ -25,7 +28,7 @@ measure the strategy) only the data wait is known; the result says why in ``why`
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = ["PHASES", "split_step", "time_split"]
@@ -34,11 +37,14 @@ PHASES = ("startup", "data_wait", "compute", "exposed_comm", "imbalance", "eval"
 """The keys of a summary's time_split_s (`time_split`), in the order reports stack and tabulate them."""
 
 
-def _common_probes(ranks: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """The probes every rank took, grouped by step (each group in rank order)."""
+def _common_probes(ranks: Sequence[dict[str, Any]], warmup: int | None) -> list[list[dict[str, Any]]]:
+    """The probes every rank took, grouped by step (each group in rank order), warm-up left out: with `warmup`,
+    the steps up to it where at least 10 come after it; otherwise the first probe where there are three or more."""
     by_rank = [{p["step"]: p for p in r.get("probes") or []} for r in ranks]
     steps = sorted(set.intersection(*(set(probes) for probes in by_rank))) if by_rank else []
     groups = [[probes[s] for probes in by_rank] for s in steps]
+    if warmup is not None and sum(s > warmup for s in steps) >= 10:
+        return [g for s, g in zip(steps, groups, strict=True) if s > warmup]
     return groups[1:] if len(groups) >= 3 else groups
 
 
@@ -50,27 +56,47 @@ def _compute(probe: dict[str, Any]) -> float:
     return (probe["forward_s"] + probe["backward_s"]) * probe.get("micro_batches", 1)
 
 
+def _imbalance(waits: list[list[float]], average: Callable[[list[float]], float]) -> dict[str, Any]:
+    """The fastest rank's waiting for the slowest, split in two. Per step, imbalance is the largest sync wait less the
+    smallest. Its **persistent** part is what one rank lags on average: the gap between the ranks' average waits
+    (the slow rank waits least); its **jitter** the rest, waiting that changes rank from step to step."""
+    total = average([max(w) - min(w) for w in waits])
+    per_rank = [average([w[i] for w in waits]) for i in range(len(waits[0]))]
+    persistent = min(max(per_rank) - min(per_rank), total)
+    slow = min(range(len(per_rank)), key=lambda i: per_rank[i])
+    return {"total": total, "persistent": persistent, "jitter": total - persistent, "slow": slow, "per_rank": per_rank}
+
+
 def split_step(step_time_s: float | None, steps: int, ranks: Sequence[dict[str, Any]],
-               unsupported: str | None = None) -> dict[str, Any]:
+               unsupported: str | None = None, *, average: str = "median", warmup: int | None = None) -> dict[str, Any]:
     """The step's split from every rank's ``{"rank", "data_wait_s" (total over the run), "probes": [...]}``.
 
-    Returns ``{"status": "measured" | "not measured", "why": str | None, "probes": int,
-    "reference_rank": int | None, "per_step_s": {"step", "data_wait", "compute", "exposed_comm",
-    "imbalance", "other"}, "ranks": [{"rank", "data_wait_s", "compute_s", "sync_wait_s"}]}``, all
-    seconds per optimizer step; parts that could not be measured are None.
+    average: how the probed steps are summarised, "median" (a few sync probes, robust to one odd step) or "mean"
+    (DDP's timers on every step: what the run lost on average); warmup: the step after which probes count, where
+    enough come after it (`_common_probes`).
+
+    Returns ``{"status": "measured" | "not measured", "why": str | None, "probes": int (the steps the parts rest
+    on), "of_steps": int, "reference_rank": int | None, "slow_rank": int | None, "per_step_s": {"step", "data_wait",
+    "compute", "forward", "backward", "exposed_comm", "imbalance", "persistent_imbalance", "jitter", "other",
+    "sampled_step"}, "ranks": [{"rank", "data_wait_s", "compute_s", "sync_wait_s"}]}``, all seconds per optimizer
+    step; parts that could not be measured are None. "imbalance" is persistent_imbalance + jitter (`_imbalance`);
+    sampled_step is the probed steps' own wall time where the probes carry it (``step_s``), to compare with step.
     """
+    summarise: Callable[[list[float]], float] = statistics.fmean if average == "mean" else statistics.median
     ranks = sorted(ranks, key=lambda r: r["rank"])
     per_step = max(steps, 1)
-    groups = _common_probes(ranks)
+    groups = _common_probes(ranks, warmup)
     waits = [[_sync_wait(p) for p in group] for group in groups]
     computes = [[_compute(p) for p in group] for group in groups]
     rank_rows = [{"rank": r["rank"], "data_wait_s": r["data_wait_s"] / per_step,
-                  "compute_s": statistics.median(c[i] for c in computes) if groups else None,
-                  "sync_wait_s": statistics.median(w[i] for w in waits) if groups else None}
+                  "compute_s": summarise([c[i] for c in computes]) if groups else None,
+                  "sync_wait_s": summarise([w[i] for w in waits]) if groups else None}
                  for i, r in enumerate(ranks)]
-    result: dict[str, Any] = {"status": "not measured", "why": None, "probes": len(groups), "reference_rank": None,
-                              "per_step_s": {"step": step_time_s, "data_wait": None, "compute": None,
-                                             "exposed_comm": None, "imbalance": None, "other": None},
+    result: dict[str, Any] = {"status": "not measured", "why": None, "probes": len(groups), "of_steps": steps,
+                              "reference_rank": None, "slow_rank": None,
+                              "per_step_s": {"step": step_time_s, "data_wait": None, "compute": None, "forward": None,
+                                             "backward": None, "exposed_comm": None, "imbalance": None,
+                                             "persistent_imbalance": None, "jitter": None, "other": None, "sampled_step": None},
                               "ranks": rank_rows}
     if not ranks:
         result["why"] = "no rank reported"
@@ -81,17 +107,24 @@ def split_step(step_time_s: float | None, steps: int, ranks: Sequence[dict[str, 
         result["why"] = unsupported or "no probed step: the run took fewer optimizer steps than the first probe (the 6th)"
         return result
     if len(ranks) == 1:
-        exposed = imbalance = 0.0
-        reference = 0
+        imbalance: dict[str, Any] = {"total": 0.0, "persistent": 0.0, "jitter": 0.0, "slow": None, "per_rank": [0.0]}
+        exposed, reference = 0.0, 0
     else:
-        exposed = statistics.median(min(w) for w in waits)
-        imbalance = statistics.median(max(w) - min(w) for w in waits)
-        reference = max(range(len(ranks)), key=lambda i: rank_rows[i]["sync_wait_s"])
+        imbalance = _imbalance(waits, summarise)
+        exposed = summarise([min(w) for w in waits])
+        reference = max(range(len(ranks)), key=lambda i: imbalance["per_rank"][i])
     ref = rank_rows[reference]
-    parts = {"data_wait": ref["data_wait_s"], "compute": ref["compute_s"], "exposed_comm": exposed, "imbalance": imbalance}
+    mine = [group[reference] for group in groups]
+    parts = {"data_wait": ref["data_wait_s"], "compute": ref["compute_s"], "exposed_comm": exposed, "imbalance": imbalance["total"]}
     other = step_time_s - sum(parts.values()) if step_time_s is not None else None
+    wall = [p["step_s"] for p in mine if p.get("step_s") is not None]
     result.update(status="measured", reference_rank=ref["rank"],
-                  per_step_s={"step": step_time_s, **parts, "other": other})
+                  slow_rank=ranks[imbalance["slow"]]["rank"] if imbalance["persistent"] > 0 and imbalance["slow"] is not None else None,
+                  per_step_s={"step": step_time_s, **parts, "other": other,
+                              "forward": summarise([p["forward_s"] * p.get("micro_batches", 1) for p in mine]),
+                              "backward": summarise([p["backward_s"] * p.get("micro_batches", 1) for p in mine]),
+                              "persistent_imbalance": imbalance["persistent"], "jitter": imbalance["jitter"],
+                              "sampled_step": summarise(wall) if wall else None})
     return result
 
 

@@ -19,10 +19,17 @@ measured parts, each the growth against the baseline of a per-sample time (secon
 one device; `gpuscale.measure.stepsplit` gives the per-step parts):
 
     data          more loader wait per sample than the baseline (the reference rank's)
-    exposed_comm  synchronisation that compute did not hide (sync probe)
-    imbalance     the fastest rank waiting for the slowest (sync probe)
+    exposed_comm  synchronisation that compute did not hide (sync probe), and the backward it slowed
+    imbalance     the fastest rank waiting for a rank that is slower on average (sync probe; the rank named)
+    jitter        the fastest rank waiting where which rank lags changes from step to step
     compute       forward and backward per sample grew (smaller per-device batches, shared caches)
     rest          what no measurement explains (optimizer step, the loop's host work, noise)
+
+Communication that runs beside the backward and slows it (gloo's threads on the cores the backward uses, NCCL's
+kernels on the SMs) is communication, not compute. The sync probe's replays leave it out of compute by themselves
+(the replay does not synchronise). DDP's timers, for a script the probe measures, time the slowed backward:
+there `comm_slowdown` measures it as the backward's growth beyond the forward's (the forward runs with no
+all-reduce beside it), against the baseline's backward/forward ratio, and moves it from compute to exposed_comm.
 
     share(part) = (part per sample - the baseline's) / this run's time per sample
 
@@ -114,7 +121,7 @@ def row_from_summary(cell: Cell, summary: dict[str, Any], study_dir: Path, runs:
         "planned_per_device_batch": None, "device_hours_per_m_samples": None, "device_hours_per_epoch": None,
         "cost_ratio": None, "joules_per_sample": None, "energy_source": None,
         "ideal_samples_per_s": None, "speedup": None, "efficiency": None, "efficiency_runs": None,
-        "time_speedup": None, "loss_breakdown": None, "predicted_breakdown": None,
+        "time_speedup": None, "loss_breakdown": None, "comm_slowdown_s": None, "predicted_breakdown": None,
         "metric": metric, "metric_value": value, "lr": _lr(summary), "per_epoch": summary.get("per_epoch"),
         "final_loss": summary.get("final_loss"), "predicted_samples_per_s": None, "predicted_efficiency": None,
         "utilisation": summary.get("utilisation"), "other_load": otherload.read(study_dir / cell.name),
@@ -133,11 +140,31 @@ def _samples_per_device_step(row: dict[str, Any]) -> int:
 
 
 def _parts_per_sample(row: dict[str, Any]) -> dict[str, float | None]:
-    """The measured per-step parts of a row (`gpuscale.measure.stepsplit`), in seconds per sample on one device."""
+    """The measured per-step parts of a row (`gpuscale.measure.stepsplit`), in seconds per sample on one device. A
+    summary from before imbalance was split has it all as "imbalance" and no jitter."""
     per_step = row.get("step_breakdown_s") or {}
     samples = _samples_per_device_step(row)
-    names = {"data": "data_wait", "exposed_comm": "exposed_comm", "imbalance": "imbalance", "compute": "compute"}
+    split = "persistent_imbalance" in per_step
+    names = {"data": "data_wait", "exposed_comm": "exposed_comm", "imbalance": "persistent_imbalance" if split else "imbalance",
+             "jitter": "jitter", "compute": "compute"}
     return {part: None if per_step.get(key) is None else per_step[key] / samples for part, key in names.items()}
+
+
+def comm_slowdown(row: dict[str, Any], base: dict[str, Any]) -> float | None:
+    """How much longer a step's backward took because the all-reduce ran beside it, in seconds per step, where DDP's
+    timers measured both runs (a script the probe measures); None elsewhere.
+
+    The forward runs with nothing beside it, so its growth over the baseline's is the device computing slower (a
+    smaller batch, shared caches); the backward, at the baseline's backward/forward ratio, would take
+    ``forward x ratio``; what it took beyond that, the all-reduce cost it.
+    """
+    if (row.get("sync_probe") or {}).get("source") != "ddp_timers":
+        return None
+    mine, theirs = row.get("step_breakdown_s") or {}, base.get("step_breakdown_s") or {}
+    if not all((part.get("forward") or 0) > 0 and part.get("backward") is not None for part in (mine, theirs)):
+        return None
+    expected = mine["forward"] * theirs["backward"] / theirs["forward"]
+    return max(mine["backward"] - expected, 0.0)
 
 
 def breakdown(row: dict[str, Any], base: dict[str, Any]) -> dict[str, float | None]:
@@ -151,6 +178,11 @@ def breakdown(row: dict[str, Any], base: dict[str, Any]) -> dict[str, float | No
     t = row["world_size"] / row["samples_per_s"]  # seconds per sample on one device
     t0 = base["world_size"] / base["samples_per_s"]
     mine, theirs = _parts_per_sample(row), _parts_per_sample(base)
+    slowdown = comm_slowdown(row, base)
+    if slowdown and mine["compute"] is not None and mine["exposed_comm"] is not None:
+        moved = slowdown / _samples_per_device_step(row)
+        mine["compute"] -= moved
+        mine["exposed_comm"] += moved
     shares: dict[str, float | None] = {}
     for part in PARTS[:-1]:
         a, b = mine[part], theirs[part]
@@ -171,7 +203,7 @@ def predicted_breakdown(cell: dict[str, Any] | None) -> dict[str, float | None] 
     if not cell or not cell.get("step_time_s"):
         return None
     return {"data": None, "exposed_comm": cell["exposed_comm_s"] / cell["step_time_s"], "imbalance": None,
-            "compute": 0.0, "rest": None}
+            "jitter": None, "compute": 0.0, "rest": None}
 
 
 def analyse_rows(rows: list[dict[str, Any]], device: str = "cpu", planned: dict[str, str] | None = None) -> dict[str, str]:
@@ -201,6 +233,7 @@ def analyse_rows(rows: list[dict[str, Any]], device: str = "cpu", planned: dict[
             row["efficiency"] = row["speedup"] / devices
             row["efficiency_runs"] = [runs / row["ideal_samples_per_s"] for runs in row["samples_per_s_runs"]]
             row["time_speedup"] = _per_epoch(base, "time_to_result_s") / _per_epoch(row, "time_to_result_s")
+            row["comm_slowdown_s"] = comm_slowdown(row, base)
             row["loss_breakdown"] = breakdown(row, base)
             row["noise"] = noise(row, base)
             set_flags(row, row_flags(row, base, device))

@@ -26,6 +26,7 @@ _CURES = {
     "data": "more loader workers per rank (or data decoded once) would feed the devices faster",
     "exposed_comm": "a larger per-device batch or gradient accumulation would hide more of the synchronisation",
     "imbalance": "evening out the ranks' work (shards, loader workers, work on rank 0 only) would stop the others waiting",
+    "jitter": "cores of its own for each rank, with nothing else on them, or longer steps would make the ranks' jitter weigh less",
     "compute": "each device computes a sample more slowly than alone; a larger per-device batch keeps its kernels efficient",
     "rest": "--repeat 3 would tell noise from host work per step (the optimizer step, logging)",
 }

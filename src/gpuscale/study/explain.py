@@ -16,7 +16,7 @@ from typing import Any
 from gpuscale.study.analysis import PART_LABELS, PARTS, compared_rows
 from gpuscale.study.numbers import three_figures
 
-__all__ = ["DASH", "pct", "part_share", "why_not_more", "doubted_measurement", "REST_DOUBT", "breakdown_cells", "prediction_facts",
+__all__ = ["DASH", "pct", "part_share", "why_not_more", "doubted_measurement", "rests_on", "REST_DOUBT", "breakdown_cells", "prediction_facts",
            "prediction_table"]
 
 DASH = "—"
@@ -43,6 +43,34 @@ def _not_measured(row: dict[str, Any]) -> str:
     return f" (not measured: {why})" if why else " (not measured)"
 
 
+def _detail(row: dict[str, Any], part: str) -> str:
+    """What a part's number holds beyond its share: the slow rank for imbalance; for exposed communication, the
+    backward that the all-reduce beside it slowed (measured from DDP's timers, `analysis.comm_slowdown`)."""
+    slow = (row.get("sync_probe") or {}).get("slow_rank")
+    if part == "imbalance" and slow is not None and (row.get("loss_breakdown") or {}).get("imbalance", 0) > (row.get("noise") or 0):
+        return f" (rank {slow} slower on average)"
+    slowdown = row.get("comm_slowdown_s")
+    if part == "exposed_comm" and slowdown:
+        return f" (with {1000 * slowdown:.1f} ms per step of backward slowed by the all-reduce beside it)"
+    return ""
+
+
+def _probe_source(row: dict[str, Any]) -> str:
+    probe = row.get("sync_probe") or {}
+    return "DDP's timers" if probe.get("source") == "ddp_timers" or row.get("measured_by") == "probe" else "the sync probe's replays"
+
+
+def rests_on(row: dict[str, Any]) -> str | None:
+    """How many steps each part rests on: data waits are timed on every step; communication, imbalance, jitter and
+    compute on the steps the sync probe replayed or DDP's timers timed (after their warm-up)."""
+    probe = row.get("sync_probe") or {}
+    count, steps = probe.get("probes"), probe.get("of_steps") or row.get("steps")
+    if not count or not steps or (row.get("loss_breakdown") or {}).get("exposed_comm") is None:
+        return None
+    return (f"data rests on all {steps} steps; communication, imbalance, jitter and compute on {count} of them "
+            f"({_probe_source(row)})")
+
+
 def why_not_more(results: dict[str, Any]) -> list[tuple[str, str]]:
     """One line per run that is not a baseline: its efficiency, ideal throughput and each part of the
     loss in % of ideal, the prediction's part in brackets where the model has one."""
@@ -55,7 +83,7 @@ def why_not_more(results: dict[str, Any]) -> list[tuple[str, str]]:
             if shares.get(part) is None:
                 parts.append(f"{PART_LABELS[part]} {DASH}")
                 continue
-            text = f"{PART_LABELS[part]} {part_share(shares[part], row.get('noise'))}"
+            text = f"{PART_LABELS[part]} {part_share(shares[part], row.get('noise'))}{_detail(row, part)}"
             if predicted.get(part) is not None:
                 text += f" (predicted {pct(predicted[part])})"
             parts.append(text)
@@ -63,6 +91,9 @@ def why_not_more(results: dict[str, Any]) -> list[tuple[str, str]]:
                 f"lost {pct(1 - row['efficiency'])}: " + ", ".join(parts))
         if any(shares.get(p) is None for p in PARTS):
             line += _not_measured(row)
+        rests = rests_on(row)
+        if rests:
+            line += f"; {rests}"
         doubt = doubted_measurement(row)
         if doubt:
             line += f". {doubt}"
@@ -85,10 +116,9 @@ def doubted_measurement(row: dict[str, Any]) -> str | None:
     if rest is None or rest <= max(REST_DOUBT, noise) or shares.get("exposed_comm") is None:
         return None
     probe = row.get("sync_probe") or {}
-    count, steps = probe.get("probes"), row.get("steps")
+    count, steps = probe.get("probes"), probe.get("of_steps") or row.get("steps")
     sample = f"{count} of its {steps} steps" if count and steps else (f"{count} of its steps" if count else "a sample of its steps")
-    what = ("DDP's own timed iterations" if probe.get("source") == "ddp_timers" or row.get("measured_by") == "probe"
-            else "the sync probe's replays")
+    what = _probe_source(row)
     return (f"Its rest ({pct(rest)}) is beyond the noise: the study doubts exposed communication and imbalance, which rest on "
             f"{sample} ({what}); steps unlike the rest of the run leave the difference in rest "
             "(per-step host work the parts do not time adds to it too)")

@@ -96,8 +96,13 @@ _PART_FIXES = {
     "data": "the loader keeps up less well than on the baseline: more loader workers per rank, data decoded once, faster storage",
     "exposed_comm": "gradient synchronisation is not hidden behind compute: a larger per-device batch, gradient "
                     "accumulation (fewer all-reduces per sample), a faster interconnect (report.md's Prediction models it)",
-    "imbalance": "one rank sets the pace (each rank's waits are in the run's summary.json): uneven shards or loader "
-                 "workers, a rank doing extra work (logging, evaluation on rank 0 only), a slower device",
+    "imbalance": "one rank is slower on average and sets the pace (each rank's waits are in the run's summary.json): uneven "
+                 "shards or loader workers, a rank doing extra work (logging, evaluation on rank 0 only), a slower device or "
+                 "a busier node",
+    "jitter": "no rank is slower on average, but on each step some rank lags and the others wait for it: the ranks' speed "
+              "jitters (other processes on their cores, the OS scheduler, frequency changes, garbage collection); give each "
+              "rank cores of its own with nothing else on them, or make steps longer (a larger per-device batch) so that "
+              "the jitter weighs less",
     "rest": "not explained by the measured parts: a sample of steps that does not stand for the run (Why not more names "
             "it), host-side work per step (the optimizer step, logging, metrics that synchronise), or noise (--repeat 3)",
 }
@@ -115,8 +120,14 @@ def _breakdown_flags(row: dict[str, Any]) -> list[dict[str, str]]:
         return []  # nothing measured the causes: "rest" would be all of the loss, not an unexplained remainder
     threshold = max(PART_FLAG, row.get("noise") or NOISE_FLOOR)
     fixes = {**_PART_FIXES, "compute": _COMPUTE_FIXES.get(row["scaling"], _COMPUTE_FIXES["strong"])}
-    return [_item(part, f"lost {{}} of ideal throughput to {PART_LABELS[part]}", f"{100 * share:.0f}%", fixes[part])
+    return [_item(part, f"lost {{}} of ideal throughput to {PART_LABELS[part]}{_who(row, part)}", f"{100 * share:.0f}%", fixes[part])
             for part, share in shares.items() if share is not None and share > threshold]
+
+
+def _who(row: dict[str, Any], part: str) -> str:
+    """For imbalance, the rank that is slower on average (which the others wait for), where the split named it."""
+    slow = (row.get("sync_probe") or {}).get("slow_rank")
+    return f": rank {slow} is slower on average" if part == "imbalance" and slow is not None else ""
 
 
 def _phase_of_gap(row: dict[str, Any], base: dict[str, Any], key: str) -> str | None:

@@ -2,7 +2,7 @@
 
 - `waterfall_plot` (plots/waterfall-<run>.png): one figure per run with more devices than its baseline,
   titled with its name: a bar at ideal throughput (100%), one falling bar per measured part of the loss
-  (data, exposed communication, imbalance, per-device compute, rest; rising where a part was a gain), and
+  (data, exposed communication, imbalance, jitter, per-device compute, rest; rising where a part was a gain), and
   the measured efficiency at the end, all in % of ideal; the predicted efficiency is a dashed line and
   the predicted parts are marked with a cross.
 - `utilisation_plot` (plots/utilisation-<run>.png): per run with a timeline, util % vs seconds since
@@ -26,10 +26,10 @@ __all__ = ["waterfall_plot", "utilisation_plot"]
 log = get_logger(__name__)
 
 
-_PART_COLOURS = {"data": "#e3a32b", "exposed_comm": "#d1603d", "imbalance": "#8c564b", "compute": "#3b75af",
-                 "rest": "#9e9e9e"}
-_PART_SHORT = {"data": "data", "exposed_comm": "exposed\ncomm.", "imbalance": "imbal-\nance", "compute": "per-dev.\ncompute",
-               "rest": "rest"}
+_PART_COLOURS = {"data": "#e3a32b", "exposed_comm": "#d1603d", "imbalance": "#8c564b", "jitter": "#c49c94",
+                 "compute": "#3b75af", "rest": "#9e9e9e"}
+_PART_SHORT = {"data": "data", "exposed_comm": "exposed\ncomm.", "imbalance": "imbal-\nance", "jitter": "jitter",
+               "compute": "per-dev.\ncompute", "rest": "rest"}
 
 
 def _waterfall_panel(ax: Any, row: dict[str, Any]) -> None:

@@ -221,8 +221,10 @@ WHY_TEXT = ("Each part is the growth of a time per sample against the baseline, 
             f"add up to 100% - efficiency. A part within the comparison's noise (the spread of repeated runs, at least {100 * NOISE_FLOOR:.0f}%) "
             "reads ~0% (±noise), a negative one too (the baseline's part came out larger: noise, not a gain). data: loader wait; "
             "exposed communication: synchronisation that compute did "
-            "not hide; imbalance: the fastest rank waiting for the slowest (both from the sync probe's replayed steps, or "
-            "from DDP's own timers in a script measured by the probe); "
+            "not hide, and the backward it slowed by running beside it; imbalance: the fastest rank waiting for a rank "
+            "that is slower on average (named); jitter: waiting where which rank lags changes from step to step (these "
+            "from the sync probe's replayed steps, or from DDP's own timers in a script measured by the probe, on the "
+            "steps the line names); "
             "per-device compute: forward and backward per sample; rest: what no measurement explains. The model "
             "predicts exposed communication only (and assumes compute per sample constant).")
 SPLIT_TEXT = ("Seconds, and % of the whole run (the sum of the phases). Communication, imbalance, data wait and "

@@ -103,6 +103,16 @@ def collect(records_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str]
     return summary
 
 
+def _slow_rank(summary: dict[str, Any]) -> str:
+    """The imbalance's persistent part, with the rank that is slower on average, and its jitter (`stepsplit`)."""
+    per_step, slow = summary.get("step_breakdown_s") or {}, (summary.get("sync_probe") or {}).get("slow_rank")
+    if not per_step.get("imbalance") or per_step.get("jitter") is None:
+        return ""
+    persistent = per_step["persistent_imbalance"] / per_step["imbalance"]
+    who = f"rank {slow} slower on average" if slow is not None else "no rank slower on average"
+    return f": {100 * persistent:.0f}% of it {who}, the rest jitter"
+
+
 def describe(summary: dict[str, Any]) -> str:
     """What the probe measured, in a few lines for the end of `gpuscale run`."""
     world = summary["world_size"]
@@ -120,7 +130,7 @@ def describe(summary: dict[str, Any]) -> str:
 
         lines.append(f"  throughput {summary['samples_per_s']:.1f} samples/s over {train:.2f} s of training "
                      f"({1000 * summary['step_time_s']:.1f} ms per step: data wait {share('data_wait')}, exposed "
-                     f"communication {share('exposed_comm')}, imbalance {share('imbalance')}); "
+                     f"communication {share('exposed_comm')}, imbalance {share('imbalance')}{_slow_rank(summary)}); "
                      f"startup {split['startup']:.1f} s, evaluation {split['eval']:.1f} s, "
                      f"time to result {summary['time_to_result_s']:.1f} s")
     if not summary["complete"]:

@@ -1,19 +1,28 @@
 """Read DDP's own timers: note every DistributedDataParallel made, and turn its logging data into timing samples.
 
-DDP times iterations 1-10 and every 100th: forward and backward compute, and when its gradient
-all-reduce ended after the backward's last gradient was ready, which is the rank's **sync wait**
-(exposed communication, plus waiting for the slowest rank). The recorder (`gpuscale.measure.probe.recorder`)
-follows the largest DDP model and reads its logging data after each optimizer step.
+DDP times iterations 1-10 and then one in every ``sample rate`` (100 by default): forward and backward compute,
+and when its gradient all-reduce ended after the backward's last gradient was ready, which is the rank's **sync
+wait** (exposed communication, plus waiting for the slowest rank). The recorder (`gpuscale.measure.probe.recorder`)
+follows the largest DDP model, asks it to time every iteration where that costs nothing (`timing_every`: a model on
+CPUs, whose timers read the host's clock; a GPU's timers synchronise with the device, so a model on GPUs keeps
+DDP's own rate), and reads its logging data after each optimizer step, with the step's wall time beside it.
+
+A long run keeps a sample of its timed iterations that stays the same on every rank (`keep_sample`): the first
+10, then every ``stride``-th iteration, the stride doubling whenever MAX_DDP_SAMPLES are held, so the ranks'
+samples still meet step by step.
 """
 
 from __future__ import annotations
 
 from typing import Any, Protocol
 
-__all__ = ["MAX_DDP_SAMPLES", "ddp_sample", "keep_sample", "hook_ddp"]
+__all__ = ["MAX_DDP_SAMPLES", "ddp_sample", "keep_sample", "hook_ddp", "timing_every", "time_every_iteration"]
 
-MAX_DDP_SAMPLES = 200
-"""DDP timer samples kept: the first 10 iterations and the latest ones (every 100th iteration)."""
+MAX_DDP_SAMPLES = 2048
+"""DDP timer samples kept per rank: the first 10 iterations, then an evenly spaced sample of the rest."""
+
+DDP_DEFAULT_RATE = 100
+"""DDP's own sample rate: after its first 10 iterations it times one in this many."""
 
 
 def ddp_sample(data: dict[str, Any]) -> dict[str, Any] | None:
@@ -35,14 +44,46 @@ def ddp_sample(data: dict[str, Any]) -> dict[str, Any] | None:
             "sync_wait_s": max(comm_end - compute_end, 0) / 1e9, "comm_start_ns": comm_start}
 
 
-def keep_sample(samples: list[dict[str, Any]], sample: dict[str, Any]) -> None:
-    """Add `sample` to `samples` if it is a new timed iteration; past MAX_DDP_SAMPLES, drop the oldest after the first 10."""
+def keep_sample(samples: list[dict[str, Any]], sample: dict[str, Any], stride: int = 1) -> int:
+    """Add `sample` to `samples` if it is a new timed iteration that the sample keeps; returns the stride from now on.
+
+    The first 10 timed iterations are kept; after them, those whose iteration is a multiple of `stride`. When
+    MAX_DDP_SAMPLES are held, the stride doubles and the kept iterations after the first 10 that are not multiples
+    of it are dropped: a choice by iteration number alone, so every rank keeps the same steps.
+    """
     last = samples[-1] if samples else None
     if last is not None and (last["iteration"] == sample["iteration"] or last["comm_start_ns"] == sample["comm_start_ns"]):
-        return  # not a new timed iteration (or one with no all-reduce, under no_sync)
+        return stride  # not a new timed iteration (or one with no all-reduce, under no_sync)
+    if len(samples) >= 10 and sample["iteration"] % stride:
+        return stride
     samples.append(sample)
     if len(samples) > MAX_DDP_SAMPLES:
-        del samples[10]
+        stride *= 2
+        samples[10:] = [s for s in samples[10:] if s["iteration"] % stride == 0]
+    return stride
+
+
+def timing_every(module: Any) -> int | None:
+    """The sample rate that makes DDP time every iteration of `module` where its timers cost nothing (parameters
+    on CPUs: 1), else None: on GPUs DDP's timers wait for the device's events at the next forward, so DDP's
+    own rate stays (its first 10 iterations and every 100th)."""
+    try:
+        device = next(module.parameters()).device.type
+    except (StopIteration, AttributeError, TypeError):
+        return None
+    return 1 if device == "cpu" else None
+
+
+def time_every_iteration(module: Any) -> int:
+    """Ask `module` (a DistributedDataParallel) to time every iteration where that is free; the rate it times at."""
+    rate = timing_every(module)
+    if rate is None:
+        return DDP_DEFAULT_RATE
+    try:
+        module._set_ddp_runtime_logging_sample_rate(rate)  # a prototype API: if it goes, DDP's own rate stays
+    except Exception:
+        return DDP_DEFAULT_RATE
+    return rate
 
 
 class DdpListener(Protocol):

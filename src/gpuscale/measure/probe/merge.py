@@ -24,8 +24,11 @@ launch to the last rank's end.
 ``DistributedDataParallel`` model (plain DDP, Accelerate, Lightning's and the Trainer's DDP): each
 timed iteration (1-10, then every 100th) is a probe for `gpuscale.measure.stepsplit.split_step`, its sync
 wait the time from the backward's last gradient to the end of the all-reduce on that rank. The
-smallest sync wait over the ranks is exposed communication, the spread is imbalance, as with the
-sync probe's replays; the compute is DDP's forward and backward compute times the batches per step.
+smallest sync wait over the ranks is exposed communication, the spread is imbalance (a persistent
+part, the slow rank named, and jitter), as with the sync probe's replays; the compute is DDP's forward
+and backward compute times the batches per step. A model on CPUs is timed on every iteration, so these
+parts are the mean over all steps after DDP's first 10; on GPUs over DDP's sample (``sync_probe.probes``
+of ``of_steps``), whose own wall time (``step_breakdown_s.sampled_step``) shows whether it stands for the run.
 
 What the probe cannot see is None and named in ``probe.not_measured``: exposed communication and
 imbalance without a DDP model (FSDP, DeepSpeed, a hand-written all-reduce), checkpoint time (it
@@ -45,7 +48,7 @@ from gpuscale._version import __version__
 from gpuscale.base.timeline import device_stats, make_timeline
 from gpuscale.measure.stepsplit import split_step, time_split
 
-__all__ = ["rank_account", "merge_records", "synchronised", "NOT_MEASURED", "DDP_SCHEDULE"]
+__all__ = ["rank_account", "merge_records", "synchronised", "NOT_MEASURED", "ddp_schedule", "DDP_WARMUP"]
 
 NOT_MEASURED = {
     "exposed_comm": "exposed communication and imbalance: no DDP model timed its all-reduce (the probe reads DDP's own "
@@ -56,7 +59,17 @@ NOT_MEASURED = {
 }
 
 
-DDP_SCHEDULE = "DDP's timed iterations: 1-10, then every 100th"
+DDP_WARMUP = 10
+"""DDP's first timed iterations, left out of the split where at least 10 timed ones come after them."""
+
+
+def ddp_schedule(records: list[dict[str, Any]]) -> str:
+    """Which iterations DDP timed, in words: every one (a model on CPUs), or its first 10 and one in its rate."""
+    rates = {int((r.get("ddp") or {}).get("rate") or 100) for r in records if r.get("ddp")}
+    rate = max(rates, default=100)
+    if rate == 1:
+        return "DDP's timers on every iteration (the first 10 left out as warm-up)"
+    return f"DDP's timed iterations: 1-10, then every {rate}th (the first 10 left out where enough came after them)"
 
 
 def _overlap(start: float, end: float, low: float, high: float) -> float:
@@ -93,7 +106,8 @@ def rank_account(record: dict[str, Any]) -> dict[str, Any]:
         return account
     micro_batches = max(1, round(account["batches"] / main["steps"])) if main["steps"] else 1
     account["probes"] = [{"step": d["iteration"], "forward_s": d["forward_s"], "backward_s": d["backward_s"],
-                          "synced_backward_s": d["backward_s"] + d["sync_wait_s"], "micro_batches": micro_batches}
+                          "synced_backward_s": d["backward_s"] + d["sync_wait_s"], "micro_batches": micro_batches,
+                          "step_s": d.get("step_s")}
                          for d in (record.get("ddp") or {}).get("samples") or []]
     start = min(p["first_at"] for p in training) if training else (inputs or {}).get("first_at") or main["first_step_at"]
     end = main["last_step_at"]
@@ -202,9 +216,11 @@ def _clock(records: list[dict[str, Any]], starts: list[float]) -> tuple[float, f
 
 
 def _step_split(totals: _Totals, accounts: list[dict[str, Any]]) -> dict[str, Any]:
-    """The step's split (data wait, compute, exposed communication, imbalance) from the ranks' DDP timers."""
+    """The step's split (data wait, compute, exposed communication, imbalance) from the ranks' DDP timers: the mean
+    over their timed iterations after DDP's first 10 (every iteration on CPUs), as the run lost it on average."""
     split = split_step(totals.step_time, totals.steps, [{"rank": a["rank"], "data_wait_s": a["data_wait_s"], "probes": a["probes"]}
-                                                        for a in accounts], NOT_MEASURED["exposed_comm"])
+                                                        for a in accounts], NOT_MEASURED["exposed_comm"],
+                       average="mean", warmup=DDP_WARMUP)
     if split["status"] != "measured" and any(a["probes"] for a in accounts):
         split["why"] = "the ranks' DDP timers have no timed iteration in common"
     return split
@@ -258,14 +274,15 @@ def _samples_from(accounts: list[dict[str, Any]]) -> str:
     return " and ".join(sorted({a["samples_from"] for a in accounts if a["samples_from"]}))
 
 
-def _time_split(startup: float, totals: _Totals, split: dict[str, Any], accounts: list[dict[str, Any]]) -> dict[str, Any]:
+def _time_split(startup: float, totals: _Totals, split: dict[str, Any], accounts: list[dict[str, Any]], schedule: str) -> dict[str, Any]:
     """The summary's part on where the time went: the run's phases, the step's split, DDP's timers as sync probes."""
     eval_s = sum(a["eval_s"] for a in accounts) / max(len(accounts), 1)
     return {
         "time_split_s": time_split(startup, totals.train_s or 0.0, totals.steps, split, eval_s, None, 0.0),  # type: ignore[arg-type]
         "step_breakdown_s": split["per_step_s"],
         "sync_probe": {"status": split["status"], "why": split["why"], "probes": split["probes"],
-                       "schedule": DDP_SCHEDULE, "reference_rank": split["reference_rank"], "source": "ddp_timers"},
+                       "of_steps": split["of_steps"], "slow_rank": split["slow_rank"],
+                       "schedule": schedule, "reference_rank": split["reference_rank"], "source": "ddp_timers"},
         "ranks": split["ranks"],
     }
 
@@ -323,7 +340,7 @@ def merge_records(records: list[dict[str, Any]], *, world_size: int | None = Non
         "complete": not problems,
         **_setup(records, world, scaling, totals),
         **_results(records, accounts, totals, time_to_result),
-        **_time_split(startup, totals, split, accounts),
+        **_time_split(startup, totals, split, accounts, ddp_schedule(records)),
         "probe": _probe_part(problems, split, accounts, by_rank),
         "placements": None,
         "torch_version": next((r.get("torch_version") for r in records), None),

@@ -19,11 +19,12 @@ Installed by the probe's ``sitecustomize`` right after the script imports torch 
   a DataLoader;
 - **DDP's own timers**: every ``DistributedDataParallel`` made is noted (its ``__init__`` is
   wrapped) and, after each optimizer step, the largest one's logging data is read
-  (``_get_ddp_logging_data()``, a few microseconds). DDP times iterations 1-10 and every 100th:
-  forward and backward compute, and when its gradient all-reduce ended after the backward's last
-  gradient was ready, which is the rank's **sync wait** (exposed communication, plus waiting for
-  the slowest rank). The merge turns these samples into the step's split as the sync probe's
-  replays do for gpuscale's Training.
+  (``_get_ddp_logging_data()``, a few microseconds). DDP times every iteration of a model on CPUs (the
+  recorder asks it to: its timers read the host's clock), and on GPUs its first 10 and every 100th (there its
+  timers wait for the device): forward and backward compute, and when its gradient all-reduce ended after the
+  backward's last gradient was ready, which is the rank's **sync wait** (exposed communication, plus waiting
+  for the slowest rank), with the optimizer step's wall time beside it. The merge turns these samples into
+  the step's split as the sync probe's replays do for gpuscale's Training.
 
 The record, ``GPUSCALE_PROBE_DIR/rank-<RANK>.json``, is written when the process ends, however
 it ends: a normal end or ``sys.exit`` (atexit), an uncaught exception (noted by ``sys.excepthook``,
@@ -61,7 +62,7 @@ from gpuscale.detect.env import detect_env
 from gpuscale.detect.launchtime import launch_time, process_start_time
 from gpuscale.detect.topology import format_cpulist
 from gpuscale.measure.monitor import Monitor, monitor_enabled
-from gpuscale.measure.probe.ddp_timers import MAX_DDP_SAMPLES, ddp_sample, hook_ddp, keep_sample
+from gpuscale.measure.probe.ddp_timers import DDP_DEFAULT_RATE, MAX_DDP_SAMPLES, ddp_sample, hook_ddp, keep_sample, time_every_iteration
 from gpuscale.measure.probe.endings import SIGNALS, hook_exceptions, hook_signals
 from gpuscale.measure.probe.loader_waits import MAX_PASSES, Pass, hook_loaders, next_pass
 from gpuscale.measure.probe.model_inputs import ModelInputs
@@ -109,6 +110,9 @@ class Recorder:
         self.ddp: weakref.ref[Any] | None = None  # the largest DistributedDataParallel module made
         self.ddp_parameters = 0
         self.ddp_samples: list[dict[str, Any]] = []
+        self.ddp_stride = 1  # the kept sample's spacing after its first 10 iterations (ddp_timers.keep_sample)
+        self.ddp_rate = DDP_DEFAULT_RATE  # one in how many iterations DDP times
+        self.last_step_at: float | None = None  # the latest optimizer step of the main optimizer: a step's wall time
         self.inputs = ModelInputs()  # the largest DDP model's training forwards: samples where no DataLoader counts them
         self.process_group: Any = None  # the DDP's group, held until exit (see ddp_created)
         self.placement: dict[str, Any] | None = None  # cores and threads as the training found them
@@ -145,6 +149,10 @@ class Recorder:
                 self._first_activity()
         entry["steps"] += 1
         entry["last_step_at"] = now
+        step_s = None  # the wall time of this optimizer step, from the main optimizer's step before
+        if entry is self._main_optimizer():
+            step_s = now - self.last_step_at if self.last_step_at is not None else None
+            self.last_step_at = now
         if entry["steps"] == WARMUP_STEPS:
             entry["warm_at"] = now
         if self.current is not None:
@@ -152,7 +160,7 @@ class Recorder:
         if self.world is None:
             self._observe_world()
         if self.ddp is not None and not self.meter:  # a Meter's sync probe measures its own script
-            self._sample_ddp()
+            self._sample_ddp(step_s)
 
     def ddp_created(self, module: Any) -> None:
         """A DistributedDataParallel module was made: follow the largest one's timers."""
@@ -162,7 +170,8 @@ class Recorder:
             return
         if self.ddp is None or self.ddp() is None or size > self.ddp_parameters:
             self.ddp, self.ddp_parameters = weakref.ref(module), size
-            self.ddp_samples = []
+            self.ddp_samples, self.ddp_stride = [], 1
+            self.ddp_rate = time_every_iteration(module)
             self.inputs.watch(module)
         # Keep the DDP's process group alive until this process's exit handlers (`at_exit`). A script that ends
         # with destroy_process_group() and returns frees its DDP model right away; if that frees the group too,
@@ -171,7 +180,11 @@ class Recorder:
         # (docs/traps.md). Held to the exit handlers, the group is freed after the workers are idle.
         self.process_group = getattr(module, "process_group", None) or self.process_group
 
-    def _sample_ddp(self) -> None:
+    def _main_optimizer(self) -> dict[str, Any] | None:
+        """The optimizer that stepped most (a GAN's second optimizer does not split the steps' wall times)."""
+        return max(self.optimizers.values(), key=lambda o: o["steps"], default=None)
+
+    def _sample_ddp(self, step_s: float | None) -> None:
         module = self.ddp() if self.ddp is not None else None
         if module is None:
             return
@@ -181,7 +194,8 @@ class Recorder:
             self.ddp = None
             return
         if sample is not None:
-            keep_sample(self.ddp_samples, sample)
+            sample["step_s"] = step_s  # this optimizer step's wall time, from the one before (None for the first)
+            self.ddp_stride = keep_sample(self.ddp_samples, sample, self.ddp_stride)
 
     def meter_created(self) -> None:
         """The script measures itself with gpuscale.Meter: leave the summary (and the device's sampling) to it."""
@@ -237,7 +251,8 @@ class Recorder:
             "passes": [p.as_dict() for p in list(self.passes)],
             "warmup_steps": WARMUP_STEPS, "peak_memory_bytes": _peak_memory_bytes(),
             "series": series, "torch_version": torch.__version__, "argv": list(sys.argv),
-            "ddp": {"parameters": self.ddp_parameters, "samples": list(self.ddp_samples)} if self.ddp_parameters else None,
+            "ddp": {"parameters": self.ddp_parameters, "samples": list(self.ddp_samples), "rate": self.ddp_rate,
+                    "stride": self.ddp_stride} if self.ddp_parameters else None,
             "inputs": self.inputs.as_dict(),
             "libraries": [name for name in TRAINING_LIBRARIES if name in sys.modules],
         }
