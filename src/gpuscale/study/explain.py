@@ -184,12 +184,13 @@ def prediction_facts(results: dict[str, Any]) -> list[tuple[str, str, str]]:
     if prediction.get("gradient_bytes") is not None:
         facts.append(("gradient_bytes", "synchronised per optimizer step", f"{prediction['gradient_bytes'] / 2**20:.3g} MiB of gradients"))
     if prediction.get("overlap") is not None:
-        facts.append(("overlap", "overlap", f"{prediction['overlap']:.2f} of a step's compute time can hide communication"))
+        source = prediction.get("overlap_source") or "as given (--overlap)"
+        facts.append(("overlap", "overlap", f"{prediction['overlap']:.2f} of a step's compute time can hide communication ({source})"))
     below = prediction.get("comm_dominates_below_batch") or {}
     if below:
         facts.append(("comm_dominates_below_batch", "a step communicates longer than it computes below a per-device batch of",
                       "; ".join(f"{shape}: {_batch(b)} samples" for shape, b in below.items())))
-    known = {"baseline", "link", "gradient_bytes", "overlap", "comm_dominates_below_batch", "cells"}
+    known = {"baseline", "link", "gradient_bytes", "overlap", "overlap_source", "comm_dominates_below_batch", "cells"}
     for key in sorted(k for k in prediction if k not in known):
         facts.append((key, key.replace("_", " "), str(prediction[key])))
     return facts

@@ -25,7 +25,7 @@ from typing import Any
 from gpuscale.base.files import atomic_write_json
 from gpuscale.detect.topology import allowed_cores
 from gpuscale.slurm.cluster import ClusterOptions, cluster_job, load_cluster_profile
-from gpuscale.study import analysis, linkmeasure, matrix, predict, runner
+from gpuscale.study import analysis, calibrate, linkmeasure, matrix, predict, runner
 from gpuscale.study.answer import TARGET_EFFICIENCY, check_target
 from gpuscale.study.command import StudyCommand, baseline_world_size, check_no_cell_options
 from gpuscale.study.linkmeasure import MeasureError
@@ -129,6 +129,18 @@ def _node_devices() -> tuple[int, list[int]]:
     return gpus, allowed_cores()
 
 
+def _calibrated(prediction: dict[str, Any], out: Path, spec: StudySpec, predict_with: Callable[[float], dict[str, Any] | None],
+                unit: str) -> dict[str, Any]:
+    """The prediction made again with the overlap its measured runs show (`gpuscale.study.calibrate`); as it was, with
+    its default's source, where no run measured its exposed communication."""
+    found = calibrate.calibration(prediction, analysis.analyse(out, prediction, spec.target_efficiency)["rows"])
+    if found is None:
+        default = "GPUs: NCCL runs beside the backward" if unit == "GPU" else "CPUs: gloo's threads share the cores the backward uses"
+        return {**prediction, "overlap_source": f"the default for {default}; no run measured its exposed communication"}
+    overlap, source = found
+    return {**(predict_with(overlap) or prediction), "overlap_source": source}
+
+
 def _link(spec: StudySpec, num_gpus: int, cores: list[int], max_nproc: int) -> predict.Link:
     """The interconnect figures: the profile's on SLURM, else measured here once (cached in the study)."""
     if spec.cluster is not None and spec.launcher == "slurm":
@@ -227,7 +239,10 @@ def run_study(spec: StudySpec, progress: Callable[[str], None] = print) -> Study
         try:
             link = _link(spec, num_gpus, cores, max(c.nproc_per_node for c in cells))
             per_node = load_cluster_profile(spec.cluster).gpus_per_node if spec.launcher == "slurm" and spec.cluster else NEXT_NODE_DEVICES
-            prediction = predict.predict_study(shapes, summaries, link, overlap, max(per_node, max(c.nproc_per_node for c in shapes)))
+            devices = max(per_node, max(c.nproc_per_node for c in shapes))
+            prediction = predict.predict_study(shapes, summaries, link, overlap, devices)
+            if prediction is not None and spec.overlap is None:
+                prediction = _calibrated(prediction, out, spec, lambda o: predict.predict_study(shapes, summaries, link, o, devices), unit)
         except (ValueError, MeasureError) as exc:
             progress(f"no prediction: {exc}")
     results = analysis.analyse(out, prediction, spec.target_efficiency)
