@@ -3,11 +3,22 @@ long run's sample that stays small and the same on every rank."""
 
 from __future__ import annotations
 
+import time
+from collections import deque
+
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from gpuscale.measure.probe.ddp_timers import MAX_DDP_SAMPLES, ddp_sample, keep_sample, time_every_iteration, timing_every
+from gpuscale.measure.probe.ddp_timers import (
+    MAX_DDP_SAMPLES,
+    ddp_sample,
+    hook_backward,
+    keep_sample,
+    split_at_backward_call,
+    time_every_iteration,
+    timing_every,
+)
 
 
 def _sample(iteration: int) -> dict:
@@ -56,5 +67,33 @@ def test_ddp_times_every_iteration_of_a_model_on_cpus(tmp_path, single_process):
             model.zero_grad(set_to_none=True)
         timed = [i for i in seen if i is not None]
         assert len(set(timed)) >= 20 and max(timed) >= 20, seen  # past the 10th, every iteration is timed
+    finally:
+        dist.destroy_process_group()
+
+
+def test_work_before_the_backward_call_is_split_from_ddps_backward(tmp_path, single_process, monkeypatch):
+    """DDP's backward clock starts when the forward ends: 20 ms of the script's own work before it calls backward
+    would count as backward. With the call's time noted (the wrapped torch.autograd.backward) it is host_s."""
+    monkeypatch.setattr(torch.autograd, "backward", torch.autograd.backward)  # restored after the test
+    calls: deque[int] = deque(maxlen=8)
+    hook_backward(calls)
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        model = nn.parallel.DistributedDataParallel(nn.Linear(16, 2))
+        time_every_iteration(model)
+        samples = []
+        for _ in range(4):
+            loss = model(torch.randn(8, 16)).sum()
+            time.sleep(0.02)  # the script's own work between forward and backward
+            loss.backward()
+            model(torch.randn(8, 16))
+            sample = ddp_sample(model._get_ddp_logging_data())
+            split_at_backward_call(sample, calls)
+            samples.append(sample)
+            model.zero_grad(set_to_none=True)
+        for sample in samples[1:]:
+            assert 0.018 < sample["host_s"] < 0.1 and sample["backward_s"] < 0.015, sample
+            assert "compute_start_ns" not in sample and "compute_end_ns" not in sample
     finally:
         dist.destroy_process_group()

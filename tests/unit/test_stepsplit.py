@@ -108,3 +108,23 @@ def test_strategies_the_probe_cannot_measure_are_named():
     compiled = nn.Linear(2, 2)
     compiled.compile(backend="eager")
     assert syncprobe.unsupported_reason(compiled).startswith("compiled model")
+
+
+def test_the_backward_the_all_reduce_slowed_is_communication_even_on_the_slow_rank():
+    """DDP's timers on two ranks, as a busy rank 1 makes them: rank 1 does 10 ms of host work before each backward
+    (host_s) and its backward, with rank 0's all-reduce ready beside it, takes 11 ms; rank 0's takes 7 ms, as it does
+    alone (its all-reduce waits for rank 1). Rank 0 waits 10 + 4 ms longer than rank 1 (2 ms exposed): 10 ms is rank
+    1's extra work (imbalance), 4 ms its backward slowed by the all-reduce beside it (communication)."""
+    def probe(step, rank):
+        host, backward = (0.010, 0.011) if rank == 1 else (0.0, 0.007)
+        wait = 0.002 + (0.014 if rank == 0 else 0.0)
+        return {"step": step, "forward_s": 0.004, "backward_s": backward, "host_s": host, "synced_backward_s": backward + wait}
+    ranks = [{"rank": r, "data_wait_s": 0.0, "probes": [probe(s, r) for s in range(11, 41)]} for r in (0, 1)]
+    split = split_step(0.04, 40, ranks, average="mean", warmup=10, slowed_backward=True)
+    per_step = split["per_step_s"]
+    assert split["slow_rank"] == 1 and split["reference_rank"] == 0
+    assert per_step["persistent_imbalance"] == pytest.approx(0.010) and per_step["imbalance"] == pytest.approx(0.010)
+    assert per_step["comm_slowdown"] == pytest.approx(0.004) and per_step["exposed_comm"] == pytest.approx(0.006)
+    assert per_step["compute"] == pytest.approx(0.004 + 0.007)  # rank 0's forward and backward, alone
+    without = split_step(0.04, 40, ranks, average="mean", warmup=10)  # the same timers read as a replay's
+    assert without["per_step_s"]["imbalance"] == pytest.approx(0.014) and without["per_step_s"]["comm_slowdown"] is None

@@ -122,23 +122,21 @@ def test_lost_efficiency_splits_into_measured_parts_computed_by_hand(tmp_path):
     assert any("lost 15% of ideal throughput to exposed communication" in f for f in s["flags"])
 
 
-def _ddp_timed(split: dict, forward: float, backward: float, persistent: float, jitter: float, slow: int | None) -> dict:
-    """A split as the probe's merge writes it from DDP's timers: imbalance in its two parts, forward and backward."""
+def _ddp_timed(split: dict, persistent: float, jitter: float, slowdown: float | None = None) -> dict:
+    """A split as the probe's merge writes it from DDP's timers: imbalance in its two parts, the slowed backward."""
     return {**split, "imbalance": persistent + jitter, "persistent_imbalance": persistent, "jitter": jitter,
-            "forward": forward, "backward": backward}
+            "comm_slowdown": slowdown}
 
 
 def test_a_slow_rank_jitter_and_the_backward_the_all_reduce_slowed_by_hand(tmp_path):
-    """Strong scaling 1 -> 2 of a script the probe measured. The baseline computes 0.256 s per step of 32 (forward
-    0.0853, backward 0.1707: a ratio of 2); the 2-process run 0.112 s per step of 16, with a forward of 0.036 s, so
-    its backward would take 0.072 s at that ratio; it took 0.076 s: 4 ms per step the all-reduce beside it cost,
-    which counts as communication, not compute. Of its 32 ms of imbalance 30 ms are rank 1 lagging on average."""
+    """Strong scaling 1 -> 2 of a script the probe measured: its split (`stepsplit`) already counts 4 ms per step of
+    backward slowed by the all-reduce as exposed communication (36 ms with it), and 30 of its 32 ms of imbalance
+    are rank 1 lagging on average. The study shows each part, names rank 1 and says what the parts rest on."""
     base = _summary(1, "strong", 100.0, 10.0)
-    base["step_breakdown_s"] = _ddp_timed(_split(0.32, data=0.032, compute=0.256, comm=0.0, imbalance=0.0),
-                                          forward=0.256 / 3, backward=0.256 * 2 / 3, persistent=0.0, jitter=0.0, slow=None)
+    base["step_breakdown_s"] = _ddp_timed(_split(0.32, data=0.032, compute=0.256, comm=0.0, imbalance=0.0), 0.0, 0.0, 0.0)
     two = _summary(2, "strong", 150.0, 10.0)
-    two["step_breakdown_s"] = _ddp_timed(_split(2 / 150 * 16, data=0.016, compute=0.112, comm=0.032, imbalance=0.032),
-                                         forward=0.036, backward=0.076, persistent=0.030, jitter=0.002, slow=1)
+    two["step_breakdown_s"] = _ddp_timed(_split(2 / 150 * 16, data=0.016, compute=0.108, comm=0.036, imbalance=0.032),
+                                         persistent=0.030, jitter=0.002, slowdown=0.004)
     for summary in (base, two):
         summary["measured_by"] = "probe"
         summary["sync_probe"] = {"status": "measured", "probes": 190, "of_steps": 200, "source": "ddp_timers",
@@ -147,7 +145,7 @@ def test_a_slow_rank_jitter_and_the_backward_the_all_reduce_slowed_by_hand(tmp_p
     results = analysis.analyse(tmp_path)
     row = {r["name"]: r for r in results["rows"]}["strong-1x2"]
     assert row["comm_slowdown_s"] == pytest.approx(0.004)
-    t = 2 / 150  # seconds per sample on a device; per sample: comm (0.032 + 0.004) / 16, compute (0.112 - 0.004) / 16
+    t = 2 / 150  # seconds per sample on a device
     assert row["loss_breakdown"]["exposed_comm"] == pytest.approx(0.036 / 16 / t)
     assert row["loss_breakdown"]["compute"] == pytest.approx((0.108 / 16 - 0.256 / 32) / t)
     assert row["loss_breakdown"]["imbalance"] == pytest.approx(0.030 / 16 / t)  # the persistent part
@@ -163,11 +161,10 @@ def test_a_slow_rank_jitter_and_the_backward_the_all_reduce_slowed_by_hand(tmp_p
 
 def test_jitter_gets_its_own_flag_and_no_slow_rank_is_named(tmp_path):
     base = _summary(1, "strong", 100.0, 10.0)
-    base["step_breakdown_s"] = _ddp_timed(_split(0.32, data=0.032, compute=0.256, comm=0.0, imbalance=0.0),
-                                          forward=0.256 / 3, backward=0.256 * 2 / 3, persistent=0.0, jitter=0.0, slow=None)
+    base["step_breakdown_s"] = _ddp_timed(_split(0.32, data=0.032, compute=0.256, comm=0.0, imbalance=0.0), 0.0, 0.0)
     two = _summary(2, "strong", 150.0, 10.0)
     two["step_breakdown_s"] = _ddp_timed(_split(2 / 150 * 16, data=0.016, compute=0.136, comm=0.016, imbalance=0.024),
-                                         forward=0.136 / 3, backward=0.136 * 2 / 3, persistent=0.0, jitter=0.024, slow=None)
+                                         persistent=0.0, jitter=0.024)
     _write_study(tmp_path, [base, two])
     row = {r["name"]: r for r in analysis.analyse(tmp_path)["rows"]}["strong-1x2"]
     assert row["loss_breakdown"]["imbalance"] == pytest.approx(0.0) and row["loss_breakdown"]["jitter"] > 0.1

@@ -53,7 +53,25 @@ def _sync_wait(probe: dict[str, Any]) -> float:
 
 
 def _compute(probe: dict[str, Any]) -> float:
-    return (probe["forward_s"] + probe["backward_s"]) * probe.get("micro_batches", 1)
+    """What the rank computed in a probed step: forward, the host work before its backward (DDP's timers), backward."""
+    return (probe["forward_s"] + (probe.get("host_s") or 0.0) + probe["backward_s"]) * probe.get("micro_batches", 1)
+
+
+UNHINDERED_QUANTILE = 0.1
+"""The backward's time with no all-reduce beside it: the fastest tenth of the ranks' backward passes in the run."""
+
+
+def _slowed_backward(groups: list[list[dict[str, Any]]], average: Callable[[list[float]], float]) -> list[float]:
+    """How much longer each rank's backward took than with no all-reduce beside it, in seconds per step.
+
+    DDP's timers time the backward with the all-reduce running beside it (gloo's threads on the rank's cores,
+    NCCL's kernels on its SMs). Every rank runs the same model on the same batch size, and on the steps where the
+    others came late the all-reduce had nothing to do beside the backward: the fastest tenth of all ranks'
+    backward passes (`UNHINDERED_QUANTILE`) stands for the backward alone, and each rank's average beyond it is
+    what synchronising cost its backward."""
+    passes = sorted(p["backward_s"] for group in groups for p in group)
+    alone = passes[int(UNHINDERED_QUANTILE * (len(passes) - 1))]
+    return [max(average([group[i]["backward_s"] for group in groups]) - alone, 0.0) for i in range(len(groups[0]))]
 
 
 def _imbalance(waits: list[list[float]], average: Callable[[list[float]], float]) -> dict[str, Any]:
@@ -68,17 +86,21 @@ def _imbalance(waits: list[list[float]], average: Callable[[list[float]], float]
 
 
 def split_step(step_time_s: float | None, steps: int, ranks: Sequence[dict[str, Any]],
-               unsupported: str | None = None, *, average: str = "median", warmup: int | None = None) -> dict[str, Any]:
+               unsupported: str | None = None, *, average: str = "median", warmup: int | None = None,
+               slowed_backward: bool = False) -> dict[str, Any]:
     """The step's split from every rank's ``{"rank", "data_wait_s" (total over the run), "probes": [...]}``.
 
     average: how the probed steps are summarised, "median" (a few sync probes, robust to one odd step) or "mean"
     (DDP's timers on every step: what the run lost on average); warmup: the step after which probes count, where
-    enough come after it (`_common_probes`).
+    enough come after it (`_common_probes`); slowed_backward: the probes time the backward with the all-reduce
+    beside it (DDP's timers; a replay does not), so what that cost the backward (`_slowed_backward`) is moved to
+    exposed communication: the reference rank's from its compute, and the slow rank's excess over it from the
+    persistent imbalance (a rank that lags because its all-reduce ran beside its backward lags for communication).
 
     Returns ``{"status": "measured" | "not measured", "why": str | None, "probes": int (the steps the parts rest
     on), "of_steps": int, "reference_rank": int | None, "slow_rank": int | None, "per_step_s": {"step", "data_wait",
     "compute", "forward", "backward", "exposed_comm", "imbalance", "persistent_imbalance", "jitter", "other",
-    "sampled_step"}, "ranks": [{"rank", "data_wait_s", "compute_s", "sync_wait_s"}]}``, all seconds per optimizer
+    "comm_slowdown", "sampled_step"}, "ranks": [{"rank", "data_wait_s", "compute_s", "sync_wait_s"}]}``, all seconds per optimizer
     step; parts that could not be measured are None. "imbalance" is persistent_imbalance + jitter (`_imbalance`);
     sampled_step is the probed steps' own wall time where the probes carry it (``step_s``), to compare with step.
     """
@@ -96,7 +118,8 @@ def split_step(step_time_s: float | None, steps: int, ranks: Sequence[dict[str, 
                               "reference_rank": None, "slow_rank": None,
                               "per_step_s": {"step": step_time_s, "data_wait": None, "compute": None, "forward": None,
                                              "backward": None, "exposed_comm": None, "imbalance": None,
-                                             "persistent_imbalance": None, "jitter": None, "other": None, "sampled_step": None},
+                                             "persistent_imbalance": None, "jitter": None, "other": None, "comm_slowdown": None,
+                                             "sampled_step": None},
                               "ranks": rank_rows}
     if not ranks:
         result["why"] = "no rank reported"
@@ -115,6 +138,14 @@ def split_step(step_time_s: float | None, steps: int, ranks: Sequence[dict[str, 
         reference = max(range(len(ranks)), key=lambda i: imbalance["per_rank"][i])
     ref = rank_rows[reference]
     mine = [group[reference] for group in groups]
+    slowed = 0.0
+    if slowed_backward and len(ranks) > 1:
+        by_rank = _slowed_backward(groups, summarise)
+        lag = min(max(by_rank[imbalance["slow"]] - by_rank[reference], 0.0), imbalance["persistent"]) if imbalance["slow"] is not None else 0.0
+        slowed = by_rank[reference] + lag
+        exposed += slowed
+        ref = {**ref, "compute_s": ref["compute_s"] - by_rank[reference]}
+        imbalance = {**imbalance, "total": imbalance["total"] - lag, "persistent": imbalance["persistent"] - lag}
     parts = {"data_wait": ref["data_wait_s"], "compute": ref["compute_s"], "exposed_comm": exposed, "imbalance": imbalance["total"]}
     other = step_time_s - sum(parts.values()) if step_time_s is not None else None
     wall = [p["step_s"] for p in mine if p.get("step_s") is not None]
@@ -124,6 +155,7 @@ def split_step(step_time_s: float | None, steps: int, ranks: Sequence[dict[str, 
                               "forward": summarise([p["forward_s"] * p.get("micro_batches", 1) for p in mine]),
                               "backward": summarise([p["backward_s"] * p.get("micro_batches", 1) for p in mine]),
                               "persistent_imbalance": imbalance["persistent"], "jitter": imbalance["jitter"],
+                              "comm_slowdown": slowed if slowed_backward else None,
                               "sampled_step": summarise(wall) if wall else None})
     return result
 

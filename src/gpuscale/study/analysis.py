@@ -28,8 +28,9 @@ one device; `gpuscale.measure.stepsplit` gives the per-step parts):
 Communication that runs beside the backward and slows it (gloo's threads on the cores the backward uses, NCCL's
 kernels on the SMs) is communication, not compute. The sync probe's replays leave it out of compute by themselves
 (the replay does not synchronise). DDP's timers, for a script the probe measures, time the slowed backward:
-there `comm_slowdown` measures it as the backward's growth beyond the forward's (the forward runs with no
-all-reduce beside it), against the baseline's backward/forward ratio, and moves it from compute to exposed_comm.
+there the step's split (`gpuscale.measure.stepsplit`) measures the slowdown against the run's own fastest
+backward passes and puts it in exposed communication (``step_breakdown_s.comm_slowdown``, the row's
+``comm_slowdown_s``).
 
     share(part) = (part per sample - the baseline's) / this run's time per sample
 
@@ -150,23 +151,6 @@ def _parts_per_sample(row: dict[str, Any]) -> dict[str, float | None]:
     return {part: None if per_step.get(key) is None else per_step[key] / samples for part, key in names.items()}
 
 
-def comm_slowdown(row: dict[str, Any], base: dict[str, Any]) -> float | None:
-    """How much longer a step's backward took because the all-reduce ran beside it, in seconds per step, where DDP's
-    timers measured both runs (a script the probe measures); None elsewhere.
-
-    The forward runs with nothing beside it, so its growth over the baseline's is the device computing slower (a
-    smaller batch, shared caches); the backward, at the baseline's backward/forward ratio, would take
-    ``forward x ratio``; what it took beyond that, the all-reduce cost it.
-    """
-    if (row.get("sync_probe") or {}).get("source") != "ddp_timers":
-        return None
-    mine, theirs = row.get("step_breakdown_s") or {}, base.get("step_breakdown_s") or {}
-    if not all((part.get("forward") or 0) > 0 and part.get("backward") is not None for part in (mine, theirs)):
-        return None
-    expected = mine["forward"] * theirs["backward"] / theirs["forward"]
-    return max(mine["backward"] - expected, 0.0)
-
-
 def breakdown(row: dict[str, Any], base: dict[str, Any]) -> dict[str, float | None]:
     """Lost efficiency split into `PARTS`, each a fraction of ideal throughput (see the module docstring).
 
@@ -178,11 +162,6 @@ def breakdown(row: dict[str, Any], base: dict[str, Any]) -> dict[str, float | No
     t = row["world_size"] / row["samples_per_s"]  # seconds per sample on one device
     t0 = base["world_size"] / base["samples_per_s"]
     mine, theirs = _parts_per_sample(row), _parts_per_sample(base)
-    slowdown = comm_slowdown(row, base)
-    if slowdown and mine["compute"] is not None and mine["exposed_comm"] is not None:
-        moved = slowdown / _samples_per_device_step(row)
-        mine["compute"] -= moved
-        mine["exposed_comm"] += moved
     shares: dict[str, float | None] = {}
     for part in PARTS[:-1]:
         a, b = mine[part], theirs[part]
@@ -197,13 +176,22 @@ def noise(row: dict[str, Any], base: dict[str, Any]) -> float:
     return max(NOISE_FLOOR, spread(row), spread(base))
 
 
-def predicted_breakdown(cell: dict[str, Any] | None) -> dict[str, float | None] | None:
-    """The prediction's parts, as fractions of ideal: the model has only exposed communication
-    (compute per sample is assumed constant: 0); data, imbalance and the rest it does not model (None)."""
+def predicted_breakdown(cell: dict[str, Any] | None, row: dict[str, Any] | None = None) -> dict[str, float | None] | None:
+    """The prediction's parts, as fractions of ideal: the model has only exposed communication (compute per sample is
+    assumed constant: 0); data, imbalance, jitter and the rest it does not model (None).
+
+    Beside a measured run (`row`), the model's exposed communication per step is put in the run's own units: per
+    sample on one device, over the run's measured time per sample, as the measured part is. Its share then says
+    how many points of this run's lost efficiency the model gives to communication; over the model's own, shorter
+    step (which knows nothing of the other parts) the same seconds would read larger."""
     if not cell or not cell.get("step_time_s"):
         return None
-    return {"data": None, "exposed_comm": cell["exposed_comm_s"] / cell["step_time_s"], "imbalance": None,
-            "jitter": None, "compute": 0.0, "rest": None}
+    if row is not None and row.get("samples_per_s"):
+        t = row["world_size"] / row["samples_per_s"]
+        exposed = cell["exposed_comm_s"] / _samples_per_device_step(row) / t
+    else:
+        exposed = cell["exposed_comm_s"] / cell["step_time_s"]
+    return {"data": None, "exposed_comm": exposed, "imbalance": None, "jitter": None, "compute": 0.0, "rest": None}
 
 
 def analyse_rows(rows: list[dict[str, Any]], device: str = "cpu", planned: dict[str, str] | None = None) -> dict[str, str]:
@@ -233,7 +221,7 @@ def analyse_rows(rows: list[dict[str, Any]], device: str = "cpu", planned: dict[
             row["efficiency"] = row["speedup"] / devices
             row["efficiency_runs"] = [runs / row["ideal_samples_per_s"] for runs in row["samples_per_s_runs"]]
             row["time_speedup"] = _per_epoch(base, "time_to_result_s") / _per_epoch(row, "time_to_result_s")
-            row["comm_slowdown_s"] = comm_slowdown(row, base)
+            row["comm_slowdown_s"] = (row.get("step_breakdown_s") or {}).get("comm_slowdown")
             row["loss_breakdown"] = breakdown(row, base)
             row["noise"] = noise(row, base)
             set_flags(row, row_flags(row, base, device))
@@ -272,7 +260,7 @@ def attach_prediction(rows: list[dict[str, Any]], prediction: dict[str, Any]) ->
             continue
         row["predicted_samples_per_s"] = cell["samples_per_s"]
         row["predicted_efficiency"] = cell["efficiency"]
-        row["predicted_breakdown"] = predicted_breakdown(cell) if row["world_size"] > 1 else None
+        row["predicted_breakdown"] = predicted_breakdown(cell, row) if row["world_size"] > 1 else None
 
 
 def analyse(study_dir: Path, prediction: dict[str, Any] | None = None, target_efficiency: float = TARGET_EFFICIENCY) -> dict[str, Any]:

@@ -14,9 +14,13 @@ samples still meet step by step.
 
 from __future__ import annotations
 
+import time
+from collections import deque
+from collections.abc import Iterable
 from typing import Any, Protocol
 
-__all__ = ["MAX_DDP_SAMPLES", "ddp_sample", "keep_sample", "hook_ddp", "timing_every", "time_every_iteration"]
+__all__ = ["MAX_DDP_SAMPLES", "ddp_sample", "keep_sample", "hook_ddp", "hook_backward", "split_at_backward_call", "timing_every",
+           "time_every_iteration"]
 
 MAX_DDP_SAMPLES = 2048
 """DDP timer samples kept per rank: the first 10 iterations, then an evenly spaced sample of the rest."""
@@ -41,7 +45,43 @@ def ddp_sample(data: dict[str, Any]) -> dict[str, Any] | None:
     if iteration < 1 or comm_end <= 0 or comm_start <= 0:
         return None
     return {"iteration": iteration, "forward_s": forward / 1e9, "backward_s": backward / 1e9,
-            "sync_wait_s": max(comm_end - compute_end, 0) / 1e9, "comm_start_ns": comm_start}
+            "sync_wait_s": max(comm_end - compute_end, 0) / 1e9, "comm_start_ns": comm_start,
+            "compute_end_ns": compute_end, "compute_start_ns": compute_end - backward}
+
+
+def split_at_backward_call(sample: dict[str, Any], calls_ns: Iterable[int]) -> None:
+    """Split DDP's "backward" of `sample` at the script's call of backward (in place).
+
+    DDP starts its backward clock when the forward ends, so its backward time holds whatever the script does
+    before it calls backward (the loss, logging, a busy rank's extra work). With the call's time (`hook_backward`),
+    ``host_s`` is that stretch and ``backward_s`` the backward itself; without one in the window both stay as DDP
+    gave them (``host_s`` None). The raw clock readings are dropped either way."""
+    start, end = sample.pop("compute_start_ns", None), sample.pop("compute_end_ns", None)
+    if start is None or end is None:
+        return
+    call = max((c for c in calls_ns if start <= c <= end), default=None)
+    if call is not None:
+        sample["host_s"], sample["backward_s"] = (call - start) / 1e9, (end - call) / 1e9
+    else:
+        sample["host_s"] = None
+
+
+def hook_backward(calls_ns: deque[int]) -> None:
+    """Note the wall clock (the clock DDP's CPU timers read: time.time_ns) of every call of torch.autograd.backward,
+    through which ``Tensor.backward`` goes, in `calls_ns`."""
+    import torch.autograd
+
+    original = torch.autograd.backward
+    if getattr(original, "_gpuscale_probe", False):
+        return
+
+    def backward(*args: Any, **kwargs: Any) -> Any:
+        calls_ns.append(time.time_ns())
+        return original(*args, **kwargs)
+
+    backward._gpuscale_probe = True  # type: ignore[attr-defined]
+    backward.__wrapped__ = original  # type: ignore[attr-defined]
+    torch.autograd.backward = backward
 
 
 def keep_sample(samples: list[dict[str, Any]], sample: dict[str, Any], stride: int = 1) -> int:

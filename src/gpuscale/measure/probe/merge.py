@@ -107,7 +107,7 @@ def rank_account(record: dict[str, Any]) -> dict[str, Any]:
     micro_batches = max(1, round(account["batches"] / main["steps"])) if main["steps"] else 1
     account["probes"] = [{"step": d["iteration"], "forward_s": d["forward_s"], "backward_s": d["backward_s"],
                           "synced_backward_s": d["backward_s"] + d["sync_wait_s"], "micro_batches": micro_batches,
-                          "step_s": d.get("step_s")}
+                          "step_s": d.get("step_s"), "host_s": d.get("host_s")}
                          for d in (record.get("ddp") or {}).get("samples") or []]
     start = min(p["first_at"] for p in training) if training else (inputs or {}).get("first_at") or main["first_step_at"]
     end = main["last_step_at"]
@@ -220,7 +220,7 @@ def _step_split(totals: _Totals, accounts: list[dict[str, Any]]) -> dict[str, An
     over their timed iterations after DDP's first 10 (every iteration on CPUs), as the run lost it on average."""
     split = split_step(totals.step_time, totals.steps, [{"rank": a["rank"], "data_wait_s": a["data_wait_s"], "probes": a["probes"]}
                                                         for a in accounts], NOT_MEASURED["exposed_comm"],
-                       average="mean", warmup=DDP_WARMUP)
+                       average="mean", warmup=DDP_WARMUP, slowed_backward=True)
     if split["status"] != "measured" and any(a["probes"] for a in accounts):
         split["why"] = "the ranks' DDP timers have no timed iteration in common"
     return split

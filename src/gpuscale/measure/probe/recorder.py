@@ -23,7 +23,9 @@ Installed by the probe's ``sitecustomize`` right after the script imports torch 
   recorder asks it to: its timers read the host's clock), and on GPUs its first 10 and every 100th (there its
   timers wait for the device): forward and backward compute, and when its gradient all-reduce ended after the
   backward's last gradient was ready, which is the rank's **sync wait** (exposed communication, plus waiting
-  for the slowest rank), with the optimizer step's wall time beside it. The merge turns these samples into
+  for the slowest rank), with the optimizer step's wall time beside it. DDP's backward clock starts when the
+  forward ends; the script's call of ``torch.autograd.backward`` (wrapped: its time is noted) splits what came
+  before the backward (``host_s``: the loss, logging, a busy rank's extra work) from the backward itself. The merge turns these samples into
   the step's split as the sync probe's replays do for gpuscale's Training.
 
 The record, ``GPUSCALE_PROBE_DIR/rank-<RANK>.json``, is written when the process ends, however
@@ -52,6 +54,7 @@ import sys
 import threading
 import time
 import weakref
+from collections import deque
 from types import SimpleNamespace
 from typing import Any
 
@@ -62,7 +65,16 @@ from gpuscale.detect.env import detect_env
 from gpuscale.detect.launchtime import launch_time, process_start_time
 from gpuscale.detect.topology import format_cpulist
 from gpuscale.measure.monitor import Monitor, monitor_enabled
-from gpuscale.measure.probe.ddp_timers import DDP_DEFAULT_RATE, MAX_DDP_SAMPLES, ddp_sample, hook_ddp, keep_sample, time_every_iteration
+from gpuscale.measure.probe.ddp_timers import (
+    DDP_DEFAULT_RATE,
+    MAX_DDP_SAMPLES,
+    ddp_sample,
+    hook_backward,
+    hook_ddp,
+    keep_sample,
+    split_at_backward_call,
+    time_every_iteration,
+)
 from gpuscale.measure.probe.endings import SIGNALS, hook_exceptions, hook_signals
 from gpuscale.measure.probe.loader_waits import MAX_PASSES, Pass, hook_loaders, next_pass
 from gpuscale.measure.probe.model_inputs import ModelInputs
@@ -113,6 +125,7 @@ class Recorder:
         self.ddp_stride = 1  # the kept sample's spacing after its first 10 iterations (ddp_timers.keep_sample)
         self.ddp_rate = DDP_DEFAULT_RATE  # one in how many iterations DDP times
         self.last_step_at: float | None = None  # the latest optimizer step of the main optimizer: a step's wall time
+        self.backward_calls: deque[int] = deque(maxlen=8)  # when the script last called backward (time.time_ns)
         self.inputs = ModelInputs()  # the largest DDP model's training forwards: samples where no DataLoader counts them
         self.process_group: Any = None  # the DDP's group, held until exit (see ddp_created)
         self.placement: dict[str, Any] | None = None  # cores and threads as the training found them
@@ -194,6 +207,7 @@ class Recorder:
             self.ddp = None
             return
         if sample is not None:
+            split_at_backward_call(sample, self.backward_calls)
             sample["step_s"] = step_s  # this optimizer step's wall time, from the one before (None for the first)
             self.ddp_stride = keep_sample(self.ddp_samples, sample, self.ddp_stride)
 
@@ -351,6 +365,7 @@ def install() -> Recorder | None:
     register_optimizer_step_post_hook(recorder.step)
     hook_loaders(recorder)
     hook_ddp(recorder)
+    hook_backward(recorder.backward_calls)
     hook_exceptions(recorder)
     hook_signals(recorder)
     atexit.register(recorder.at_exit)
