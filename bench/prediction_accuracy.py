@@ -31,8 +31,9 @@ def main() -> int:
     for hidden in args.hidden.split(","):
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "study"
+            # --overlap 0 (the CPU default) given, so that the study does not calibrate the model on the runs it checks
             cmd = [sys.executable, "-m", "gpuscale", "study", "--nproc", "1,2", "--scaling", "weak,strong", "--repeat", args.repeat,
-                   "--out", str(out), "--", str(SCRIPT), "--steps", args.steps, "--hidden", hidden, "--batch-size", "128"]
+                   "--overlap", "0", "--out", str(out), "--", str(SCRIPT), "--steps", args.steps, "--hidden", hidden, "--batch-size", "128"]
             result = subprocess.run(cmd, capture_output=True, text=True)
             if result.returncode != 0:
                 print(result.stdout[-3000:], result.stderr[-3000:], file=sys.stderr)

@@ -15,6 +15,7 @@ The truth is the delay injected and the throughput measured: each expected share
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -74,7 +75,8 @@ def test_a_clean_run_is_clean(study):
     for part in ("data", "imbalance", "rest"):
         assert abs(shares[part]) <= TOLERANCE, (part, shares)
     assert all(share >= -0.02 for share in shares.values() if share is not None), shares
-    assert not any("slower on average" in f for f in row["flags"])
+    # no slow-rank flag (the jitter flag, where jitter passes 10%, says that no rank is slower on average)
+    assert not any(re.search(r"rank \d+ is slower on average", f) or "to imbalance" in f for f in row["flags"]), row["flags"]
 
 
 def test_every_part_says_how_many_steps_it_rests_on(study):
