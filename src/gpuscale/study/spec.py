@@ -129,11 +129,26 @@ def _node_devices() -> tuple[int, list[int]]:
     return gpus, allowed_cores()
 
 
-def _calibrated(prediction: dict[str, Any], out: Path, spec: StudySpec, predict_with: Callable[[float], dict[str, Any] | None],
+def _prediction(spec: StudySpec, shapes: list[matrix.Cell], summaries: dict[str, dict[str, Any]], nproc: int,
+                devices: tuple[int, list[int]], unit: str) -> dict[str, Any] | None:
+    """The study's prediction from its single-device runs and the link (the profile's, or measured here), with the
+    overlap given (--overlap), else calibrated on its measured runs (`_calibrated`)."""
+    num_gpus, cores = devices
+    overlap = spec.overlap if spec.overlap is not None else (0.5 if unit == "GPU" else 0.0)
+    link = _link(spec, num_gpus, cores, nproc)
+    per_node = load_cluster_profile(spec.cluster).gpus_per_node if spec.launcher == "slurm" and spec.cluster else NEXT_NODE_DEVICES
+    largest = max(per_node, max(c.nproc_per_node for c in shapes))
+    prediction = predict.predict_study(shapes, summaries, link, overlap, largest)
+    if prediction is None or spec.overlap is not None:
+        return prediction
+    return _calibrated(prediction, spec, lambda o: predict.predict_study(shapes, summaries, link, o, largest), unit)
+
+
+def _calibrated(prediction: dict[str, Any], spec: StudySpec, predict_with: Callable[[float], dict[str, Any] | None],
                 unit: str) -> dict[str, Any]:
     """The prediction made again with the overlap its measured runs show (`gpuscale.study.calibrate`); as it was, with
     its default's source, where no run measured its exposed communication."""
-    found = calibrate.calibration(prediction, analysis.analyse(out, prediction, spec.target_efficiency)["rows"])
+    found = calibrate.calibration(prediction, analysis.analyse(spec.out, prediction, spec.target_efficiency)["rows"])
     if found is None:
         default = "GPUs: NCCL runs beside the backward" if unit == "GPU" else "CPUs: gloo's threads share the cores the backward uses"
         return {**prediction, "overlap_source": f"the default for {default}; no run measured its exposed communication"}
@@ -235,14 +250,8 @@ def run_study(spec: StudySpec, progress: Callable[[str], None] = print) -> Study
     shapes = [c for c in cells if c.repeat == 1]
     prediction = None
     if spec.predict and any(c.world_size == 1 and c.name in summaries for c in shapes) and len(shapes) > 1:
-        overlap = spec.overlap if spec.overlap is not None else (0.5 if unit == "GPU" else 0.0)
         try:
-            link = _link(spec, num_gpus, cores, max(c.nproc_per_node for c in cells))
-            per_node = load_cluster_profile(spec.cluster).gpus_per_node if spec.launcher == "slurm" and spec.cluster else NEXT_NODE_DEVICES
-            devices = max(per_node, max(c.nproc_per_node for c in shapes))
-            prediction = predict.predict_study(shapes, summaries, link, overlap, devices)
-            if prediction is not None and spec.overlap is None:
-                prediction = _calibrated(prediction, out, spec, lambda o: predict.predict_study(shapes, summaries, link, o, devices), unit)
+            prediction = _prediction(spec, shapes, summaries, max(c.nproc_per_node for c in cells), (num_gpus, cores), unit)
         except (ValueError, MeasureError) as exc:
             progress(f"no prediction: {exc}")
     results = analysis.analyse(out, prediction, spec.target_efficiency)
