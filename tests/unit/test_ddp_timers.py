@@ -1,24 +1,22 @@
-"""DDP's own timers as the probe reads them: every iteration timed on CPUs (checked against a real DDP model), and a
-long run's sample that stays small and the same on every rank."""
+"""DDP's own timers as the probe reads them: every iteration timed on CPUs and the work before the backward call split
+off (both checked against a real DDP model), and a long run's sample that stays small and the same on every rank.
+
+The real DDP model runs in a child process (gloo, one rank) that leaves with os._exit: freeing a gloo group in the
+test process can deadlock its worker threads (docs/traps.md), and a unit test must not be able to hang the tier."""
 
 from __future__ import annotations
 
-import time
-from collections import deque
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
-import torch
-import torch.distributed as dist
-from torch import nn
+import pytest
 
-from gpuscale.measure.probe.ddp_timers import (
-    MAX_DDP_SAMPLES,
-    ddp_sample,
-    hook_backward,
-    keep_sample,
-    split_at_backward_call,
-    time_every_iteration,
-    timing_every,
-)
+from gpuscale.measure.probe.ddp_timers import MAX_DDP_SAMPLES, keep_sample
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _sample(iteration: int) -> dict:
@@ -46,54 +44,63 @@ def test_a_repeated_reading_of_one_iteration_is_kept_once():
     assert len(kept) == 1
 
 
-def test_ddp_times_every_iteration_of_a_model_on_cpus(tmp_path, single_process):
-    """A real DistributedDataParallel (gloo, one rank): with the probe's rate it has a new timed iteration after
-    every step, where by default it would stop after its 10th."""
-    assert timing_every(nn.Linear(4, 2)) == 1
-    store = dist.FileStore(str(tmp_path / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    try:
-        model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 2)))
-        assert time_every_iteration(model) == 1
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        seen = []
-        for _ in range(25):
-            model(torch.randn(8, 16)).sum().backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            model(torch.randn(8, 16))  # DDP logs the timed iteration at the next forward's start
-            sample = ddp_sample(model._get_ddp_logging_data())
-            seen.append(sample["iteration"] if sample else None)
-            model.zero_grad(set_to_none=True)
-        timed = [i for i in seen if i is not None]
-        assert len(set(timed)) >= 20 and max(timed) >= 20, seen  # past the 10th, every iteration is timed
-    finally:
-        dist.destroy_process_group()
+CHILD = """
+import json, os, sys, time
+from collections import deque
+import torch, torch.distributed as dist
+from torch import nn
+from gpuscale.measure.probe.ddp_timers import ddp_sample, hook_backward, split_at_backward_call, time_every_iteration, timing_every
+
+dist.init_process_group("gloo", store=dist.FileStore(sys.argv[1], 1), rank=0, world_size=1)
+calls = deque(maxlen=8)
+hook_backward(calls)
+model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 2)))
+found = {"cpu_rate": timing_every(nn.Linear(4, 2)), "rate": time_every_iteration(model), "iterations": [], "samples": []}
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(25):
+    loss = model(torch.randn(8, 16)).sum()
+    if step >= 20:
+        time.sleep(0.02)  # the script's own work between forward and backward, on the last 5 steps
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    model(torch.randn(8, 16))  # DDP logs the timed iteration at the next forward's start
+    sample = ddp_sample(model._get_ddp_logging_data())
+    if sample is not None:
+        split_at_backward_call(sample, calls)
+    found["iterations"].append(sample and sample["iteration"])
+    found["samples"].append(sample)
+    model.zero_grad(set_to_none=True)
+print(json.dumps(found), flush=True)
+os._exit(0)
+"""
 
 
-def test_work_before_the_backward_call_is_split_from_ddps_backward(tmp_path, single_process, monkeypatch):
+@pytest.fixture(scope="module")
+def real_ddp(tmp_path_factory):
+    """What a real DistributedDataParallel (gloo, one rank, in a child process) gave the probe's readers."""
+    store = tmp_path_factory.mktemp("ddp") / "store"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
+    result = subprocess.run([sys.executable, "-c", CHILD, str(store)], capture_output=True, text=True, timeout=180, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_ddp_times_every_iteration_of_a_model_on_cpus(real_ddp):
+    """With the probe's rate DDP has a new timed iteration after every step, where by default it stops after its 10th."""
+    assert real_ddp["cpu_rate"] == 1 and real_ddp["rate"] == 1
+    timed = [i for i in real_ddp["iterations"] if i is not None]
+    assert len(set(timed)) >= 20 and max(timed) >= 20, real_ddp["iterations"]
+
+
+def test_work_before_the_backward_call_is_split_from_ddps_backward(real_ddp):
     """DDP's backward clock starts when the forward ends: 20 ms of the script's own work before it calls backward
     would count as backward. With the call's time noted (the wrapped torch.autograd.backward) it is host_s."""
-    monkeypatch.setattr(torch.autograd, "backward", torch.autograd.backward)  # restored after the test
-    calls: deque[int] = deque(maxlen=8)
-    hook_backward(calls)
-    store = dist.FileStore(str(tmp_path / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    try:
-        model = nn.parallel.DistributedDataParallel(nn.Linear(16, 2))
-        time_every_iteration(model)
-        samples = []
-        for _ in range(4):
-            loss = model(torch.randn(8, 16)).sum()
-            time.sleep(0.02)  # the script's own work between forward and backward
-            loss.backward()
-            model(torch.randn(8, 16))
-            sample = ddp_sample(model._get_ddp_logging_data())
-            split_at_backward_call(sample, calls)
-            samples.append(sample)
-            model.zero_grad(set_to_none=True)
-        for sample in samples[1:]:
-            assert 0.018 < sample["host_s"] < 0.1 and sample["backward_s"] < 0.015, sample
-            assert "compute_start_ns" not in sample and "compute_end_ns" not in sample
-    finally:
-        dist.destroy_process_group()
+    slept = [s for s in real_ddp["samples"][-4:] if s is not None]  # iterations 21-24, logged one step late
+    assert len(slept) >= 3
+    for sample in slept:
+        assert 0.018 < sample["host_s"] < 0.1 and sample["backward_s"] < 0.015, sample
+        assert "compute_start_ns" not in sample and "compute_end_ns" not in sample
+    quiet = [s for s in real_ddp["samples"][12:18] if s is not None]
+    assert quiet and all(s["host_s"] < 0.005 for s in quiet), quiet
