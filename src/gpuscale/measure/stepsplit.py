@@ -99,7 +99,7 @@ def split_step(step_time_s: float | None, steps: int, ranks: Sequence[dict[str, 
 
     Returns ``{"status": "measured" | "not measured", "why": str | None, "probes": int (the steps the parts rest
     on), "of_steps": int, "reference_rank": int | None, "slow_rank": int | None, "per_step_s": {"step", "data_wait",
-    "compute", "forward", "backward", "exposed_comm", "imbalance", "persistent_imbalance", "jitter", "other",
+    "compute", "exposed_comm", "imbalance", "persistent_imbalance", "jitter", "other",
     "comm_slowdown", "sampled_step"}, "ranks": [{"rank", "data_wait_s", "compute_s", "sync_wait_s"}]}``, all seconds per optimizer
     step; parts that could not be measured are None. "imbalance" is persistent_imbalance + jitter (`_imbalance`);
     sampled_step is the probed steps' own wall time where the probes carry it (``step_s``), to compare with step.
@@ -116,8 +116,8 @@ def split_step(step_time_s: float | None, steps: int, ranks: Sequence[dict[str, 
                  for i, r in enumerate(ranks)]
     result: dict[str, Any] = {"status": "not measured", "why": None, "probes": len(groups), "of_steps": steps,
                               "reference_rank": None, "slow_rank": None,
-                              "per_step_s": {"step": step_time_s, "data_wait": None, "compute": None, "forward": None,
-                                             "backward": None, "exposed_comm": None, "imbalance": None,
+                              "per_step_s": {"step": step_time_s, "data_wait": None, "compute": None,
+                                             "exposed_comm": None, "imbalance": None,
                                              "persistent_imbalance": None, "jitter": None, "other": None, "comm_slowdown": None,
                                              "sampled_step": None},
                               "ranks": rank_rows}
@@ -152,8 +152,6 @@ def split_step(step_time_s: float | None, steps: int, ranks: Sequence[dict[str, 
     result.update(status="measured", reference_rank=ref["rank"],
                   slow_rank=ranks[imbalance["slow"]]["rank"] if imbalance["persistent"] > 0 and imbalance["slow"] is not None else None,
                   per_step_s={"step": step_time_s, **parts, "other": other,
-                              "forward": summarise([p["forward_s"] * p.get("micro_batches", 1) for p in mine]),
-                              "backward": summarise([p["backward_s"] * p.get("micro_batches", 1) for p in mine]),
                               "persistent_imbalance": imbalance["persistent"], "jitter": imbalance["jitter"],
                               "comm_slowdown": slowed if slowed_backward else None,
                               "sampled_step": summarise(wall) if wall else None})
