@@ -171,9 +171,18 @@ def breakdown(row: dict[str, Any], base: dict[str, Any]) -> dict[str, float | No
 
 
 def noise(row: dict[str, Any], base: dict[str, Any]) -> float:
-    """How far a part of `row`'s lost efficiency may be from zero by chance, as a share of ideal throughput: the
+    """How far a comparison of `row` with its baseline may be off by chance, as a share of ideal throughput: the
     spread of the repeated runs' throughput of the row or its baseline (--repeat), at least NOISE_FLOOR."""
     return max(NOISE_FLOOR, spread(row), spread(base))
+
+
+def part_noises(row: dict[str, Any], base: dict[str, Any]) -> dict[str, float]:
+    """Each part's noise. A part the baseline has none of (one device: no communication, imbalance or jitter) is
+    measured within the run, against the run's own time per sample (both from its median run): the spread of the
+    repeated runs' throughput does not make it zero by chance, so it takes NOISE_FLOOR. A part that is a difference
+    against the baseline (data, compute, and so the rest) takes the comparison's `noise`."""
+    across, theirs = noise(row, base), _parts_per_sample(base)
+    return {part: NOISE_FLOOR if part != "rest" and theirs.get(part) == 0 else across for part in PARTS}
 
 
 def predicted_breakdown(cell: dict[str, Any] | None, row: dict[str, Any] | None = None) -> dict[str, float | None] | None:
@@ -224,6 +233,7 @@ def analyse_rows(rows: list[dict[str, Any]], device: str = "cpu", planned: dict[
             row["comm_slowdown_s"] = (row.get("step_breakdown_s") or {}).get("comm_slowdown")
             row["loss_breakdown"] = breakdown(row, base)
             row["noise"] = noise(row, base)
+            row["part_noise"] = part_noises(row, base)
             set_flags(row, row_flags(row, base, device))
             add_cost(row, base)
     return baselines

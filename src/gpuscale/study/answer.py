@@ -15,7 +15,7 @@ from typing import Any
 
 from gpuscale.study.flags import ACCURACY_DROP
 from gpuscale.study.numbers import three_figures
-from gpuscale.study.parts import NOISE_FLOOR, PART_LABELS
+from gpuscale.study.parts import NOISE_FLOOR, PART_LABELS, noise_of
 
 __all__ = ["TARGET_EFFICIENCY", "answer", "check_target"]
 
@@ -53,7 +53,7 @@ def _biggest_loss(row: dict[str, Any]) -> tuple[str, float] | None:
     if set(shares) <= {"rest"}:  # no cause measured: "rest" would be the whole loss, not a finding
         return None
     part, share = max(shares.items(), key=lambda item: item[1])
-    return (part, share) if share > (row.get("noise") or NOISE_FLOOR) else None
+    return (part, share) if share > (noise_of(row, part) or NOISE_FLOOR) else None
 
 
 def _accuracy(row: dict[str, Any], base: dict[str, Any]) -> str:

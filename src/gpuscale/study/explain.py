@@ -15,6 +15,7 @@ from typing import Any
 
 from gpuscale.study.analysis import PART_LABELS, PARTS, compared_rows
 from gpuscale.study.numbers import three_figures
+from gpuscale.study.parts import noise_of
 
 __all__ = ["DASH", "pct", "part_share", "why_not_more", "doubted_measurement", "rests_on", "REST_DOUBT", "breakdown_cells", "prediction_facts",
            "prediction_table"]
@@ -47,7 +48,7 @@ def _detail(row: dict[str, Any], part: str) -> str:
     """What a part's number holds beyond its share: the slow rank for imbalance; for exposed communication, the
     backward that the all-reduce beside it slowed (measured from DDP's timers, `analysis.comm_slowdown`)."""
     slow = (row.get("sync_probe") or {}).get("slow_rank")
-    if part == "imbalance" and slow is not None and (row.get("loss_breakdown") or {}).get("imbalance", 0) > (row.get("noise") or 0):
+    if part == "imbalance" and slow is not None and (row.get("loss_breakdown") or {}).get("imbalance", 0) > (noise_of(row, part) or 0):
         return f" (rank {slow} slower on average)"
     slowdown = row.get("comm_slowdown_s")
     if part == "exposed_comm" and slowdown:
@@ -83,7 +84,7 @@ def why_not_more(results: dict[str, Any]) -> list[tuple[str, str]]:
             if shares.get(part) is None:
                 parts.append(f"{PART_LABELS[part]} {DASH}")
                 continue
-            text = f"{PART_LABELS[part]} {part_share(shares[part], row.get('noise'))}{_detail(row, part)}"
+            text = f"{PART_LABELS[part]} {part_share(shares[part], noise_of(row, part))}{_detail(row, part)}"
             if predicted.get(part) is not None:
                 text += f" (predicted {pct(predicted[part])})"
             parts.append(text)
@@ -112,7 +113,7 @@ def doubted_measurement(row: dict[str, Any]) -> str | None:
     remainder) come from a sample of steps: the sync probe's replays in a gpuscale script, DDP's own timed
     iterations in a script measured by the probe. A sample unlike the rest of the run leaves the difference in rest."""
     shares = row.get("loss_breakdown") or {}
-    rest, noise = shares.get("rest"), row.get("noise") or 0.0
+    rest, noise = shares.get("rest"), noise_of(row, "rest") or 0.0
     if rest is None or rest <= max(REST_DOUBT, noise) or shares.get("exposed_comm") is None:
         return None
     probe = row.get("sync_probe") or {}
@@ -130,7 +131,7 @@ def breakdown_cells(row: dict[str, Any]) -> list[str]:
     predicted = row.get("predicted_breakdown") or {}
     cells = []
     for part in PARTS:
-        text = part_share(shares.get(part), row.get("noise"))
+        text = part_share(shares.get(part), noise_of(row, part))
         if predicted.get(part) is not None and shares.get(part) is not None:
             text += f" (pred. {pct(predicted[part])})"
         cells.append(text)

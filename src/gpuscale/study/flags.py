@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from gpuscale.study.parts import NOISE_FLOOR, PART_LABELS, PARTS
+from gpuscale.study.parts import NOISE_FLOOR, PART_LABELS, PARTS, noise_of
 
 __all__ = ["STARVED_FRACTION", "UNDERUSED_RATIO", "BUSY_PCT", "ACCURACY_DROP", "SPREAD", "PART_FLAG", "spread", "row_flags", "set_flags",
            "group_flags"]
@@ -118,10 +118,9 @@ def _breakdown_flags(row: dict[str, Any]) -> list[dict[str, str]]:
     shares = row.get("loss_breakdown") or {}
     if all(shares.get(part) is None for part in PARTS[:-1]):
         return []  # nothing measured the causes: "rest" would be all of the loss, not an unexplained remainder
-    threshold = max(PART_FLAG, row.get("noise") or NOISE_FLOOR)
     fixes = {**_PART_FIXES, "compute": _COMPUTE_FIXES.get(row["scaling"], _COMPUTE_FIXES["strong"])}
     return [_item(part, f"lost {{}} of ideal throughput to {PART_LABELS[part]}{_who(row, part)}", f"{100 * share:.0f}%", fixes[part])
-            for part, share in shares.items() if share is not None and share > threshold]
+            for part, share in shares.items() if share is not None and share > max(PART_FLAG, noise_of(row, part) or NOISE_FLOOR)]
 
 
 def _who(row: dict[str, Any], part: str) -> str:

@@ -218,8 +218,9 @@ def meta(results: dict[str, Any]) -> list[tuple[str, str]]:
 
 WHY_HEADING = "Why not more (lost efficiency, % of ideal throughput, measured; the model's prediction in brackets)"
 WHY_TEXT = ("Each part is the growth of a time per sample against the baseline, in % of ideal throughput; the parts "
-            f"add up to 100% - efficiency. A part within the comparison's noise (the spread of repeated runs, at least {100 * NOISE_FLOOR:.0f}%) "
-            "reads ~0% (±noise), a negative one too (the baseline's part came out larger: noise, not a gain). data: loader wait; "
+            f"add up to 100% - efficiency. A part within its noise (at least {100 * NOISE_FLOOR:.0f}%; for data, compute and the rest, "
+            "which compare two runs, the spread of repeated runs) reads ~0% (±noise), a negative one too (the baseline's "
+            "part came out larger: noise, not a gain). data: loader wait; "
             "exposed communication: synchronisation that compute did "
             "not hide, and the backward it slowed by running beside it; imbalance: the fastest rank waiting for a rank "
             "that is slower on average (named); jitter: waiting where which rank lags changes from step to step (these "
