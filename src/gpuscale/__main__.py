@@ -2,6 +2,6 @@
 
 import sys
 
-from gpuscale.cli import main
+from gpuscale.cli import console
 
-sys.exit(main())
+sys.exit(console())

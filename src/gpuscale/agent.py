@@ -7,7 +7,9 @@ version, and kept by their users, keep working when the code behind it moves.
 
 import sys
 
+from gpuscale.base.quickexit import skip_final_collection
 from gpuscale.launch.agent import main
 
 if __name__ == "__main__":
+    skip_final_collection()  # the agent imported torch: its exit skips the last garbage collection
     sys.exit(main())

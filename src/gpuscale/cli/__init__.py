@@ -20,6 +20,7 @@ from typing import NoReturn
 
 from gpuscale._version import __version__
 from gpuscale.base.files import tighten_umask
+from gpuscale.base.quickexit import skip_final_collection
 from gpuscale.cli.verbs import VERBS
 from gpuscale.slurm.jobs import SlurmError
 from gpuscale.study.linkmeasure import MeasureError
@@ -95,5 +96,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.umask(old_umask)  # main() is also called in-process (tests, scripts)
 
 
+def console() -> int:
+    """The `gpuscale` command and `python -m gpuscale`: `main` in a process of its own, whose exit skips the last
+    garbage collection (`gpuscale.base.quickexit`: about a second after a verb that imported torch)."""
+    skip_final_collection()
+    return main()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console())

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuscale.base.quickexit import skip_final_collection
 from gpuscale.launch.verdicts import first_failure, killed_rank_line, note_from_record, quiet_torchrun_logs, read_notes, unseen_tracebacks, verdict
 from gpuscale.measure.probe import read_records
 from gpuscale.runtime.failures import EXIT_DIR, FAILURE_DIR
@@ -159,4 +160,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    skip_final_collection()
     sys.exit(main())

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from gpuscale.base.files import atomic_write_json
+from gpuscale.base.quickexit import skip_final_collection
 from gpuscale.runtime.init import Runtime, init
 from gpuscale.study.linkmeasure import fit
 
@@ -95,4 +96,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    skip_final_collection()  # gpuscale's own ranks: their exit skips the last garbage collection
     raise SystemExit(main(sys.argv[1:]))
