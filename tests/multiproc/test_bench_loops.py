@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from procs import ROOT, run
 
 TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
@@ -27,12 +25,6 @@ def test_plain_and_gpuscale_loops_take_identical_steps(tmp_path):
     assert records["plain_ddp"]["losses"] == records["gpuscale_ddp"]["losses"] and len(records["plain_ddp"]["losses"]) == 2
     assert all(r["world_size"] == 2 and r["threads"] == 1 and r["step_s"] > 0 for r in records.values())
     assert len(records["accelerate_ddp"]["losses"]) == 2
-
-
-@pytest.fixture(scope="module")
-def example_data(tmp_path_factory):
-    """One data folder for the GPU pipeline's checks: the GPT-neo example's tokenizer is trained once."""
-    return tmp_path_factory.mktemp("data")
 
 
 def test_gpu_benchmark_pipeline_runs_both_ways_and_computes_mfu(tmp_path, example_data):

@@ -30,9 +30,9 @@ SHORT = ["--val-chunks", "32", "--test-chunks", "32", "--num-samples", "2", "--m
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    """One offline cache (BPE tokenizer, tokenised reviews) for all runs of this file, and glibc's faster setting."""
-    return {"GPUSCALE_DATA": str(tmp_path_factory.mktemp("gpuscale-data")), **KEEP_FREED_MEMORY}
+def env(example_data):
+    """The session's offline cache (BPE tokenizer, tokenised reviews), and glibc's faster setting."""
+    return {"GPUSCALE_DATA": example_data, **KEEP_FREED_MEMORY}
 
 
 def _summary(out: Path) -> dict:

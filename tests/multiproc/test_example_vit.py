@@ -22,8 +22,8 @@ EPOCHS = "2"
 
 
 @pytest.fixture(scope="module")
-def data_home(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("gpuscale-data"))
+def data_home(example_data):
+    return example_data
 
 
 def _run(out, data_home, *args: str):

@@ -47,9 +47,9 @@ LARGE = ["--scaling", "strong", "--batch-size", "256", "--max-device-batch", "32
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, dict]:
+def runs(tmp_path_factory, example_data) -> dict[str, dict]:
     """summary.json of each run: 'reference' (batch 32), 'linear' and 'none' (batch 256), 'warm-up' (3 epochs)."""
-    home = str(tmp_path_factory.mktemp("gpuscale-data"))
+    home = example_data
     variants = {
         "reference": [],
         "linear": [*LARGE, "--lr-scaling", "linear", "--lr-warmup-steps", "0"],
