@@ -556,6 +556,18 @@ def test_a_part_within_the_noise_reads_about_zero_and_never_negative(tmp_path):
     assert breakdown_cells(row)[1] == "~0% (±20%)"
 
 
+def test_a_part_the_baseline_has_too_takes_the_comparisons_noise():
+    """A study from 2 to 4 processes: its baseline communicates and waits too, so those parts are differences between
+    two runs like data and compute, and every part takes the repeats' spread (here 20%)."""
+    row = {"samples_per_s_runs": [130.0, 150.0, 160.0], "samples_per_s": 150.0, "per_device_batch": 16, "grad_accum_steps": 1}
+    base = {"samples_per_s_runs": [100.0], "samples_per_s": 100.0, "per_device_batch": 16, "grad_accum_steps": 1,
+            "step_breakdown_s": _split(0.32, data=0.032, compute=0.25, comm=0.03, imbalance=0.008)}
+    assert analysis.part_noises(row, base) == {part: pytest.approx(0.2) for part in analysis.PARTS}
+    base["step_breakdown_s"].update(exposed_comm=0.0, imbalance=0.0, jitter=0.0)  # one device: none of the three
+    assert analysis.part_noises(row, base) == {"data": pytest.approx(0.2), "exposed_comm": 0.03, "imbalance": 0.03,
+                                               "jitter": 0.03, "compute": pytest.approx(0.2), "rest": pytest.approx(0.2)}
+
+
 def test_one_flag_per_cause_lists_its_runs_and_the_advice_fits_the_scaling(tmp_path):
     """Three runs starving for data: one flag naming all three; per-device compute grew under both scalings: the
     weak row's advice does not blame a shrinking per-device batch."""
