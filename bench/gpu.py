@@ -31,7 +31,7 @@ figure for the GPU named (``mfu_datasheet``; `DATASHEET_BF16`, None for a GPU no
 top kernels and host operators, and one line on what bounds the step). A point's throughput is the global batch
 over the median of its unprofiled steps after the tenth; its MFU as above; the best point and the targets (16x512
 >= 35%, best >= 45% of the measured peak) go into the record. ``--compile-mode`` runs the sweep in another
-torch.compile mode (reduce-overhead: CUDA graphs).
+torch.compile mode (reduce-overhead: CUDA graphs); ``--points 16x512,64x512`` sweeps the points named instead.
 
 `python -m bench gpu` refuses to run without a GPU (figures from a CPU would say nothing about one);
 ``--allow-cpu`` runs the same pipeline with small settings, which is how its test checks the plumbing.

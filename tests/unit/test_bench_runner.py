@@ -24,10 +24,27 @@ def test_summary_gives_median_range_and_relative_spread():
                                            (["--nproc", "1,x"], "is not a comma-separated list of positive numbers"),
                                            (["--batch-sizes", "0"], "is not a comma-separated list of positive numbers"),
                                            (["overhead", "--compile"], "--compile is an option of the gpu benchmark"),
-                                           (["gpu", "--cases", "resnet"], "unknown example(s) resnet")])
+                                           (["gpu", "--cases", "resnet"], "unknown example(s) resnet"),
+                                           (["gpu", "--points", "16x"], "is not a comma-separated list of BATCHxBLOCK points"),
+                                           (["gpu", "--compile-mode", "reduce-overhead"], "--compile-mode applies to GPT-neo's sweep"),
+                                           (["overhead", "--points", "16x512"], "--points is an option of the gpu benchmark")])
 def test_bad_arguments_are_one_line_errors(argv, message):
     result = subprocess.run([sys.executable, "-m", "bench", *argv], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_points_replace_the_named_sweeps_and_take_the_compile_mode(tmp_path, monkeypatch):
+    """`python -m bench gpu --points 16x512,32x1024 --compile-mode reduce-overhead --cases ''`: the next GPU session's
+    one command for CUDA graphs at the points it names, and no examples."""
+    import bench.__main__ as runner
+    import bench.gpu as gpu
+
+    seen = {}
+    monkeypatch.setattr(gpu, "run", lambda **options: seen.update(options) or {"record": True})
+    monkeypatch.setattr(gpu, "report", lambda record: "")
+    argv = ["gpu", "--points", "16x512,32x1024", "--compile-mode", "reduce-overhead", "--cases", "", "--out", str(tmp_path)]
+    assert runner.main(argv) == 0
+    assert seen["sweep_points"] == ((16, 512), (32, 1024)) and seen["compile_mode"] == "reduce-overhead" and seen["cases"] == ()
 
 
 def test_model_flops_per_token_count_parameters_and_attention_span():
