@@ -98,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def console() -> int:
     """The `gpuscale` command and `python -m gpuscale`: `main` in a process of its own, whose exit skips the last
-    garbage collection (`gpuscale.base.quickexit`: about a second after a verb that imported torch)."""
+    garbage collection (`gpuscale.base.quickexit`: most of a second after a verb that imported torch)."""
     skip_final_collection()
     return main()
 
