@@ -11,6 +11,11 @@ One study, four variants of tests/multiproc/scripts/injected_losses.py, each wit
 
 Each injected share of ideal throughput is known from the sleeps that really happened and the run's
 own step time; the breakdown must recover it within 10% of ideal throughput (the issue's bar).
+
+Imbalance is checked against the ranks' own clocks: the script's communication hook reads, on the probed steps,
+when each rank arrived at the all-reduce, and the gap between first and last arrival is how long the fastest rank
+waited. On this shared machine a neighbour can slow one core for a whole run (rank 0's compute 30% slower than
+rank 1's in one CI run), and that imbalance is real: the breakdown must show it, not the injected sleep alone.
 """
 
 from __future__ import annotations
@@ -62,19 +67,29 @@ def test_every_part_was_measured_by_the_sync_probe(study):
     assert "Why not more" in result.stdout and "clean-weak-1x2: " in result.stdout
 
 
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_imbalance_is_how_far_apart_the_ranks_arrived(study, variant):
+    _, _, rows, injected = study
+    row = rows[f"{variant}-weak-1x2"]
+    gap = injected[variant]["arrival_gap_s_on_probed_steps"]
+    expected = gap / _step(row)
+    measured = row["loss_breakdown"]["imbalance"] + row["loss_breakdown"]["jitter"]
+    assert abs(measured - expected) <= TOLERANCE, f"expected imbalance {expected:.3f} ({1000 * gap:.1f} ms)\n{_report(rows)}"
+
+
 def test_a_loader_sleeping_on_every_rank_is_recovered_as_data(study):
     _, _, rows, injected = study
     row = rows["data-weak-1x2"]
     expected = injected["data"]["data_sleep_per_step_s"] / _step(row)
     assert abs(row["loss_breakdown"]["data"] - expected) <= TOLERANCE, f"expected data {expected:.3f}\n{_report(rows)}"
-    assert abs(row["loss_breakdown"]["imbalance"]) <= TOLERANCE, _report(rows)
 
 
 def test_a_loader_sleeping_on_one_rank_is_recovered_as_imbalance(study):
     _, _, rows, injected = study
     row = rows["onerank-weak-1x2"]
-    expected = injected["onerank"]["data_sleep_per_step_s"] / _step(row)
-    assert abs(row["loss_breakdown"]["imbalance"] - expected) <= TOLERANCE, f"expected imbalance {expected:.3f}\n{_report(rows)}"
+    gap = injected["onerank"]["arrival_gap_s_on_probed_steps"]
+    assert row["sync_probe"]["slow_rank"] == 1, f"rank 1 sleeps {1000 * SLEEP:.0f} ms a step\n{_report(rows)}"
+    assert row["loss_breakdown"]["imbalance"] > 0.5 * gap / _step(row), _report(rows)  # mostly persistent, not jitter
     assert abs(row["loss_breakdown"]["data"]) <= TOLERANCE, _report(rows)
     waits = {r["rank"]: r["data_wait_s"] for r in json.loads((study[0] / "onerank-weak-1x2" / "summary.json").read_text())["ranks"]}
     assert waits[1] > waits[0] + 0.5 * SLEEP  # every rank recorded its own data wait
