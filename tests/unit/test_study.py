@@ -414,6 +414,26 @@ def test_a_large_rest_names_the_sampled_steps_it_doubts():
     assert doubted_measurement({**row, "loss_breakdown": {**row["loss_breakdown"], "rest": 0.04}}) is None
 
 
+def test_a_negative_rest_beyond_the_noise_is_shown_so_that_the_parts_add_up_to_the_loss():
+    """The demo's line that read "lost 3%: exposed communication 11%, per-device compute 9%, rest ~0%": the rest was
+    -17%, the amount by which the sampled parts overshoot the loss; shown, the line adds up, and says what it doubts."""
+    from gpuscale.study.explain import breakdown_cells, doubted_measurement, why_not_more
+
+    shares = {"data": 0.0, "exposed_comm": 0.11, "imbalance": 0.0, "jitter": 0.0, "compute": 0.09, "rest": -0.17}
+    row = {"name": "none-weak-1x2", "world_size": 2, "efficiency": 0.97, "ideal_samples_per_s": 1000.0, "loss_breakdown": shares,
+           "noise": 0.03, "steps": 100, "sync_probe": {"probes": 11, "status": "measured"}}
+    line = dict(why_not_more({"rows": [{**row, "name": "none-weak-1x1", "world_size": 1, "loss_breakdown": None}, row]}))[row["name"]]
+    assert "lost 3%: " in line and "exposed communication 11%" in line and "per-device compute 9%" in line
+    assert "rest (unexplained) -17%" in line  # 11 + 9 - 17 = 3
+    assert "measured parts add up to 17% of ideal more than the run lost" in line
+    assert breakdown_cells(row)[-2:] == ["-17%", "3%"]
+    # within the noise, or a part other than the rest, still reads ~0%
+    small = {**row, "loss_breakdown": {**shares, "rest": -0.02, "data": -0.05}}
+    assert breakdown_cells(small)[0] == "~0% (±3%)" and breakdown_cells(small)[-2] == "~0% (±3%)"
+    assert doubted_measurement(small) is None
+    assert doubted_measurement({**row, "loss_breakdown": {**shares, "rest": -0.08}}) is None  # beyond the noise, under 10%
+
+
 def test_strategies_that_gather_parameters_move_half_as_many_bytes_again():
     """FSDP and ZeRO-3 gather parameters besides reducing gradients (1.5x DDP's bytes); ZeRO-1/2 and DDP do not.
     The summary says which (gathers_parameters); older summaries without it are judged by the name, as before."""

@@ -17,8 +17,8 @@ from gpuscale.study.analysis import PART_LABELS, PARTS, compared_rows
 from gpuscale.study.numbers import three_figures
 from gpuscale.study.parts import noise_of
 
-__all__ = ["DASH", "pct", "part_share", "why_not_more", "doubted_measurement", "rests_on", "REST_DOUBT", "breakdown_cells", "prediction_facts",
-           "prediction_table"]
+__all__ = ["DASH", "pct", "part_share", "shown_share", "why_not_more", "doubted_measurement", "rests_on", "REST_DOUBT",
+           "breakdown_cells", "prediction_facts", "prediction_table"]
 
 DASH = "—"
 """What a missing value (None) renders as, everywhere."""
@@ -29,14 +29,23 @@ def pct(share: float | None) -> str:
     return DASH if share is None else f"{100 * share:.0f}%"
 
 
-def part_share(share: float | None, noise: float | None) -> str:
+def part_share(share: float | None, noise: float | None, *, remainder: bool = False) -> str:
     """A part of lost efficiency: "12%"; "~0% (±3%)" within the noise, and for a negative part, which only says that
-    the baseline's time for it per sample came out larger (measurement noise, never a gain); None as DASH."""
+    the baseline's time for it per sample came out larger (measurement noise, never a gain); None as DASH.
+
+    remainder: the part is the rest, what the loss leaves after the measured parts. A negative rest beyond the noise
+    is shown as it is ("-17%"): it is how far the measured parts overshoot the loss, and without it they would
+    seem to add up to more than the line says was lost (`doubted_measurement` says which parts it doubts)."""
     if share is None:
         return DASH
-    if noise is not None and share <= noise:
+    if noise is not None and share <= noise and not (remainder and share < -noise):
         return f"~0% (±{100 * noise:.0f}%)"
     return pct(share)
+
+
+def shown_share(row: dict[str, Any], part: str) -> str:
+    """`part_share` of one part of a row's breakdown, with that part's noise."""
+    return part_share((row.get("loss_breakdown") or {}).get(part), noise_of(row, part), remainder=part == "rest")
 
 
 def _not_measured(row: dict[str, Any]) -> str:
@@ -84,7 +93,7 @@ def why_not_more(results: dict[str, Any]) -> list[tuple[str, str]]:
             if shares.get(part) is None:
                 parts.append(f"{PART_LABELS[part]} {DASH}")
                 continue
-            text = f"{PART_LABELS[part]} {part_share(shares[part], noise_of(row, part))}{_detail(row, part)}"
+            text = f"{PART_LABELS[part]} {shown_share(row, part)}{_detail(row, part)}"
             if predicted.get(part) is not None:
                 text += f" (predicted {pct(predicted[part])})"
             parts.append(text)
@@ -103,7 +112,8 @@ def why_not_more(results: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 REST_DOUBT = 0.1
-"""A "rest" above this share of ideal throughput (and beyond the noise) makes the study name the measurement it doubts."""
+"""A "rest" above this share of ideal throughput, or below its negative (and beyond the noise), makes the study name
+the measurement it doubts."""
 
 
 def doubted_measurement(row: dict[str, Any]) -> str | None:
@@ -111,15 +121,21 @@ def doubted_measurement(row: dict[str, Any]) -> str | None:
 
     Data waits are timed on every step; exposed communication and imbalance (and so compute, the step's
     remainder) come from a sample of steps: the sync probe's replays in a gpuscale script, DDP's own timed
-    iterations in a script measured by the probe. A sample unlike the rest of the run leaves the difference in rest."""
+    iterations in a script measured by the probe. A sample unlike the rest of the run leaves the difference in rest:
+    positive where the sampled steps were quicker than the run's average, negative (the parts add up to more than
+    was lost) where they were slower."""
     shares = row.get("loss_breakdown") or {}
     rest, noise = shares.get("rest"), noise_of(row, "rest") or 0.0
-    if rest is None or rest <= max(REST_DOUBT, noise) or shares.get("exposed_comm") is None:
+    if rest is None or abs(rest) <= max(REST_DOUBT, noise) or shares.get("exposed_comm") is None:
         return None
     probe = row.get("sync_probe") or {}
     count, steps = probe.get("probes"), probe.get("of_steps") or row.get("steps")
     sample = f"{count} of its {steps} steps" if count and steps else (f"{count} of its steps" if count else "a sample of its steps")
     what = _probe_source(row)
+    if rest < 0:
+        return (f"Its rest ({pct(rest)}) is beyond the noise, below zero: the measured parts add up to {pct(-rest)} of ideal more "
+                f"than the run lost. The study doubts exposed communication, imbalance and compute, which rest on {sample} "
+                f"({what}): sampled steps slower than the run's average step overstate them")
     return (f"Its rest ({pct(rest)}) is beyond the noise: the study doubts exposed communication and imbalance, which rest on "
             f"{sample} ({what}); steps unlike the rest of the run leave the difference in rest "
             "(per-step host work the parts do not time adds to it too)")
@@ -131,7 +147,7 @@ def breakdown_cells(row: dict[str, Any]) -> list[str]:
     predicted = row.get("predicted_breakdown") or {}
     cells = []
     for part in PARTS:
-        text = part_share(shares.get(part), noise_of(row, part))
+        text = shown_share(row, part)
         if predicted.get(part) is not None and shares.get(part) is not None:
             text += f" (pred. {pct(predicted[part])})"
         cells.append(text)
