@@ -401,6 +401,52 @@ def test_other_work_on_the_cores_before_a_run_is_measured_and_recommends_repeats
     assert any(n.startswith("Other work kept this machine's cores busy just before 1 of 1 runs") for n in results["notes"])
 
 
+def test_what_took_the_cores_time_during_a_run_is_the_busy_time_less_the_runs_own_cpu_time():
+    """/proc/stat by hand: over the run core 0 went 150 user + 30 idle + 20 steal ticks, core 1 100 user + 100 idle;
+    the run's processes used 2 CPU seconds (200 ticks at 100 per second): others took (170 + 100 - 200) / 400."""
+    from gpuscale.study import otherload
+
+    before = {0: [0, 0, 0, 0, 0, 0, 0, 0], 1: [0, 0, 0, 0, 0, 0, 0, 0]}
+    after = {0: [150, 0, 0, 30, 0, 0, 0, 20], 1: [100, 0, 0, 100, 0, 0, 0, 0]}
+    measured = otherload.others_share(before, after, own_cpu_s=2.0, ticks_per_s=100)
+    assert measured == {"others": pytest.approx(70 / 400), "steal": {0: pytest.approx(0.1), 1: 0.0}}
+    assert otherload.others_share(before, after, own_cpu_s=5.0, ticks_per_s=100)["others"] == 0.0  # never below none
+    assert otherload.others_share(before, before, own_cpu_s=0.0) is None  # no time passed
+
+
+def test_during_a_run_its_own_childrens_cpu_time_is_not_counted_as_other_work(tmp_path):
+    """A real child burns 0.3 s of CPU inside the block while the (fake) counters of core 0 go 1000 ticks busy of 2000:
+    what others took is what the child's known CPU time leaves, written beside the sample taken before the run."""
+    import subprocess
+    import sys
+
+    from gpuscale.study import otherload
+
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  0 0 0 0 0 0 0 0\ncpu0 0 0 0 0 0 0 0 0 0 0\n")
+    (tmp_path / otherload.OTHER_LOAD_FILE).write_text(json.dumps({"busy": 0.02, "cores": [0], "seconds": 0.5}))
+    with otherload.during(tmp_path, [0], stat):
+        subprocess.run([sys.executable, "-c", "import time\nwhile time.process_time() < 0.3: pass"], check=True)
+        stat.write_text("cpu  0 0 0 0 0 0 0 0\ncpu0 900 0 0 1000 0 0 0 100 0 0\n")
+    kept = json.loads((tmp_path / otherload.OTHER_LOAD_FILE).read_text())
+    assert kept["busy"] == 0.02  # the sample before the run is kept
+    during = otherload.read_during(tmp_path)
+    assert (1000 - 100 * 0.45) / 2000 < during["others"] < (1000 - 100 * 0.3) / 2000, during  # 0.3 s and start-up
+    assert during["steal"] == {"0": 0.05} and during["seconds"] > 0
+    # the line under the table names the runs, the core the hypervisor slowed, and what to do
+    rows = [{"name": "clean-weak-1x2", "other_load_during": {"others": 0.05, "steal": {"0": 0.01}}},
+            {"name": "data-weak-1x2", "other_load_during": {"others": 0.31, "steal": {"0": 0.30, "1": 0.01}}},
+            {"name": "onerank-weak-1x2", "other_load_during": None}]
+    line = otherload.during_warning(rows)
+    assert line.startswith("Other work took time on the cores while a run ran: data-weak-1x2 31% (the hypervisor took 30% of core 0) "
+                           "of its cores' time")
+    assert "imbalance above all" in line and line.endswith("--repeat 3 would show how much the runs vary.")
+    assert otherload.during_warning(rows[:1] + rows[2:]) is None
+    assert "the table's ranges" in otherload.during_warning([{**row, "repeats": 3} for row in rows])
+    both = otherload.during_warning([rows[1], {**rows[1], "name": "comm-weak-1x2"}])
+    assert "while 2 runs ran: data-weak-1x2 31% (the hypervisor took 30% of core 0), comm-weak-1x2 31%" in both
+
+
 def test_a_large_rest_names_the_sampled_steps_it_doubts():
     from gpuscale.study.explain import doubted_measurement
 

@@ -54,6 +54,9 @@ results.json, the contract between analysis and report (version 2):
         "predicted_samples_per_s": float|None, "predicted_efficiency": float|None,
         "predicted_breakdown": {"exposed_comm": .15, "compute": 0.0, "data": None, ...}|None,
         "utilisation": the summary's "utilisation" or None,
+        "other_load": 0.02|None,         # how busy the cores were just before the run (0..1; local runs)
+        "other_load_during": {"others": 0.31, "steal": {"0": 0.30, ...}, "seconds": 12.0}|None,   # what else took the
+                                         # cores' time while it ran (its own processes' CPU time left out); steal per core
         "timeline": "weak-1x2/timeline.json"|None,   # relative to the study directory
         "samples_from": "data loader"|"model inputs"|"study batch"|None,   # what counted the probe's samples
         "planned_per_device_batch": 32|None,   # what the batch template planned (None: no template)

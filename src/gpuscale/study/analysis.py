@@ -126,6 +126,7 @@ def row_from_summary(cell: Cell, summary: dict[str, Any], study_dir: Path, runs:
         "metric": metric, "metric_value": value, "lr": _lr(summary), "per_epoch": summary.get("per_epoch"),
         "final_loss": summary.get("final_loss"), "predicted_samples_per_s": None, "predicted_efficiency": None,
         "utilisation": summary.get("utilisation"), "other_load": otherload.read(study_dir / cell.name),
+        "other_load_during": otherload.read_during(study_dir / cell.name),
         "billing": read_billing(study_dir / (summary.get("same_as") or cell.name)), "billed_per_m_samples": None, "billed_per_epoch": None,
         "timeline": str(timeline) if (study_dir / timeline).is_file() else None,
         "flags": [],
@@ -296,7 +297,7 @@ def analyse(study_dir: Path, prediction: dict[str, Any] | None = None, target_ef
         "rows": rows, "baseline": baselines, "missing_baseline": missing, "prediction": prediction,
         "notes": checks + [missing_baseline_note(key, name) for key, name in missing.items()
                            if any(group_key(r["variant"], r["scaling"]) == key for r in rows)]
-                 + [line for line in [otherload.warning(rows)] if line],
+                 + [line for line in [otherload.warning(rows), otherload.during_warning(rows)] if line],
         "target_efficiency": target_efficiency,
     }
     results["answer"] = answer(results, target_efficiency)

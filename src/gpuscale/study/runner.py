@@ -300,10 +300,11 @@ class LocalRunner:
             log.write(f"$ {' '.join(argv)}\n" + (f"# cores {cores}\n" if cores else ""))
             log.flush()
             try:
-                code = subprocess.run(
-                    argv, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=self.timeout_s,
-                    preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None,
-                ).returncode
+                with otherload.during(cell_dir, cores or self.cores):  # the run's processes: this one's children
+                    code = subprocess.run(
+                        argv, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=self.timeout_s,
+                        preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None,
+                    ).returncode
             except subprocess.TimeoutExpired:
                 return f"did not finish within {self.timeout_s:.0f} s (see {log_path})"
         if code != 0:
