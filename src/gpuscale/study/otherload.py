@@ -52,6 +52,16 @@ def _times(stat: Path, cores: list[int]) -> dict[int, list[int]]:
     return found
 
 
+def _deltas(before: dict[int, list[int]], after: dict[int, list[int]]) -> dict[int, list[int]]:
+    """Each core's counters over the interval (`_times` before and after), for the cores read both times."""
+    return {core: [b - a for a, b in zip(start, after[core], strict=False)] for core, start in before.items() if core in after}
+
+
+def _busy(deltas: list[int]) -> int:
+    """A core's busy ticks over an interval: all but idle and I/O wait (steal counts as busy)."""
+    return sum(deltas) - sum(deltas[i] for i in _IDLE_FIELDS if i < len(deltas))
+
+
 def busy_share(cores: list[int], seconds: float = SAMPLE_S, stat: Path = Path("/proc/stat")) -> float | None:
     """How busy `cores` were over the next `seconds`, 0..1 (steal counted as busy); None where /proc/stat is missing."""
     try:
@@ -60,15 +70,9 @@ def busy_share(cores: list[int], seconds: float = SAMPLE_S, stat: Path = Path("/
         after = _times(stat, cores)
     except (OSError, ValueError):
         return None
-    busy = total = 0
-    for core, start in before.items():
-        end = after.get(core)
-        if end is None:
-            continue
-        deltas = [b - a for a, b in zip(start, end, strict=False)]
-        total += sum(deltas)
-        busy += sum(deltas) - sum(deltas[i] for i in _IDLE_FIELDS if i < len(deltas))
-    return busy / total if total > 0 else None
+    deltas = _deltas(before, after)
+    total = sum(sum(d) for d in deltas.values())
+    return sum(_busy(d) for d in deltas.values()) / total if total > 0 else None
 
 
 def _children_cpu_s() -> float:
@@ -82,20 +86,12 @@ def others_share(before: dict[int, list[int]], after: dict[int, list[int]], own_
     """What took the cores' time besides a run, from /proc/stat's counters before and after it and the CPU seconds
     the run's own processes used: ``{"others": share of the cores' time (0..1), "steal": {core: share of its time}}``;
     None where the counters show no time passing."""
-    total = busy = 0
-    steal = {}
-    for core, start in before.items():
-        end = after.get(core)
-        if end is None:
-            continue
-        deltas = [b - a for a, b in zip(start, end, strict=False)]
-        elapsed = sum(deltas)
-        total += elapsed
-        busy += elapsed - sum(deltas[i] for i in _IDLE_FIELDS if i < len(deltas))
-        if elapsed > 0 and len(deltas) > _STEAL_FIELD:
-            steal[core] = deltas[_STEAL_FIELD] / elapsed
+    deltas = _deltas(before, after)
+    total = sum(sum(d) for d in deltas.values())
     if total <= 0:
         return None
+    busy = sum(_busy(d) for d in deltas.values())
+    steal = {core: d[_STEAL_FIELD] / sum(d) for core, d in deltas.items() if sum(d) > 0 and len(d) > _STEAL_FIELD}
     return {"others": min(max((busy - own_cpu_s * ticks_per_s) / total, 0.0), 1.0), "steal": steal}
 
 
