@@ -43,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="gpu: torch.compile's mode for the sweep (reduce-overhead: CUDA graphs)")
     parser.add_argument("--sweep", choices=("full", "quick"), default=None,
                         help="gpu: GPT-neo compiled at several (batch x block) points, each profiled (quick: 3 points)")
+    parser.add_argument("--attention", default=None, choices=("auto", "sdpa", "flex", "eager"),
+                        help="gpu: the GPT-neo example's --attention for the sweep (sdpa, flex, eager; default: the example's)")
     parser.add_argument("--points", default=None, metavar="16x512,64x512",
                         help="gpu: the sweep at these (per-device batch x tokens per block) points instead of --sweep's")
     parser.add_argument("--allow-cpu", action="store_true", help="gpu: run the pipeline on a CPU with small settings (a check, not a figure)")
@@ -57,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     for flag, given, owner in (("--cases", args.cases is not None, "gpu"), ("--compile", args.compile, "gpu"),
                                ("--allow-cpu", args.allow_cpu, "gpu"), ("--sweep", args.sweep is not None, "gpu"),
                                ("--compile-mode", args.compile_mode is not None, "gpu"), ("--points", args.points is not None, "gpu"),
+                               ("--attention", args.attention is not None, "gpu"),
                                ("--batch-sizes", args.batch_sizes is not None, "scaling_cpu"),
                                ("--nproc", args.nproc is not None, "scaling_cpu")):
         if given and owner not in named:
@@ -72,8 +75,9 @@ def main(argv: list[str] | None = None) -> int:
         if not all(len(p) == 2 and all(n.isdigit() and int(n) > 0 for n in p) for p in pairs):
             parser.error(f"--points {args.points!r} is not a comma-separated list of BATCHxBLOCK points like 16x512,64x512")
         points = tuple((int(b), int(s)) for b, s in pairs)
-    if args.compile_mode is not None and not (args.sweep or points):
-        parser.error("--compile-mode applies to GPT-neo's sweep: add --sweep quick, --sweep full or --points BxS,...")
+    for flag, value in (("--compile-mode", args.compile_mode), ("--attention", args.attention)):
+        if value is not None and not (args.sweep or points):
+            parser.error(f"{flag} applies to GPT-neo's sweep: add --sweep quick, --sweep full or --points BxS,...")
     if args.repeat is not None and args.repeat < 1:
         parser.error(f"--repeat {args.repeat} must be at least 1")
     from bench.stats import write
@@ -92,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
 
                 options["sweep_points"] = points or (CPU_SWEEP if args.allow_cpu else QUICK_SWEEP if args.sweep == "quick" else SWEEP)
                 options["compile_mode"] = args.compile_mode
+                options["attention"] = args.attention
             if args.cases is not None:
                 options["cases"] = tuple(c for c in args.cases.split(",") if c)
         record = module.run(**options)

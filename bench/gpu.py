@@ -31,7 +31,8 @@ figure for the GPU named (``mfu_datasheet``; `DATASHEET_BF16`, None for a GPU no
 top kernels and host operators, and one line on what bounds the step). A point's throughput is the global batch
 over the median of its unprofiled steps after the tenth; its MFU as above; the best point and the targets (16x512
 >= 35%, best >= 45% of the measured peak) go into the record. ``--compile-mode`` runs the sweep in another
-torch.compile mode (reduce-overhead: CUDA graphs); ``--points 16x512,64x512`` sweeps the points named instead.
+torch.compile mode (reduce-overhead: CUDA graphs), ``--attention flex`` with another of the example's attentions;
+``--points 16x512,64x512`` sweeps the points named instead. A point that fails keeps its error and its log's last lines.
 
 `python -m bench gpu` refuses to run without a GPU (figures from a CPU would say nothing about one);
 ``--allow-cpu`` runs the same pipeline with small settings, which is how its test checks the plumbing.
@@ -267,18 +268,22 @@ SWEEP_CPU_ARGS = ["--model-size", "tiny", "--max-steps", "8", "--eval-steps", "1
 
 
 def sweep_point(batch: int, block: int, peak: dict[str, Any], out: Path, allow_cpu: bool,
-                compile_mode: str | None = None) -> dict[str, Any]:
+                compile_mode: str | None = None, attention: str | None = None) -> dict[str, Any]:
     """One point of GPT-neo's sweep: throughput from the median unprofiled step, MFU, perplexity, the step profile."""
     start, count = (4, 2) if allow_cpu else PROFILE_AT
     argv = [sys.executable, "-m", "gpuscale", "run", "--nproc-per-node", "1", str(ROOT / "bench" / "gptneo_bench.py"),
             "--block-size", str(block), "--global-batch", str(batch), *(SWEEP_CPU_ARGS if allow_cpu else SWEEP_GPU_ARGS),
             *([] if allow_cpu else ["--compile"]), *(["--compile-mode", compile_mode] if compile_mode and not allow_cpu else []),
+            *(["--attention", attention] if attention else []),
             "--profile-steps", f"{start}:{count}", "--out", str(out), "--no-resume"]
-    point: dict[str, Any] = {"per_device_batch": batch, "block_size": block, "compile_mode": compile_mode or "default"}
+    point: dict[str, Any] = {"per_device_batch": batch, "block_size": block, "compile_mode": compile_mode or "default",
+                             "attention": attention or "default"}
     try:
         launch(argv, timeout=1200)
-    except Exception as exc:  # out of memory, say: the sweep goes on, the point says why
-        point["error"] = str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else type(exc).__name__
+    except Exception as exc:  # out of memory, say: the sweep goes on, the point says why, and its log's end shows where
+        lines = str(exc).strip().splitlines()
+        point["error"] = lines[-1][:300] if lines else type(exc).__name__
+        point["error_log"] = lines[-40:]
         return point
     summary = json.loads((out / "summary.json").read_text())
     profile = json.loads((out / "step_profile.json").read_text())
@@ -292,12 +297,12 @@ def sweep_point(batch: int, block: int, peak: dict[str, Any], out: Path, allow_c
 
 
 def sweep(points: tuple[tuple[int, int], ...], peak: dict[str, Any], allow_cpu: bool,
-          compile_mode: str | None = None) -> dict[str, Any]:
+          compile_mode: str | None = None, attention: str | None = None) -> dict[str, Any]:
     """GPT-neo at each (batch, block) point, and the best by MFU."""
     with tempfile.TemporaryDirectory() as tmp:
         done = []
         for b, s in points:
-            done.append(sweep_point(b, s, peak, Path(tmp) / f"gptneo-{b}x{s}", allow_cpu, compile_mode))
+            done.append(sweep_point(b, s, peak, Path(tmp) / f"gptneo-{b}x{s}", allow_cpu, compile_mode, attention))
             p = done[-1]
             print(f"sweep: GPT-neo {b} x {s}: " + (f"not measured: {p['error']}" if "error" in p else
                   f"{p['step_ms']:.1f} ms/step, MFU {100 * p['mfu']:.1f}%; {p['profile']['bound']}"), flush=True)
@@ -307,7 +312,8 @@ def sweep(points: tuple[tuple[int, int], ...], peak: dict[str, Any], allow_cpu: 
 
 
 def run(repeat: int = 1, cases: tuple[str, ...] = tuple(CASES), compile: bool = False, allow_cpu: bool = False,
-        sweep_points: tuple[tuple[int, int], ...] | None = None, compile_mode: str | None = None) -> dict[str, Any]:
+        sweep_points: tuple[tuple[int, int], ...] | None = None, compile_mode: str | None = None,
+        attention: str | None = None) -> dict[str, Any]:
     """The benchmark's record: the peak, then each of `cases` run `repeat` times each way (the course's, gpuscale's
     defaults, and compiled with `compile`), medians, speed-ups, GPT-neo's MFU and whether the targets are met."""
     import torch
@@ -341,7 +347,7 @@ def run(repeat: int = 1, cases: tuple[str, ...] = tuple(CASES), compile: bool = 
     if "gptneo" in results["cases"]:
         results["targets"]["gptneo MFU >= 40%"] = results["cases"]["gptneo"].get("mfu", {}).get("mfu", 0.0) >= 0.40
     if sweep_points:
-        swept = results["gptneo_sweep"] = sweep(sweep_points, results["peak"], allow_cpu, compile_mode)
+        swept = results["gptneo_sweep"] = sweep(sweep_points, results["peak"], allow_cpu, compile_mode, attention)
         first = next((p for p in swept["points"] if (p["per_device_batch"], p["block_size"]) == (16, 512) and "mfu" in p), None)
         if first is not None:
             results["targets"]["gptneo 16x512 MFU >= 35%"] = first["mfu"] >= 0.35
@@ -368,7 +374,9 @@ def describe_peak(peak: dict[str, Any]) -> list[str]:
 
 def describe_sweep(swept: dict[str, Any]) -> list[str]:
     """The report's lines on GPT-neo's sweep: each point's MFU and what bounds its step."""
-    lines = ["GPT-neo 125M shape, compiled, per (batch x block):"]
+    first = swept["points"][0] if swept["points"] else {}
+    lines = [f"GPT-neo 125M shape, compiled (mode {first.get('compile_mode', 'default')}, attention "
+             f"{first.get('attention', 'default')}), per (batch x block):"]
     for p in swept["points"]:
         label = f"  {p['per_device_batch']:>3} x {p['block_size']:<5}"
         if "error" in p:
