@@ -29,9 +29,11 @@ figure for the GPU named (``mfu_datasheet``; `DATASHEET_BF16`, None for a GPU no
 (`QUICK_SWEEP`: 16x512, 64x512, 32x1024; `SWEEP` adds 32x512 and 16x1024), each run 40 steps with steps 26-28 profiled
 (bench/step_profile.py: GPU busy share, the longest gaps and what the host ran in them, device syncs per step, the
 top kernels and host operators, and one line on what bounds the step). A point's throughput is the global batch
-over the median of its unprofiled steps after the tenth; its MFU as above; the best point and the targets (16x512
->= 35%, best >= 45% of the measured peak) go into the record. ``--compile-mode`` runs the sweep in another
-torch.compile mode (reduce-overhead: CUDA graphs), ``--attention flex`` with another of the example's attentions;
+over its step time between two device synchronisations (steps 11-23 and 29-40: ``synced_step_s``; the host's median
+step beside it, ``host_step_ms``, is shorter where the host runs ahead of the GPU); its MFU as above; the best point and the targets (16x512
+>= 35%, best >= 45% of the measured peak) go into the record. The sweep compiles in `SWEEP_COMPILE_MODE`, reduce-overhead
+(CUDA graphs: BENCHMARKS.md, "Issue 27"); ``--compile-mode`` runs it in another torch.compile mode (default: Inductor's
+kernels launched one by one), ``--attention flex`` with another of the example's attentions;
 ``--points 16x512,64x512`` sweeps the points named instead. A point that fails keeps its error and its log's last lines.
 
 `python -m bench gpu` refuses to run without a GPU (figures from a CPU would say nothing about one);
@@ -260,6 +262,7 @@ def run_example(case: str, variant: list[str], out: Path, allow_cpu: bool) -> di
 SWEEP = ((16, 512), (32, 512), (64, 512), (16, 1024), (32, 1024))
 QUICK_SWEEP = ((16, 512), (64, 512), (32, 1024))
 CPU_SWEEP = ((4, 64),)  # a check of the plumbing: one point (each tiny run costs the CPU suite some 40 s)
+SWEEP_COMPILE_MODE = "reduce-overhead"  # measured fastest at every point on an H200 (BENCHMARKS.md, "Issue 27")
 SWEEP_STEPS, PROFILE_AT = 40, (25, 3)  # steps per point; profiled after step 25, three of them
 SWEEP_GPU_ARGS = ["--max-steps", str(SWEEP_STEPS), "--eval-steps", "1000", "--save-steps", "1000", "--lr", "6e-4",
                   "--warmup-steps", "10", "--num-samples", "0", "--test-chunks", "20", "--val-chunks", "20"]
@@ -273,10 +276,11 @@ def sweep_point(batch: int, block: int, peak: dict[str, Any], out: Path, allow_c
     start, count = (4, 2) if allow_cpu else PROFILE_AT
     argv = [sys.executable, "-m", "gpuscale", "run", "--nproc-per-node", "1", str(ROOT / "bench" / "gptneo_bench.py"),
             "--block-size", str(block), "--global-batch", str(batch), *(SWEEP_CPU_ARGS if allow_cpu else SWEEP_GPU_ARGS),
-            *([] if allow_cpu else ["--compile"]), *(["--compile-mode", compile_mode] if compile_mode and not allow_cpu else []),
+            *([] if allow_cpu else ["--compile", "--compile-mode", compile_mode or SWEEP_COMPILE_MODE]),
             *(["--attention", attention] if attention else []),
             "--profile-steps", f"{start}:{count}", "--out", str(out), "--no-resume"]
-    point: dict[str, Any] = {"per_device_batch": batch, "block_size": block, "compile_mode": compile_mode or "default",
+    point: dict[str, Any] = {"per_device_batch": batch, "block_size": block,
+                             "compile_mode": None if allow_cpu else compile_mode or SWEEP_COMPILE_MODE,
                              "attention": attention or "default"}
     try:
         launch(argv, timeout=1200)
@@ -287,10 +291,13 @@ def sweep_point(batch: int, block: int, peak: dict[str, Any], out: Path, allow_c
         return point
     summary = json.loads((out / "summary.json").read_text())
     profile = json.loads((out / "step_profile.json").read_text())
-    step_s = profile.get("median_step_s") or summary.get("steady_step_time_s") or summary["step_time_s"]
+    # the step between device synchronisations: a host that runs ahead of the GPU (CUDA graphs) does not count as speed
+    step_s = profile.get("synced_step_s") or profile.get("median_step_s") or summary.get("steady_step_time_s") or summary["step_time_s"]
     samples_per_s = summary["global_batch"] / step_s
     mfu = model_flops_utilisation(summary, samples_per_s, peak)
-    point.update(samples_per_s=samples_per_s, step_ms=1e3 * step_s, mfu=mfu["mfu"], mfu_datasheet=mfu["mfu_datasheet"],
+    host_s = profile.get("median_step_s")
+    point.update(samples_per_s=samples_per_s, step_ms=1e3 * step_s, host_step_ms=1e3 * host_s if host_s else None,
+                 mfu=mfu["mfu"], mfu_datasheet=mfu["mfu_datasheet"],
                  tokens_per_s=mfu["tokens_per_s"], perplexity=summary.get("perplexity"),
                  peak_memory_gib=summary["peak_memory_bytes"] / 2**30, profile=profile)
     return point
@@ -375,14 +382,16 @@ def describe_peak(peak: dict[str, Any]) -> list[str]:
 def describe_sweep(swept: dict[str, Any]) -> list[str]:
     """The report's lines on GPT-neo's sweep: each point's MFU and what bounds its step."""
     first = swept["points"][0] if swept["points"] else {}
-    lines = [f"GPT-neo 125M shape, compiled (mode {first.get('compile_mode', 'default')}, attention "
-             f"{first.get('attention', 'default')}), per (batch x block):"]
+    mode, attention = first.get("compile_mode"), first.get("attention", "default")
+    how = f"compiled (mode {mode}, attention {attention})" if mode else f"not compiled (a CPU check; attention {attention})"
+    lines = [f"GPT-neo 125M shape, {how}, per (batch x block):"]
     for p in swept["points"]:
         label = f"  {p['per_device_batch']:>3} x {p['block_size']:<5}"
         if "error" in p:
             lines.append(f"{label} not measured: {p['error']}")
             continue
-        lines.append(f"{label} {p['step_ms']:7.1f} ms/step  {p['samples_per_s']:8.1f} samples/s  MFU {100 * p['mfu']:.1f}%  "
+        host = f" (host {p['host_step_ms']:.1f})" if p.get("host_step_ms") else ""
+        lines.append(f"{label} {p['step_ms']:7.1f} ms/step{host}  {p['samples_per_s']:8.1f} samples/s  MFU {100 * p['mfu']:.1f}%  "
                      f"perplexity {p['perplexity']:.1f}  peak {p['peak_memory_gib']:.1f} GiB")
         lines.append(f"      {p['profile']['bound']}")
     if swept["best"]:

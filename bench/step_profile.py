@@ -41,6 +41,7 @@ SYNC_CALLS = frozenset({"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaE
                         "hipMemcpy", "hipMemcpy2D"})
 STEP_PREFIX = "ProfilerStep#"
 LOADER_MARK = "DataLoader"  # torch's loader annotates each batch: enumerate(DataLoader)#_...Iter.__next__
+WARM_STEPS = 10  # steps left out of the step times: compilation, the allocator's and the loader's start
 DEVICE_BOUND = 0.90
 DATA_BOUND = 0.50
 
@@ -187,33 +188,47 @@ def _outermost(ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
 class StepProfiler:
     """Profile optimizer steps ``start + 1 .. start + steps`` of a loop that calls `after_step` after each step;
     the summary (`summarise`, plus ``sync_sites``) is written to `out` as JSON and kept in ``self.summary``. `close`,
-    at the end of the run, adds the median time of the steps neither profiled nor in the first 10 (``median_step_s``:
-    the profiler slows the host) and writes it again.
+    at the end of the run, adds the step's time outside the profiled steps and the first `WARM_STEPS`, and writes it
+    again, two ways:
+
+    - ``synced_step_s``: the wall time of the steps between two device synchronisations, per step: one window from
+      step `WARM_STEPS` to the step before the sync-debug one, one from the last profiled step to the run's end. Each
+      window ends when the device has finished its work, so this is the step's time on the device as on the host,
+      whichever is longer: the throughput's figure. (A host that runs ahead of the device, as a step of a few CUDA
+      graph replays can for dozens of steps, only fills the launch queue.)
+    - ``median_step_s``: the median of those steps by the host's clock alone (what the host took to issue a step,
+      where it did not wait for the device); below ``synced_step_s`` where the host ran ahead.
 
     The step before the profiled ones runs under ``torch.cuda.set_sync_debug_mode("warn")`` (on a GPU), so that
     its synchronising calls are named by file and line. `start` should leave compilation and warm-up behind.
     """
 
-    def __init__(self, start: int, steps: int, out: str | Path) -> None:
+    def __init__(self, start: int, steps: int, out: str | Path, sync: Any = None) -> None:
+        """`sync`: waits until the device has finished the work issued so far (default: ``torch.cuda.synchronize`` on
+        a GPU, nothing elsewhere)."""
         if start < 1 or steps < 1:
             raise ValueError(f"profile steps {start}:{steps}: start after at least 1 step and profile at least 1")
-        self.start, self.steps, self.out = start, steps, Path(out)
+        self.start, self.steps, self.out, self._sync = start, steps, Path(out), sync
         self.summary: dict[str, Any] | None = None
         self._seen = 0
         self._ends: list[float] = []  # every step's end, by the host's clock
+        self._edges: list[tuple[int, float]] = []  # (steps done, time) at each synchronised window's edge
         self._profiler: Any = None
         self._step_mark: Any = None
         self._catcher: Any = None
         self._caught: list[Any] = []
         self._sync_sites: list[dict[str, Any]] = []
 
-    def after_step(self) -> None:
-        """Call once after every optimizer step."""
+    def after_step(self, last: bool = False) -> None:
+        """Call once after every optimizer step; `last`: it was the run's last (the window after the profile closes
+        there, before the loop's own end of training: a final save, say)."""
         import torch
 
         self._seen += 1
         self._ends.append(time.perf_counter())
         on_gpu = torch.cuda.is_available() and torch.cuda.is_initialized()
+        if self._seen in (WARM_STEPS, self.start - 2) and self.start - 2 > WARM_STEPS:  # the window before the profile
+            self._synced_edge(on_gpu)
         if self._seen == self.start - 1 and on_gpu:
             self._catcher = warnings.catch_warnings()
             self._catcher.__enter__()
@@ -237,6 +252,25 @@ class StepProfiler:
             self._mark_step()
         elif self._profiler is not None and self._seen == self.start + self.steps:
             self._finish()
+            self._synced_edge(on_gpu)  # the window after the profile opens
+        elif last and len(self._edges) % 2 == 1:
+            self._synced_edge(on_gpu)
+
+    def _synced_edge(self, on_gpu: bool) -> None:
+        """An edge of a synchronised window: wait for the device's work so far, then note the steps done and the time."""
+        import torch
+
+        if self._sync is not None:
+            self._sync()
+        elif on_gpu:
+            torch.cuda.synchronize()
+        self._edges.append((self._seen, time.perf_counter()))
+
+    def synced_step_s(self) -> tuple[float, int] | None:
+        """The wall time per step over the synchronised windows and how many steps they hold; None without one."""
+        pairs = [(self._edges[i], self._edges[i + 1]) for i in range(0, len(self._edges) - 1, 2)]
+        steps = sum(b[0] - a[0] for a, b in pairs)
+        return (sum(b[1] - a[1] for a, b in pairs) / steps, steps) if steps > 0 else None
 
     def _on_warning(self, message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
         """A warning during the sync-debug step: a synchronisation's is kept with the first frame outside torch that
@@ -283,13 +317,25 @@ class StepProfiler:
         self._write()
 
     def close(self) -> None:
-        """At the end of the run: add ``median_step_s`` (the unprofiled steps after the first 10, the sync-debug step
-        left out too) and ``median_of_steps`` to the summary, and write it again."""
+        """At the end of the run: close the synchronised window after the profile (where the last step did not), add
+        ``synced_step_s`` with ``synced_steps``, and ``median_step_s`` (the host's clock: the unprofiled steps after
+        the first `WARM_STEPS`, the sync-debug step and the steps right after a synchronisation left out) with
+        ``median_of_steps``; write it again."""
+        import torch
+
+        if len(self._edges) % 2 == 1 and self._seen > self._edges[-1][0]:
+            self._synced_edge(torch.cuda.is_available() and torch.cuda.is_initialized())
+        edges = {seen + 1 for seen, _ in self._edges}  # a step right after a synchronisation starts on an idle device
         untouched = [b - a for step, (a, b) in enumerate(zip(self._ends, self._ends[1:], strict=False), start=2)
-                     if step > 10 and not self.start - 1 <= step <= self.start + self.steps]
-        if self.summary is not None and untouched:
+                     if step > WARM_STEPS and step not in edges and not self.start - 1 <= step <= self.start + self.steps]
+        if self.summary is None:
+            return
+        if untouched:
             self.summary.update(median_step_s=statistics.median(untouched), median_of_steps=len(untouched))
-            self._write()
+        synced = self.synced_step_s()
+        if synced is not None:
+            self.summary.update(synced_step_s=synced[0], synced_steps=synced[1])
+        self._write()
 
     def _write(self) -> None:
         self.out.parent.mkdir(parents=True, exist_ok=True)
@@ -305,7 +351,7 @@ def profile_callback(start: int, steps: int, out: str | Path) -> Any:
             self.profiler = StepProfiler(start, steps, out)
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            self.profiler.after_step()
+            self.profiler.after_step(last=bool(state.max_steps) and state.global_step >= state.max_steps)
 
         def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             self.profiler.close()

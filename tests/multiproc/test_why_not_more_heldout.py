@@ -5,7 +5,7 @@ Strong scaling 1 -> 2 processes over gloo, a global batch of 64, --repeat 3, one
 
     loader     every rank's loader sleeps 10 ms per batch: data = (10 ms / 32 - 10 ms / 64) per sample on a device
     straggler  rank 1 busy-waits 10 ms before each backward: imbalance = 10 ms / 32 per sample, rank 1 named
-    clean      nothing injected: data, imbalance and the rest each within 10% of ideal, no part below -2%
+    clean      nothing injected: data, imbalance and the rest each within 10% of ideal, no part below -2% beyond its noise
 
 and the prediction's exposed communication, its overlap calibrated on the three runs, within 15 points of each.
 
@@ -19,6 +19,7 @@ import re
 
 import pytest
 
+from gpuscale.study.parts import noise_of
 from procs import ROOT, assert_ok, gpuscale_cmd, run
 
 pytestmark = pytest.mark.multiproc
@@ -74,7 +75,12 @@ def test_a_clean_run_is_clean(study):
     shares = row["loss_breakdown"]
     for part in ("data", "imbalance", "rest"):
         assert abs(shares[part]) <= TOLERANCE, (part, shares)
-    assert all(share >= -0.02 for share in shares.values() if share is not None), shares
+    # a part below zero says only that the baseline's time for it came out larger: within that part's noise the study
+    # shows it as "~0% (±noise)"; beyond it, it would be a gain no clean run has (CI once saw one within its noise)
+    for part, share in shares.items():
+        if share is not None:
+            allowed = max(0.02, noise_of(row, part) or 0.0)
+            assert share >= -allowed, (part, share, allowed, shares, row.get("other_load_during"))
     # no slow-rank flag (the jitter flag, where jitter passes 10%, says that no rank is slower on average)
     assert not any(re.search(r"rank \d+ is slower on average", f) or "to imbalance" in f for f in row["flags"]), row["flags"]
 

@@ -85,6 +85,50 @@ def test_a_real_profile_of_a_cpu_loop(tmp_path):
     assert s["kernels_per_step"] == 0 and s["bound"].startswith("no device activity traced (a CPU run)")
 
 
+class LaggingDevice:
+    """A device that needs `step_s` for each step's work and starts it when the last step's work is done: the host
+    issues a step in no time and runs ahead, as it does with CUDA graphs; `sync` waits until the work issued is done."""
+
+    def __init__(self, step_s: float) -> None:
+        self.step_s, self.done_at = step_s, time.perf_counter()
+
+    def issue(self) -> None:
+        self.done_at = max(self.done_at, time.perf_counter()) + self.step_s
+
+    def sync(self) -> None:
+        time.sleep(max(0.0, self.done_at - time.perf_counter()))
+
+
+def test_the_step_time_between_synchronisations_is_the_devices_where_the_host_runs_ahead(tmp_path):
+    """40 steps, steps 26-28 profiled: the host issues each step in ~1 ms to a device that needs 8 ms. The host's clock
+    says ~1 ms a step; the windows between synchronisations (steps 11-23 and 29-40, 25 steps) say the device's 8 ms."""
+    device = LaggingDevice(0.008)
+    profiler = StepProfiler(25, 3, tmp_path / "p.json", sync=device.sync)
+    for step in range(1, 41):
+        device.issue()
+        time.sleep(0.001)
+        profiler.after_step(last=step == 40)
+    profiler.close()
+    s = json.loads((tmp_path / "p.json").read_text())
+    assert s["synced_steps"] == (23 - 10) + (40 - 28)
+    assert 0.008 <= s["synced_step_s"] < 0.008 * 1.5, s["synced_step_s"]
+    assert s["median_step_s"] < 0.004, s["median_step_s"]  # the host's own pace: it never waited for the device
+
+
+def test_the_synchronised_windows_hold_the_hosts_time_where_the_device_keeps_up(tmp_path):
+    """The same loop with a device faster than the host (1 ms against the host's 6 ms): both clocks say ~6 ms."""
+    device = LaggingDevice(0.001)
+    profiler = StepProfiler(25, 3, tmp_path / "p.json", sync=device.sync)
+    for _ in range(40):
+        device.issue()
+        time.sleep(0.006)
+        profiler.after_step()
+    profiler.close()  # no step was called the last: close ends the window
+    s = json.loads((tmp_path / "p.json").read_text())
+    assert s["synced_steps"] == 25 and 0.006 <= s["synced_step_s"] < 0.009, s
+    assert s["median_step_s"] == pytest.approx(s["synced_step_s"], rel=0.3)
+
+
 def test_load_trace_reads_what_torch_exports(tmp_path):
     path = tmp_path / "t.json"
     path.write_text(json.dumps({"traceEvents": [{"ph": "M", "name": "process_name"}, *two_steps()]}))
