@@ -20,6 +20,7 @@ import re
 import pytest
 
 from gpuscale.study.parts import noise_of
+
 from procs import ROOT, assert_ok, gpuscale_cmd, run
 
 pytestmark = pytest.mark.multiproc
