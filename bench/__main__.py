@@ -13,6 +13,8 @@ BENCHMARKS.md reports the latest figures and how to reproduce each.
     cli_start    wall time of the verbs that neither train nor measure (--help, lint, slurm, profiles, report, predict)
     gpu          on a GPU: the examples at gpuscale's defaults vs the course's way; GPT-neo's MFU
                  (not in the default set; refuses to run without a GPU unless --allow-cpu)
+    sdpa         which attention kernel SDPA picks and which ran in GPT-neo's layers, eager and compiled (--points;
+                 not in the default set; a GPU's figures, a CPU's check)
 
 Run it on a quiet machine: other work on the cores shows up as spread.
 """
@@ -24,7 +26,7 @@ import importlib
 import sys
 from pathlib import Path
 
-BENCHMARKS = ("overhead", "startup", "scaling_cpu", "gloo_latency", "host_overhead", "cli_start", "gpu")
+BENCHMARKS = ("overhead", "startup", "scaling_cpu", "gloo_latency", "host_overhead", "cli_start", "gpu", "sdpa")
 DEFAULT = ("overhead", "startup", "scaling_cpu", "gloo_latency")
 
 
@@ -58,12 +60,14 @@ def main(argv: list[str] | None = None) -> int:
     named = args.names or DEFAULT
     for flag, given, owner in (("--cases", args.cases is not None, "gpu"), ("--compile", args.compile, "gpu"),
                                ("--allow-cpu", args.allow_cpu, "gpu"), ("--sweep", args.sweep is not None, "gpu"),
-                               ("--compile-mode", args.compile_mode is not None, "gpu"), ("--points", args.points is not None, "gpu"),
+                               ("--compile-mode", args.compile_mode is not None, "gpu"),
+                               ("--points", args.points is not None, ("gpu", "sdpa")),
                                ("--attention", args.attention is not None, "gpu"),
                                ("--batch-sizes", args.batch_sizes is not None, "scaling_cpu"),
                                ("--nproc", args.nproc is not None, "scaling_cpu")):
-        if given and owner not in named:
-            parser.error(f"{flag} is an option of the {owner} benchmark; name it: python -m bench {owner} {flag} ...")
+        owners = owner if isinstance(owner, tuple) else (owner,)
+        if given and not set(owners) & set(named):
+            parser.error(f"{flag} is an option of the {' or '.join(owners)} benchmark; name it: python -m bench {owners[0]} {flag} ...")
     if args.cases is not None:
         from bench.gpu import CASES
         bad = [c for c in args.cases.split(",") if c and c not in CASES]
@@ -76,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--points {args.points!r} is not a comma-separated list of BATCHxBLOCK points like 16x512,64x512")
         points = tuple((int(b), int(s)) for b, s in pairs)
     for flag, value in (("--compile-mode", args.compile_mode), ("--attention", args.attention)):
-        if value is not None and not (args.sweep or points):
+        if value is not None and "gpu" in named and not (args.sweep or points):
             parser.error(f"{flag} applies to GPT-neo's sweep: add --sweep quick, --sweep full or --points BxS,...")
     if args.repeat is not None and args.repeat < 1:
         parser.error(f"--repeat {args.repeat} must be at least 1")
@@ -87,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         options = {"repeat": args.repeat} if args.repeat else {}
         if name == "scaling_cpu" and args.nproc:
             options["nproc"] = args.nproc
+        if name == "sdpa" and points:
+            options["points"] = points
         if name == "scaling_cpu" and args.batch_sizes:
             options["batch_sizes"] = args.batch_sizes
         if name == "gpu":

@@ -1,0 +1,191 @@
+"""Which kernel runs GPT-neo's attention on this device (`python -m bench sdpa`): SDPA's own choice for each of the
+example's attention calls, and the kernels that really ran in one of its layers, eager and compiled.
+
+Why: the compiled GPT-neo step's largest kernel on an H200 was an explicit softmax that grows with the square of the
+block (BENCHMARKS.md, "Issue 27"): attention computed the long way, where a fused kernel would not write the score
+matrix at all. This finds which calls do that, in about a minute of GPU time.
+
+At each (batch x block) point (default 16x512, 64x512 and 32x1024 on a GPU; 2x512 on a CPU), with GPT-neo-125M's
+attention shape (width 768, 12 heads of 64, window 256) and examples/gptneo_attention.py's kernels:
+
+- ``choice``: ``torch._fused_sdp_choice`` for the three SDPA calls a forward makes (the global layers' causal
+  attention over the block; the local layers' first chunk, causal over the window; their later chunks, a
+  window x 2 window band mask), on bf16 tensors that need gradients and are laid out as the layer lays them out: the
+  backend SDPA's dispatcher picks (FLASH_ATTENTION, EFFICIENT_ATTENTION, CUDNN_ATTENTION, MATH);
+- ``layers``: one global and one local GPTNeoSelfAttention switched to the example's attention, each run forward
+  and backward under bf16 autocast on fp32 weights (as the Trainer runs them), eager and under torch.compile
+  (Inductor, measured after one warm-up call), profiled: the attention work that ran, sorted by name into flash,
+  efficient, cudnn and math (an explicit softmax), in milliseconds of device time (of host operators on a CPU, where
+  Inductor's own kernels carry no such name and the compiled column may stay empty).
+
+"math" in a layer's compiled column where ``choice`` names a fused kernel means the compiler, not the dispatcher,
+took the long way. The figures are one call each: they name kernels, they are not a speed benchmark.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.stats import ROOT
+
+HEADS, HEAD_DIM, WINDOW = 12, 64, 256  # GPT-neo-125M's attention (bench/gptneo_bench.py's shape, the example's window)
+GPU_POINTS = ((16, 512), (64, 512), (32, 1024))
+CPU_POINTS = ((2, 512),)
+KINDS = ("flash", "efficient", "cudnn", "math")
+
+
+def kernel_kind(name: str) -> str | None:
+    """Which attention implementation a kernel (or, on a CPU, an operator) named `name` belongs to; None for other
+    work (copies, casts, matrix products)."""
+    low = name.lower()
+    if "cudnn" in low:  # cuDNN's attention kernels (cudnn_generated_fort_native_sdpa_...), whatever else they name
+        return "cudnn"
+    if "flash" in low:
+        return "flash"
+    if "fmha" in low or "efficient" in low or "mem_eff" in low:
+        return "efficient"
+    if "softmax" in low:
+        return "math"
+    return None
+
+
+def split_heads(batch: int, length: int, device: Any, requires_grad: bool = True) -> Any:
+    """(batch, heads, length, head size) bf16, a permuted view of a (batch, length, width) projection as
+    GPTNeoSelfAttention._split_heads makes it."""
+    import torch
+
+    flat = torch.randn(batch, length, HEADS * HEAD_DIM, device=device, dtype=torch.bfloat16)
+    return flat.view(batch, length, HEADS, HEAD_DIM).permute(0, 2, 1, 3).detach().requires_grad_(requires_grad)
+
+
+def dispatch_choices(batch: int, block: int, device: Any) -> dict[str, str]:
+    """The backend SDPA's dispatcher picks for each of the example's three calls at (batch x block)."""
+    import torch
+    from torch.nn.attention import SDPBackend
+
+    sys_path_examples()
+    import gptneo_attention as ga
+
+    def choice(q: Any, k: Any, v: Any, mask: Any = None, causal: bool = False) -> str:
+        return SDPBackend(torch._fused_sdp_choice(q, k, v, mask, 0.0, causal, scale=1.0)).name
+
+    q, k, v = (split_heads(batch, block, device) for _ in range(3))
+    chunks = max(block // WINDOW - 1, 1)
+    cq = ga.chunks_of(split_heads(batch, chunks * WINDOW, device), WINDOW)
+    ck, cv = (ga.chunks_of(split_heads(batch, 2 * chunks * WINDOW, device), 2 * WINDOW) for _ in range(2))
+    return {"global causal": choice(q, k, v, causal=True),
+            "local first chunk (causal)": choice(q[:, :, :WINDOW], k[:, :, :WINDOW], v[:, :, :WINDOW], causal=True),
+            "local band chunks (mask)": choice(cq, ck, cv, mask=ga.make_band(WINDOW, device))}
+
+
+def sys_path_examples() -> None:
+    import sys
+
+    where = str(ROOT / "examples")
+    if where not in sys.path:
+        sys.path.insert(0, where)
+
+
+def attention_layer(kind: str, block: int, device: Any) -> Any:
+    """One GPT-neo attention layer of GPT-neo-125M's width, `kind` global or local, on the example's SDPA attention."""
+    import torch
+    from transformers import GPTNeoConfig, GPTNeoForCausalLM
+
+    sys_path_examples()
+    import gptneo_attention as ga
+
+    config = GPTNeoConfig(vocab_size=128, max_position_embeddings=max(2048, block), hidden_size=HEADS * HEAD_DIM,
+                          num_layers=2, num_heads=HEADS, intermediate_size=4 * HEADS * HEAD_DIM, window_size=WINDOW,
+                          attention_types=[[["global", "local"], 1]])
+    torch.manual_seed(0)
+    model = GPTNeoForCausalLM(config)
+    ga.use_sdpa_attention(model)
+    layer = model.transformer.h[0 if kind == "global" else 1].attn.attention
+    assert layer.attention_type == kind
+    return layer.to(device).train()
+
+
+def profiled_kinds(step: Any, device: Any) -> dict[str, float]:
+    """Run `step()` once under the profiler; the milliseconds of each attention kind that ran (device time on a GPU,
+    host operators' own time on a CPU)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    on_gpu = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+    with profile(activities=activities) as prof:
+        step()
+        if on_gpu:
+            torch.cuda.synchronize()
+    found = dict.fromkeys(KINDS, 0.0)
+    for event in prof.key_averages():
+        kind = kernel_kind(event.key)
+        if kind is None:
+            continue
+        if on_gpu:
+            us = getattr(event, "self_device_time_total", None)
+            us = getattr(event, "self_cuda_time_total", 0.0) if us is None else us
+        else:
+            us = event.self_cpu_time_total
+        found[kind] += us / 1e3
+    return {k: round(v, 3) for k, v in found.items() if v > 0}
+
+
+def layer_kernels(kind: str, batch: int, block: int, device: Any) -> dict[str, Any]:
+    """The attention kernels one forward and backward of a `kind` layer ran, eager and compiled."""
+    import torch
+
+    sys_path_examples()
+    import gptneo_attention as ga
+
+    layer = attention_layer(kind, block, device)
+    compiled = torch.compile(layer)
+    hidden = torch.randn(batch, block, HEADS * HEAD_DIM, device=device, requires_grad=True)
+    mask = ga.CausalMask({})  # the fast path: causal from position 0, no padding
+
+    def step(module: Any) -> Any:
+        def run() -> None:
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                out, _ = module(hidden, attention_mask=mask)
+            out.float().square().mean().backward()
+        return run
+
+    step(compiled)()  # compile and warm up before the profiled call
+    return {"eager": profiled_kinds(step(layer), device), "compiled": profiled_kinds(step(compiled), device)}
+
+
+def run(repeat: int = 1, points: tuple[tuple[int, int], ...] | None = None) -> dict[str, Any]:
+    """The record: the device, and per point the dispatcher's choices and the kernels each layer ran."""
+    import torch
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    points = points or (GPU_POINTS if device.type == "cuda" else CPU_POINTS)
+    record: dict[str, Any] = {"device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
+                              "torch": torch.__version__, "points": []}
+    for batch, block in points:
+        entry: dict[str, Any] = {"per_device_batch": batch, "block_size": block}
+        try:
+            entry["choice"] = dispatch_choices(batch, block, device)
+            entry["layers"] = {kind: layer_kernels(kind, batch, block, device) for kind in ("global", "local")}
+        except Exception as exc:  # out of memory, an unsupported shape: the point says so, the others still run
+            entry["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"
+        record["points"].append(entry)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return record
+
+
+def report(record: dict[str, Any]) -> str:
+    """One block per point: the dispatcher's choice per call, then each layer's attention kernels eager and compiled."""
+    lines = [f"SDPA on {record['device']} (torch {record['torch']}), GPT-neo-125M's attention (12 heads of 64, window {WINDOW}):"]
+    for p in record["points"]:
+        lines.append(f"  {p['per_device_batch']} x {p['block_size']}")
+        if "error" in p:
+            lines.append(f"    not measured: {p['error']}")
+            continue
+        lines.append("    dispatcher: " + "; ".join(f"{call} {name}" for call, name in p["choice"].items()))
+        for kind, ran in p["layers"].items():
+            cells = [f"{how} " + (", ".join(f"{k} {ms:.2f} ms" for k, ms in found.items()) or "no attention kernel named")
+                     for how, found in ran.items()]
+            lines.append(f"    {kind} layer: " + "; ".join(cells))
+    return "\n".join(lines)

@@ -1,0 +1,59 @@
+"""bench/sdpa.py: the attention kernels named by kind, the dispatcher asked for each of GPT-neo's three SDPA calls,
+and a real layer's kernels profiled eager and compiled (on this CPU: torch's fused CPU kernel is flash)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench import sdpa  # noqa: E402
+
+pytest.importorskip("transformers")
+
+
+@pytest.mark.parametrize("name, kind", [
+    # seen on an H200 (BENCHMARKS.md, "Issue 27"): SDPA's math decomposition compiled by Inductor
+    ("triton_red_fused__softmax__to_copy_add_arange_bitwise_and_eq_exp_expand_index_le_lift_fresh_new_ones_prepare_s", "math"),
+    ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4, false, false, cutlass::bfloat16_t>>", "flash"),
+    ("fmha_cutlassF_bf16_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel<...>::Params)", "efficient"),
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x64x64_4x1x1", "cudnn"),
+    ("aten::_scaled_dot_product_flash_attention_for_cpu", "flash"),
+    ("aten::_softmax", "math"),
+    ("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT", None),
+    ("aten::copy_", None),
+])
+def test_kernels_are_sorted_by_their_names(name, kind):
+    assert sdpa.kernel_kind(name) == kind
+
+
+def test_the_profile_tells_a_fused_kernel_from_an_explicit_softmax():
+    q = torch.randn(1, 2, 64, 16)
+
+    def fused():
+        F.scaled_dot_product_attention(q, q, q, is_causal=True)
+
+    def explicit():
+        torch.softmax(q @ q.transpose(-1, -2), dim=-1) @ q
+
+    assert set(sdpa.profiled_kinds(fused, torch.device("cpu"))) == {"flash"}
+    assert set(sdpa.profiled_kinds(explicit, torch.device("cpu"))) == {"math"}
+
+
+def test_a_point_names_the_dispatchers_choices_and_each_layers_kernels():
+    record = sdpa.run(points=((1, 512),))
+    (point,) = record["points"]
+    assert "error" not in point, point
+    assert set(point["choice"]) == {"global causal", "local first chunk (causal)", "local band chunks (mask)"}
+    assert all(choice == "FLASH_ATTENTION" for choice in point["choice"].values()), point["choice"]  # torch's CPU kernel
+    for kind in ("global", "local"):
+        ran = point["layers"][kind]
+        assert ran["eager"].get("flash", 0) > 0 and "math" not in ran["eager"], ran  # the example's SDPA, not eager's softmax
+        assert "math" not in ran["compiled"], ran
+    text = sdpa.report(record)
+    assert "1 x 512" in text and "global causal FLASH_ATTENTION" in text
