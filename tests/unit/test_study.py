@@ -759,3 +759,21 @@ def test_runs_that_trained_different_amounts_of_work_are_said_not_comparable_in_
     notes = [n for n in analysis.analyse(tmp_path)["notes"] if "amounts of work" in n]
     assert notes == ["The runs of weak scaling trained different amounts of work (weak-1x1: 1000 samples, weak-1x2: 2000 samples): "
                      "compare their throughput, not their times to result (the script stops after a number of steps, not epochs?)"]
+
+
+def test_a_node_without_gpu_device_files_has_no_gpus_and_torch_is_not_asked(monkeypatch):
+    """No /dev/nvidia*, /dev/kfd or /dev/dxg: 0 GPUs without importing torch (2 s a study); with one, torch counts."""
+    import glob
+    import sys
+
+    from gpuscale.study import spec as study_spec
+
+    asked: list[str] = []
+    monkeypatch.setattr(glob, "glob", lambda pattern: asked.append(pattern) or [])
+    monkeypatch.setitem(sys.modules, "torch", None)  # importing torch would now raise
+    gpus, cores = study_spec._node_devices()
+    assert gpus == 0 and cores and set(asked) == set(study_spec.GPU_DEVICE_FILES)
+    monkeypatch.undo()
+    monkeypatch.setattr(glob, "glob", lambda pattern: ["/dev/nvidia0"] if pattern == "/dev/nvidia*" else [])
+    counted = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    assert study_spec._node_devices()[0] == counted

@@ -121,9 +121,18 @@ class StudyResult:
         return [o.cell.name for o in self.outcomes if o.status == "failed"]
 
 
-def _node_devices() -> tuple[int, list[int]]:
-    import torch
+# Device files a GPU driver makes: NVIDIA's (/dev/nvidia0, /dev/nvidiactl), ROCm's kernel driver (/dev/kfd), WSL's (/dev/dxg)
+GPU_DEVICE_FILES = ("/dev/nvidia*", "/dev/kfd", "/dev/dxg")
 
+
+def _node_devices() -> tuple[int, list[int]]:
+    """This node's GPUs as torch counts them, and the cores this process may use. Where no GPU driver made a device
+    file there is no GPU to count, and torch (2 s to import) is not asked."""
+    import glob
+
+    if not any(glob.glob(pattern) for pattern in GPU_DEVICE_FILES):
+        return 0, allowed_cores()
+    import torch
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return gpus, allowed_cores()
