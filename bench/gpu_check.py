@@ -12,8 +12,8 @@ are missing), then the steps, each in its own processes with a time budget (kill
     bench    ``python -m bench gpu --compile --out OUT_DIR`` (OUT_DIR/gpu.json, OUT_DIR/bench.log), budget 9 minutes
 
 Together under 20 minutes on one H100, and each step fits a 10-minute command. ``--quick`` gives the whole verdict
-in 8 minutes: the tests, then ``bench gpu --sweep quick`` (GPT-neo compiled at three batch x block points, each
-profiled) without the course-way baselines, within `QUICK_BUDGETS_S`. OUT_DIR/gpu-check.json (the results file,
+in 8 minutes: the tests, then ``bench gpu --sweep quick`` (GPT-neo compiled into CUDA graphs at three batch x block
+points, each profiled) without the course-way baselines, within `QUICK_BUDGETS_S`. OUT_DIR/gpu-check.json (the results file,
 rewritten after each step, so a check cut off still says what it found) holds the machine, every step's outcome
 (the tests passed, failed and skipped by name; the bench's record), the total time and a verdict: "pass" when every
 step ran to its end, no GPU test failed, and the bench measured every example it was asked for; else "fail" with its

@@ -5,7 +5,7 @@
 #                        [--tests-budget S] [--bench-budget S]
 #
 # --quick: the whole verdict in 8 minutes on one H100: every GPU test (four side by side, each within 150 s, each
-# result printed as it ends), then GPT-neo's sweep (16x512, 64x512, 32x1024, compiled, each point profiled: MFU, GPU
+# result printed as it ends), then GPT-neo's sweep (16x512, 64x512, 32x1024, compiled into CUDA graphs, each point profiled: MFU, GPU
 # busy share, syncs per step, what bounds the step), without the course-way baselines the full check keeps.
 #
 # From anywhere, on a machine with a GPU. It records the machine (nvidia-smi -L, Python, torch, CUDA, the packages),
