@@ -48,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--attention", default=None, choices=("auto", "sdpa", "flex", "eager"),
                         help="gpu: the GPT-neo example's --attention for the sweep (sdpa, flex, eager; default: the example's)")
     parser.add_argument("--points", default=None, metavar="16x512,64x512",
-                        help="gpu: the sweep at these (per-device batch x tokens per block) points instead of --sweep's")
+                        help="gpu: the sweep at these (per-device batch x tokens per block) points instead of --sweep's; "
+                             "sdpa: the points to look at")
     parser.add_argument("--allow-cpu", action="store_true", help="gpu: run the pipeline on a CPU with small settings (a check, not a figure)")
     args = parser.parse_args(argv)
     unknown = [n for n in args.names if n not in BENCHMARKS]

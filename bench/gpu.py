@@ -272,7 +272,8 @@ SWEEP_CPU_ARGS = ["--model-size", "tiny", "--max-steps", "8", "--eval-steps", "1
 
 def sweep_point(batch: int, block: int, peak: dict[str, Any], out: Path, allow_cpu: bool,
                 compile_mode: str | None = None, attention: str | None = None) -> dict[str, Any]:
-    """One point of GPT-neo's sweep: throughput from the median unprofiled step, MFU, perplexity, the step profile."""
+    """One point of GPT-neo's sweep: throughput from the step time between device synchronisations, MFU, perplexity,
+    the step profile."""
     start, count = (4, 2) if allow_cpu else PROFILE_AT
     argv = [sys.executable, "-m", "gpuscale", "run", "--nproc-per-node", "1", str(ROOT / "bench" / "gptneo_bench.py"),
             "--block-size", str(block), "--global-batch", str(batch), *(SWEEP_CPU_ARGS if allow_cpu else SWEEP_GPU_ARGS),

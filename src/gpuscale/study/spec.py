@@ -127,7 +127,7 @@ GPU_DEVICE_FILES = ("/dev/nvidia*", "/dev/kfd", "/dev/dxg")
 
 def _node_devices() -> tuple[int, list[int]]:
     """This node's GPUs as torch counts them, and the cores this process may use. Where no GPU driver made a device
-    file there is no GPU to count, and torch (2 s to import) is not asked."""
+    file there is no GPU to count, and torch (1-2 s to import) is not asked."""
     import glob
 
     if not any(glob.glob(pattern) for pattern in GPU_DEVICE_FILES):
