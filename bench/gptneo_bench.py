@@ -113,7 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     code = example.main(argv, make_data=packed_data, make_model=make_model, callbacks=callbacks)
     if code == 0 and current_rank()[0] == 0:  # rank 0 wrote the summary: add what the FLOPs count needs
         path = Path(args.out) / "summary.json"
-        atomic_write_json(path, {**json.loads(path.read_text()), "model_shape": model_shape(built[0]), "packed": True})
+        from bench.sdpa import sdpa_switches  # what SDPA's dispatcher obeyed in this run (bench sdpa, BENCHMARKS.md)
+
+        atomic_write_json(path, {**json.loads(path.read_text()), "model_shape": model_shape(built[0]), "packed": True,
+                                 "sdpa_switches": sdpa_switches()})
     return code
 
 

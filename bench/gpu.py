@@ -300,7 +300,8 @@ def sweep_point(batch: int, block: int, peak: dict[str, Any], out: Path, allow_c
     point.update(samples_per_s=samples_per_s, step_ms=1e3 * step_s, host_step_ms=1e3 * host_s if host_s else None,
                  mfu=mfu["mfu"], mfu_datasheet=mfu["mfu_datasheet"],
                  tokens_per_s=mfu["tokens_per_s"], perplexity=summary.get("perplexity"),
-                 peak_memory_gib=summary["peak_memory_bytes"] / 2**30, profile=profile)
+                 peak_memory_gib=summary["peak_memory_bytes"] / 2**30, sdpa_switches=summary.get("sdpa_switches"),
+                 profile=profile)
     return point
 
 

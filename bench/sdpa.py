@@ -12,6 +12,7 @@ attention shape (width 768, 12 heads of 64, window 256) and examples/gptneo_atte
   attention over the block; the local layers' first chunk, causal over the window; their later chunks, a
   window x 2 window band mask), on bf16 tensors that need gradients and are laid out as the layer lays them out: the
   backend SDPA's dispatcher picks (FLASH_ATTENTION, EFFICIENT_ATTENTION, CUDNN_ATTENTION, MATH);
+- ``switches``: the process's SDPA backend switches and whether deterministic algorithms are on;
 - ``layers``: one global and one local GPTNeoSelfAttention switched to the example's attention, each run forward
   and backward under bf16 autocast on fp32 weights (as the Trainer runs them), eager and under torch.compile
   (Inductor, measured after one warm-up call), profiled: the attention work that ran, sorted by name into flash,
@@ -139,7 +140,8 @@ def layer_kernels(kind: str, batch: int, block: int, device: Any) -> dict[str, A
     import gptneo_attention as ga
 
     layer = attention_layer(kind, block, device)
-    compiled = torch.compile(layer)
+    torch._dynamo.reset()  # each point compiled afresh for its own shapes, as a training run compiles its one
+    compiled = torch.compile(layer, dynamic=False)
     hidden = torch.randn(batch, block, HEADS * HEAD_DIM, device=device, requires_grad=True)
     mask = ga.CausalMask({})  # the fast path: causal from position 0, no padding
 
@@ -154,6 +156,18 @@ def layer_kernels(kind: str, batch: int, block: int, device: Any) -> dict[str, A
     return {"eager": profiled_kinds(step(layer), device), "compiled": profiled_kinds(step(compiled), device)}
 
 
+def sdpa_switches() -> dict[str, Any]:
+    """The process-wide settings SDPA's dispatcher obeys: each backend's switch, and deterministic algorithms (under
+    which it passes over kernels with a nondeterministic backward). bench/gptneo_bench.py records the same from inside
+    a training run, where a library could have changed them."""
+    import torch
+
+    cuda = torch.backends.cuda
+    return {"flash": cuda.flash_sdp_enabled(), "efficient": cuda.mem_efficient_sdp_enabled(),
+            "cudnn": cuda.cudnn_sdp_enabled(), "math": cuda.math_sdp_enabled(),
+            "deterministic_algorithms": torch.are_deterministic_algorithms_enabled()}
+
+
 def run(repeat: int = 1, points: tuple[tuple[int, int], ...] | None = None) -> dict[str, Any]:
     """The record: the device, and per point the dispatcher's choices and the kernels each layer ran."""
     import torch
@@ -161,7 +175,7 @@ def run(repeat: int = 1, points: tuple[tuple[int, int], ...] | None = None) -> d
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     points = points or (GPU_POINTS if device.type == "cuda" else CPU_POINTS)
     record: dict[str, Any] = {"device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
-                              "torch": torch.__version__, "points": []}
+                              "torch": torch.__version__, "switches": sdpa_switches(), "points": []}
     for batch, block in points:
         entry: dict[str, Any] = {"per_device_batch": batch, "block_size": block}
         try:
@@ -177,7 +191,8 @@ def run(repeat: int = 1, points: tuple[tuple[int, int], ...] | None = None) -> d
 
 def report(record: dict[str, Any]) -> str:
     """One block per point: the dispatcher's choice per call, then each layer's attention kernels eager and compiled."""
-    lines = [f"SDPA on {record['device']} (torch {record['torch']}), GPT-neo-125M's attention (12 heads of 64, window {WINDOW}):"]
+    lines = [f"SDPA on {record['device']} (torch {record['torch']}), GPT-neo-125M's attention (12 heads of 64, window {WINDOW}):",
+             "  switches: " + ", ".join(f"{k} {'on' if v else 'off'}" for k, v in record["switches"].items())]
     for p in record["points"]:
         lines.append(f"  {p['per_device_batch']} x {p['block_size']}")
         if "error" in p:

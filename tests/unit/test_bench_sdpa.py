@@ -56,4 +56,17 @@ def test_a_point_names_the_dispatchers_choices_and_each_layers_kernels():
         assert ran["eager"].get("flash", 0) > 0 and "math" not in ran["eager"], ran  # the example's SDPA, not eager's softmax
         assert "math" not in ran["compiled"], ran
     text = sdpa.report(record)
-    assert "1 x 512" in text and "global causal FLASH_ATTENTION" in text
+    assert "1 x 512" in text and "global causal FLASH_ATTENTION" in text and "switches: flash on" in text
+
+
+def test_the_switches_say_what_the_dispatcher_obeys():
+    torch.backends.cuda.enable_flash_sdp(False)
+    torch.use_deterministic_algorithms(True)
+    try:
+        switches = sdpa.sdpa_switches()
+    finally:
+        torch.backends.cuda.enable_flash_sdp(True)
+        torch.use_deterministic_algorithms(False)
+    assert switches["flash"] is False and switches["deterministic_algorithms"] is True
+    assert switches["efficient"] is True and switches["math"] is True
+    assert sdpa.sdpa_switches()["flash"] is True
