@@ -11,7 +11,8 @@ attention shape (width 768, 12 heads of 64, window 256) and examples/gptneo_atte
 - ``choice``: ``torch._fused_sdp_choice`` for the three SDPA calls a forward makes (the global layers' causal
   attention over the block; the local layers' first chunk, causal over the window; their later chunks, a
   window x 2 window band mask), on bf16 tensors that need gradients and are laid out as the layer lays them out: the
-  backend SDPA's dispatcher picks (FLASH_ATTENTION, EFFICIENT_ATTENTION, CUDNN_ATTENTION, MATH);
+  backend SDPA's dispatcher picks (FLASH_ATTENTION, EFFICIENT_ATTENTION, CUDNN_ATTENTION, MATH), and each fused
+  backend asked alone: "runs", or why not in torch's own words;
 - ``switches``: the process's SDPA backend switches and whether deterministic algorithms are on;
 - ``layers``: one global and one local GPTNeoSelfAttention switched to the example's attention, each run forward
   and backward under bf16 autocast on fp32 weights (as the Trainer runs them), eager and under torch.compile
@@ -59,16 +60,18 @@ def split_heads(batch: int, length: int, device: Any, requires_grad: bool = True
     return flat.view(batch, length, HEADS, HEAD_DIM).permute(0, 2, 1, 3).detach().requires_grad_(requires_grad)
 
 
-def dispatch_choices(batch: int, block: int, device: Any) -> dict[str, str]:
-    """The backend SDPA's dispatcher picks for each of the example's three calls at (batch x block)."""
+def dispatch_choices(batch: int, block: int, device: Any) -> dict[str, dict[str, Any]]:
+    """The backend SDPA's dispatcher picks for each of the example's three calls at (batch x block), and each fused
+    backend's own answer (`why_not`)."""
     import torch
     from torch.nn.attention import SDPBackend
 
     sys_path_examples()
     import gptneo_attention as ga
 
-    def choice(q: Any, k: Any, v: Any, mask: Any = None, causal: bool = False) -> str:
-        return SDPBackend(torch._fused_sdp_choice(q, k, v, mask, 0.0, causal, scale=1.0)).name
+    def choice(q: Any, k: Any, v: Any, mask: Any = None, causal: bool = False) -> dict[str, Any]:
+        return {"choice": SDPBackend(torch._fused_sdp_choice(q, k, v, mask, 0.0, causal, scale=1.0)).name,
+                "backends": why_not(q, k, v, mask, causal)}
 
     q, k, v = (split_heads(batch, block, device) for _ in range(3))
     chunks = max(block // WINDOW - 1, 1)
@@ -77,6 +80,33 @@ def dispatch_choices(batch: int, block: int, device: Any) -> dict[str, str]:
     return {"global causal": choice(q, k, v, causal=True),
             "local first chunk (causal)": choice(q[:, :, :WINDOW], k[:, :, :WINDOW], v[:, :, :WINDOW], causal=True),
             "local band chunks (mask)": choice(cq, ck, cv, mask=ga.make_band(WINDOW, device))}
+
+
+FUSED = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION")
+
+
+def why_not(q: Any, k: Any, v: Any, mask: Any = None, causal: bool = False) -> dict[str, str]:
+    """Each fused backend tried alone on one call: "runs", or why not, in torch's words (the warnings its checks give
+    when a backend asked for cannot run, and the error). The call is made without gradients: the checks are the same."""
+    import warnings
+
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    found: dict[str, str] = {}
+    for name in FUSED:
+        with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+            warnings.simplefilter("always")
+            try:
+                with sdpa_kernel(getattr(SDPBackend, name)):
+                    F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=1.0)
+                error = None
+            except RuntimeError as exc:
+                error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        reasons = [str(w.message).strip() for w in caught if "not used because" in str(w.message) or "requires" in str(w.message)]
+        found[name] = "runs" if error is None else "; ".join([*reasons, error])[:600]
+    return found
 
 
 def sys_path_examples() -> None:
@@ -97,7 +127,7 @@ def attention_layer(kind: str, block: int, device: Any) -> Any:
 
     config = GPTNeoConfig(vocab_size=128, max_position_embeddings=max(2048, block), hidden_size=HEADS * HEAD_DIM,
                           num_layers=2, num_heads=HEADS, intermediate_size=4 * HEADS * HEAD_DIM, window_size=WINDOW,
-                          attention_types=[[["global", "local"], 1]])
+                          attention_types=[[["global", "local"], 1]], bos_token_id=0, eos_token_id=0)
     torch.manual_seed(0)
     model = GPTNeoForCausalLM(config)
     ga.use_sdpa_attention(model)
@@ -198,7 +228,11 @@ def report(record: dict[str, Any]) -> str:
         if "error" in p:
             lines.append(f"    not measured: {p['error']}")
             continue
-        lines.append("    dispatcher: " + "; ".join(f"{call} {name}" for call, name in p["choice"].items()))
+        lines.append("    dispatcher: " + "; ".join(f"{call} {c['choice']}" for call, c in p["choice"].items()))
+        for call, c in p["choice"].items():
+            refused = {name: why for name, why in c["backends"].items() if why != "runs"}
+            if refused:
+                lines.append(f"      {call}, not run: " + "; ".join(f"{name}: {why}" for name, why in refused.items()))
         for kind, ran in p["layers"].items():
             cells = [f"{how} " + (", ".join(f"{k} {ms:.2f} ms" for k, ms in found.items()) or "no attention kernel named")
                      for how, found in ran.items()]

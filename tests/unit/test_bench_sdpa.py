@@ -50,13 +50,17 @@ def test_a_point_names_the_dispatchers_choices_and_each_layers_kernels():
     (point,) = record["points"]
     assert "error" not in point, point
     assert set(point["choice"]) == {"global causal", "local first chunk (causal)", "local band chunks (mask)"}
-    assert all(choice == "FLASH_ATTENTION" for choice in point["choice"].values()), point["choice"]  # torch's CPU kernel
+    assert all(c["choice"] == "FLASH_ATTENTION" for c in point["choice"].values()), point["choice"]  # torch's CPU kernel
+    for c in point["choice"].values():  # a CPU has flash and nothing else fused: the others say why not
+        assert c["backends"]["FLASH_ATTENTION"] == "runs"
+        assert "No viable backend" in c["backends"]["EFFICIENT_ATTENTION"], c["backends"]
     for kind in ("global", "local"):
         ran = point["layers"][kind]
         assert ran["eager"].get("flash", 0) > 0 and "math" not in ran["eager"], ran  # the example's SDPA, not eager's softmax
         assert "math" not in ran["compiled"], ran
     text = sdpa.report(record)
     assert "1 x 512" in text and "global causal FLASH_ATTENTION" in text and "switches: flash on" in text
+    assert "global causal, not run: EFFICIENT_ATTENTION: " in text
 
 
 def test_the_switches_say_what_the_dispatcher_obeys():
