@@ -29,7 +29,7 @@ figure for the GPU named (``mfu_datasheet``; `DATASHEET_BF16`, None for a GPU no
 (`QUICK_SWEEP`: 16x512, 64x512, 32x1024; `SWEEP` adds 32x512 and 16x1024), each run 40 steps with steps 26-28 profiled
 (bench/step_profile.py: GPU busy share, the longest gaps and what the host ran in them, device syncs per step, the
 top kernels and host operators, and one line on what bounds the step). A point's throughput is the global batch
-over its step time between two device synchronisations (steps 11-23 and 29-40: ``synced_step_s``; the host's median
+over its step time between two device synchronisations (steps 11-24 and 29-40: ``synced_step_s``; the host's median
 step beside it, ``host_step_ms``, is shorter where the host runs ahead of the GPU); its MFU as above; the best point and the targets (16x512
 >= 35%, best >= 45% of the measured peak) go into the record. The sweep compiles in `SWEEP_COMPILE_MODE`, reduce-overhead
 (CUDA graphs: BENCHMARKS.md, "Issue 27"); ``--compile-mode`` runs it in another torch.compile mode (default: Inductor's
@@ -293,11 +293,14 @@ def sweep_point(batch: int, block: int, peak: dict[str, Any], out: Path, allow_c
     summary = json.loads((out / "summary.json").read_text())
     profile = json.loads((out / "step_profile.json").read_text())
     # the step between device synchronisations: a host that runs ahead of the GPU (CUDA graphs) does not count as speed
-    step_s = profile.get("synced_step_s") or profile.get("median_step_s") or summary.get("steady_step_time_s") or summary["step_time_s"]
+    sources = (("synced", profile.get("synced_step_s")), ("host median", profile.get("median_step_s")),
+               ("summary steady", summary.get("steady_step_time_s")), ("summary", summary["step_time_s"]))
+    step_source, step_s = next((name, value) for name, value in sources if value)
     samples_per_s = summary["global_batch"] / step_s
     mfu = model_flops_utilisation(summary, samples_per_s, peak)
     host_s = profile.get("median_step_s")
-    point.update(samples_per_s=samples_per_s, step_ms=1e3 * step_s, host_step_ms=1e3 * host_s if host_s else None,
+    point.update(samples_per_s=samples_per_s, step_ms=1e3 * step_s, step_source=step_source,
+                 host_step_ms=1e3 * host_s if host_s else None,
                  mfu=mfu["mfu"], mfu_datasheet=mfu["mfu_datasheet"],
                  tokens_per_s=mfu["tokens_per_s"], perplexity=summary.get("perplexity"),
                  peak_memory_gib=summary["peak_memory_bytes"] / 2**30, sdpa_switches=summary.get("sdpa_switches"),

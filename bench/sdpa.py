@@ -74,29 +74,31 @@ def dispatch_choices(batch: int, block: int, device: Any) -> dict[str, dict[str,
                 "backends": why_not(q, k, v, mask, causal)}
 
     q, k, v = (split_heads(batch, block, device) for _ in range(3))
-    chunks = max(block // WINDOW - 1, 1)
+    calls = {"global causal": choice(q, k, v, causal=True)}
+    if block <= WINDOW:  # the local layers' rows fit their window: one causal call, the global one's
+        return calls
+    chunks = -(-block // WINDOW) - 1  # windowed_sdpa pads the last chunk: the chunks after the first
     cq = ga.chunks_of(split_heads(batch, chunks * WINDOW, device), WINDOW)
     ck, cv = (ga.chunks_of(split_heads(batch, 2 * chunks * WINDOW, device), 2 * WINDOW) for _ in range(2))
-    return {"global causal": choice(q, k, v, causal=True),
-            "local first chunk (causal)": choice(q[:, :, :WINDOW], k[:, :, :WINDOW], v[:, :, :WINDOW], causal=True),
-            "local band chunks (mask)": choice(cq, ck, cv, mask=ga.make_band(WINDOW, device))}
+    calls["local first chunk (causal)"] = choice(q[:, :, :WINDOW], k[:, :, :WINDOW], v[:, :, :WINDOW], causal=True)
+    calls["local band chunks (mask)"] = choice(cq, ck, cv, mask=ga.make_band(WINDOW, device))
+    return calls
 
 
 FUSED = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION")
 
 
 def why_not(q: Any, k: Any, v: Any, mask: Any = None, causal: bool = False) -> dict[str, str]:
-    """Each fused backend tried alone on one call: "runs", or why not, in torch's words (the warnings its checks give
-    when a backend asked for cannot run, and the error). The call is made without gradients: the checks are the same."""
+    """Each fused backend tried alone on one call (forward only, on the tensors as given, gradients included): "runs",
+    or why not, in torch's words (every warning its checks give when a backend asked for cannot run, then the error)."""
     import warnings
 
-    import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     found: dict[str, str] = {}
     for name in FUSED:
-        with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
                 with sdpa_kernel(getattr(SDPBackend, name)):
@@ -104,8 +106,8 @@ def why_not(q: Any, k: Any, v: Any, mask: Any = None, causal: bool = False) -> d
                 error = None
             except RuntimeError as exc:
                 error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        reasons = [str(w.message).strip() for w in caught if "not used because" in str(w.message) or "requires" in str(w.message)]
-        found[name] = "runs" if error is None else "; ".join([*reasons, error])[:600]
+        reasons = [str(w.message).strip() for w in caught]
+        found[name] = "runs" if error is None else "; ".join([*reasons, error])[:1000]
     return found
 
 
@@ -148,10 +150,12 @@ def profiled_kinds(step: Any, device: Any) -> dict[str, float]:
         step()
         if on_gpu:
             torch.cuda.synchronize()
+    from torch.autograd import DeviceType
+
     found = dict.fromkeys(KINDS, 0.0)
     for event in prof.key_averages():
         kind = kernel_kind(event.key)
-        if kind is None:
+        if kind is None or (on_gpu and event.device_type != DeviceType.CUDA):  # a kernel's time, not also its launcher's
             continue
         if on_gpu:
             us = getattr(event, "self_device_time_total", None)

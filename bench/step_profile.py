@@ -227,7 +227,7 @@ class StepProfiler:
         self._seen += 1
         self._ends.append(time.perf_counter())
         on_gpu = torch.cuda.is_available() and torch.cuda.is_initialized()
-        if self._seen in (WARM_STEPS, self.start - 2) and self.start - 2 > WARM_STEPS:  # the window before the profile
+        if self._seen in (WARM_STEPS, self.start - 1) and self.start - 1 > WARM_STEPS:  # the window before the profile
             self._synced_edge(on_gpu)
         if self._seen == self.start - 1 and on_gpu:
             self._catcher = warnings.catch_warnings()

@@ -101,7 +101,7 @@ class LaggingDevice:
 
 def test_the_step_time_between_synchronisations_is_the_devices_where_the_host_runs_ahead(tmp_path):
     """40 steps, steps 26-28 profiled: the host issues each step in ~1 ms to a device that needs 8 ms. The host's clock
-    says ~1 ms a step; the windows between synchronisations (steps 11-23 and 29-40, 25 steps) say the device's 8 ms."""
+    says ~1 ms a step; the windows between synchronisations (steps 11-24 and 29-40, 26 steps) say the device's 8 ms."""
     device = LaggingDevice(0.008)
     profiler = StepProfiler(25, 3, tmp_path / "p.json", sync=device.sync)
     for step in range(1, 41):
@@ -110,9 +110,9 @@ def test_the_step_time_between_synchronisations_is_the_devices_where_the_host_ru
         profiler.after_step(last=step == 40)
     profiler.close()
     s = json.loads((tmp_path / "p.json").read_text())
-    assert s["synced_steps"] == (23 - 10) + (40 - 28)
-    assert 0.008 <= s["synced_step_s"] < 0.008 * 1.5, s["synced_step_s"]
-    assert s["median_step_s"] < 0.004, s["median_step_s"]  # the host's own pace: it never waited for the device
+    assert s["synced_steps"] == (24 - 10) + (40 - 28)
+    assert 0.008 <= s["synced_step_s"] < 0.012, s["synced_step_s"]
+    assert s["median_step_s"] < 0.005, s["median_step_s"]  # the host's own pace: it never waited for the device
 
 
 def test_the_synchronised_windows_hold_the_hosts_time_where_the_device_keeps_up(tmp_path):
@@ -125,7 +125,7 @@ def test_the_synchronised_windows_hold_the_hosts_time_where_the_device_keeps_up(
         profiler.after_step()
     profiler.close()  # no step was called the last: close ends the window
     s = json.loads((tmp_path / "p.json").read_text())
-    assert s["synced_steps"] == 25 and 0.006 <= s["synced_step_s"] < 0.009, s
+    assert s["synced_steps"] == 26 and 0.006 <= s["synced_step_s"] < 0.012, s
     assert s["median_step_s"] == pytest.approx(s["synced_step_s"], rel=0.3)
 
 

@@ -761,19 +761,26 @@ def test_runs_that_trained_different_amounts_of_work_are_said_not_comparable_in_
                      "compare their throughput, not their times to result (the script stops after a number of steps, not epochs?)"]
 
 
-def test_a_node_without_gpu_device_files_has_no_gpus_and_torch_is_not_asked(monkeypatch):
-    """No /dev/nvidia*, /dev/kfd or /dev/dxg: 0 GPUs without importing torch (2 s a study); with one, torch counts."""
+def test_a_node_without_a_gpu_driver_has_no_gpus_and_torch_is_not_asked(monkeypatch):
+    """No trace of a GPU driver and no GPU selected: 0 GPUs without importing torch (1-2 s a study); a driver's file
+    or a selection variable, and torch counts (here made to count 3)."""
     import glob
     import sys
 
     from gpuscale.study import spec as study_spec
 
+    for variable in study_spec.GPU_SELECTION_VARIABLES:
+        monkeypatch.delenv(variable, raising=False)
     asked: list[str] = []
     monkeypatch.setattr(glob, "glob", lambda pattern: asked.append(pattern) or [])
-    monkeypatch.setitem(sys.modules, "torch", None)  # importing torch would now raise
-    gpus, cores = study_spec._node_devices()
-    assert gpus == 0 and cores and set(asked) == set(study_spec.GPU_DEVICE_FILES)
-    monkeypatch.undo()
-    monkeypatch.setattr(glob, "glob", lambda pattern: ["/dev/nvidia0"] if pattern == "/dev/nvidia*" else [])
-    counted = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    assert study_spec._node_devices()[0] == counted
+    with monkeypatch.context() as no_torch:
+        no_torch.setitem(sys.modules, "torch", None)  # importing torch would now raise
+        gpus, cores = study_spec._node_devices()
+    assert gpus == 0 and cores and set(asked) == set(study_spec.GPU_DRIVER_FILES)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    monkeypatch.setattr(glob, "glob", lambda pattern: ["/proc/driver/nvidia/gpus/0000:3b:00.0"] if "proc" in pattern else [])
+    assert study_spec._node_devices()[0] == 3
+    monkeypatch.setattr(glob, "glob", lambda pattern: [])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2")
+    assert study_spec._node_devices()[0] == 3

@@ -121,16 +121,21 @@ class StudyResult:
         return [o.cell.name for o in self.outcomes if o.status == "failed"]
 
 
-# Device files a GPU driver makes: NVIDIA's (/dev/nvidia0, /dev/nvidiactl), ROCm's kernel driver (/dev/kfd), WSL's (/dev/dxg)
-GPU_DEVICE_FILES = ("/dev/nvidia*", "/dev/kfd", "/dev/dxg")
+# What a loaded GPU driver leaves behind: NVIDIA's device files and kernel module (whose /dev files nvidia-modprobe may
+# make only at the first CUDA call) and Jetson's, ROCm's kernel driver, WSL's GPU device
+GPU_DRIVER_FILES = ("/dev/nvidia*", "/proc/driver/nvidia/gpus/*", "/sys/module/nvidia", "/dev/nvhost-ctrl-gpu",
+                    "/dev/nvgpu", "/dev/kfd", "/dev/dxg")
+GPU_SELECTION_VARIABLES = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
 
 
 def _node_devices() -> tuple[int, list[int]]:
-    """This node's GPUs as torch counts them, and the cores this process may use. Where no GPU driver made a device
-    file there is no GPU to count, and torch (1-2 s to import) is not asked."""
+    """This node's GPUs as torch counts them, and the cores this process may use. Where no GPU driver left a trace
+    (`GPU_DRIVER_FILES`) and no GPU is selected (`GPU_SELECTION_VARIABLES`) there is no GPU to count, and torch (1-2 s
+    to import) is not asked."""
     import glob
+    import os
 
-    if not any(glob.glob(pattern) for pattern in GPU_DEVICE_FILES):
+    if not any(glob.glob(pattern) for pattern in GPU_DRIVER_FILES) and not any(os.environ.get(v) for v in GPU_SELECTION_VARIABLES):
         return 0, allowed_cores()
     import torch
 
