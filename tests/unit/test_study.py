@@ -762,25 +762,30 @@ def test_runs_that_trained_different_amounts_of_work_are_said_not_comparable_in_
 
 
 def test_a_node_without_a_gpu_driver_has_no_gpus_and_torch_is_not_asked(monkeypatch):
-    """No trace of a GPU driver and no GPU selected: 0 GPUs without importing torch (1-2 s a study); a driver's file
-    or a selection variable, and torch counts (here made to count 3)."""
+    """No GPU on the PCI bus, no trace of a GPU driver and no GPU selected: 0 GPUs without importing torch (1-2 s a
+    study); a driver's file, a selection variable or a PCI GPU, and torch counts (here made to count 3)."""
     import glob
     import sys
 
+    from gpuscale.runtime import pinning
     from gpuscale.study import spec as study_spec
 
-    for variable in study_spec.GPU_SELECTION_VARIABLES:
+    for variable in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"):
         monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setattr(pinning, "pci_gpus", lambda: [])
     asked: list[str] = []
     monkeypatch.setattr(glob, "glob", lambda pattern: asked.append(pattern) or [])
     with monkeypatch.context() as no_torch:
         no_torch.setitem(sys.modules, "torch", None)  # importing torch would now raise
         gpus, cores = study_spec._node_devices()
-    assert gpus == 0 and cores and set(asked) == set(study_spec.GPU_DRIVER_FILES)
+    assert gpus == 0 and cores and set(asked) == set(pinning.GPU_DRIVER_FILES)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
     monkeypatch.setattr(glob, "glob", lambda pattern: ["/proc/driver/nvidia/gpus/0000:3b:00.0"] if "proc" in pattern else [])
     assert study_spec._node_devices()[0] == 3
     monkeypatch.setattr(glob, "glob", lambda pattern: [])
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2")
+    assert study_spec._node_devices()[0] == 3
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    monkeypatch.setattr(pinning, "pci_gpus", lambda: ["0000:3b:00.0"])
     assert study_spec._node_devices()[0] == 3

@@ -39,7 +39,7 @@ from gpuscale.detect.topology import allowed_cores, check_cpu_processes
 from gpuscale.launch.agent import SIGNALS_OPTION, Outcome, launch
 from gpuscale.measure.probe import RECORDS, collect, describe, probe_enabled, probe_environ, site_environ, summary_name
 from gpuscale.runtime.init import OMP_FROM_LAUNCHER
-from gpuscale.runtime.pinning import RANK_CORES, rank_cores_text
+from gpuscale.runtime.pinning import RANK_CORES, node_gpu_count, rank_cores_text
 from gpuscale.runtime.placement import plan_for_workers
 from gpuscale.slurm.render import TORCHRUN_SIGNALS
 
@@ -172,18 +172,12 @@ def handles_signals_option(parser: argparse.ArgumentParser | None = None) -> boo
     return not unknown
 
 
-def _gpu_count() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
 def run(args: argparse.Namespace) -> int:
     """Launch SCRIPT on this node's processes through torchrun; the exit code of the job, then its last line."""
     if args.script is None:
         raise ValueError(NO_SCRIPT)
     check_one_launcher_per_node(os.environ)
-    gpus, cores = _gpu_count(), len(allowed_cores())
+    gpus, cores = node_gpu_count(os.environ), len(allowed_cores())
     nproc = resolve_nproc(args.nproc_per_node, gpus, cores)
     if (args.nproc_per_node == "cpu" or gpus < nproc) and args.bind != "none":
         check_cpu_processes(nproc, cores, "--nproc-per-node",

@@ -56,7 +56,8 @@ from gpuscale.detect.topology import (
 )
 
 __all__ = ["RANK_CORES", "GPU_CORES", "PLACED", "OMP_FROM_LAUNCHER", "plan_node", "rank_cores_text",
-           "placed_source", "place_this_rank", "size_thread_pools", "sysfs_gpu_cores", "gpus_known_only_to_torch"]
+           "placed_source", "place_this_rank", "size_thread_pools", "sysfs_gpu_cores", "gpus_known_only_to_torch",
+           "GPU_DRIVER_FILES", "no_gpu_here", "node_gpu_count"]
 
 RANK_CORES = "GPUSCALE_RANK_CORES"
 """`gpuscale run`'s plan for its workers: how it was made, then one core list per local rank ("gpu-local:0-3;4-7")."""
@@ -149,6 +150,30 @@ def sysfs_gpu_cores(env: DistEnv, environ: Mapping[str, str]) -> list[list[int] 
     if not gpus or visible_devices(environ) is not None or len(gpus) < env.local_world_size:
         return None
     return [gpu_local_cores(address) for address in gpus[:env.local_world_size]]
+
+
+# What a loaded GPU driver leaves behind: NVIDIA's device files and kernel module (whose /dev files nvidia-modprobe may
+# make only at the first CUDA call) and Jetson's, ROCm's kernel driver, WSL's GPU device
+GPU_DRIVER_FILES = ("/dev/nvidia*", "/proc/driver/nvidia/gpus/*", "/sys/module/nvidia", "/dev/nvhost-ctrl-gpu",
+                    "/dev/nvgpu", "/dev/kfd", "/dev/dxg")
+
+
+def no_gpu_here(environ: Mapping[str, str]) -> bool:
+    """True where this node has no GPU for torch to count, known without torch: none on its PCI bus (`pci_gpus`), no
+    trace of a GPU driver (`GPU_DRIVER_FILES`) and no visibility variable set (`visible_devices`)."""
+    import glob
+
+    return (not pci_gpus() and not any(glob.glob(pattern) for pattern in GPU_DRIVER_FILES)
+            and visible_devices(environ) is None)
+
+
+def node_gpu_count(environ: Mapping[str, str]) -> int:
+    """The GPUs torch sees on this node; 0 without importing torch (1-2 s) where `no_gpu_here`."""
+    if no_gpu_here(environ):
+        return 0
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def gpus_known_only_to_torch(environ: Mapping[str, str]) -> bool:

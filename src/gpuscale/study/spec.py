@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,7 @@ from typing import Any
 
 from gpuscale.base.files import atomic_write_json
 from gpuscale.detect.topology import allowed_cores
+from gpuscale.runtime.pinning import node_gpu_count
 from gpuscale.slurm.cluster import ClusterOptions, cluster_job, load_cluster_profile
 from gpuscale.study import analysis, calibrate, linkmeasure, matrix, predict, runner
 from gpuscale.study.answer import TARGET_EFFICIENCY, check_target
@@ -121,26 +123,10 @@ class StudyResult:
         return [o.cell.name for o in self.outcomes if o.status == "failed"]
 
 
-# What a loaded GPU driver leaves behind: NVIDIA's device files and kernel module (whose /dev files nvidia-modprobe may
-# make only at the first CUDA call) and Jetson's, ROCm's kernel driver, WSL's GPU device
-GPU_DRIVER_FILES = ("/dev/nvidia*", "/proc/driver/nvidia/gpus/*", "/sys/module/nvidia", "/dev/nvhost-ctrl-gpu",
-                    "/dev/nvgpu", "/dev/kfd", "/dev/dxg")
-GPU_SELECTION_VARIABLES = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
-
-
 def _node_devices() -> tuple[int, list[int]]:
-    """This node's GPUs as torch counts them, and the cores this process may use. Where no GPU driver left a trace
-    (`GPU_DRIVER_FILES`) and no GPU is selected (`GPU_SELECTION_VARIABLES`) there is no GPU to count, and torch (1-2 s
-    to import) is not asked."""
-    import glob
-    import os
-
-    if not any(glob.glob(pattern) for pattern in GPU_DRIVER_FILES) and not any(os.environ.get(v) for v in GPU_SELECTION_VARIABLES):
-        return 0, allowed_cores()
-    import torch
-
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return gpus, allowed_cores()
+    """This node's GPUs as torch counts them (torch not imported where `no_gpu_here`), and the cores this process may
+    use."""
+    return node_gpu_count(os.environ), allowed_cores()
 
 
 def _prediction(spec: StudySpec, shapes: list[matrix.Cell], summaries: dict[str, dict[str, Any]], nproc: int,
