@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.stats import ROOT, TORCHRUN, launch
+from bench.stats import ROOT, TORCHRUN, examples_on_path, launch
 
 SIZES = (1, 16, 47_000, 1_300_000)  # floats: a scalar, a few, the dogs-vs-cats head (187 KB), 5.2 MB
 
@@ -84,7 +84,7 @@ def worker(out: str) -> None:  # runs under torchrun: times the collectives and 
         result["all_reduce_s"][n] = timed(lambda t=t: dist.all_reduce(t), 100)
         result["all_gather_s"][n] = timed(lambda t=t, g=gathered: dist.all_gather(g, t), 100)
 
-    sys.path.insert(0, str(ROOT / "examples"))
+    examples_on_path()
     from dogs_vs_cats import build_model
 
     torch.manual_seed(0)

@@ -49,6 +49,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from bench.stats import examples_on_path
 from gpuscale.measure.syncprobe import is_probe_step  # the steps the sync probe replays: documented, left out
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,7 +63,7 @@ def tiny_model() -> Any:
     import torch
     from transformers import GPTNeoConfig, GPTNeoForCausalLM
 
-    sys.path.insert(0, str(ROOT / "examples"))
+    examples_on_path()
     from gptneo_attention import use_sdpa_attention
 
     torch.manual_seed(0)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.stats import ROOT
+from bench.stats import examples_on_path
 
 HEADS, HEAD_DIM, WINDOW = 12, 64, 256  # GPT-neo-125M's attention (bench/gptneo_bench.py's shape, the example's window)
 GPU_POINTS = ((16, 512), (64, 512), (32, 1024))
@@ -66,7 +66,7 @@ def dispatch_choices(batch: int, block: int, device: Any) -> dict[str, dict[str,
     import torch
     from torch.nn.attention import SDPBackend
 
-    sys_path_examples()
+    examples_on_path()
     import gptneo_attention as ga
 
     def choice(q: Any, k: Any, v: Any, mask: Any = None, causal: bool = False) -> dict[str, Any]:
@@ -111,20 +111,12 @@ def why_not(q: Any, k: Any, v: Any, mask: Any = None, causal: bool = False) -> d
     return found
 
 
-def sys_path_examples() -> None:
-    import sys
-
-    where = str(ROOT / "examples")
-    if where not in sys.path:
-        sys.path.insert(0, where)
-
-
 def attention_layer(kind: str, block: int, device: Any) -> Any:
     """One GPT-neo attention layer of GPT-neo-125M's width, `kind` global or local, on the example's SDPA attention."""
     import torch
     from transformers import GPTNeoConfig, GPTNeoForCausalLM
 
-    sys_path_examples()
+    examples_on_path()
     import gptneo_attention as ga
 
     config = GPTNeoConfig(vocab_size=128, max_position_embeddings=max(2048, block), hidden_size=HEADS * HEAD_DIM,
@@ -142,6 +134,7 @@ def profiled_kinds(step: Any, device: Any) -> dict[str, float]:
     """Run `step()` once under the profiler; the milliseconds of each attention kind that ran (device time on a GPU,
     host operators' own time on a CPU)."""
     import torch
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     on_gpu = device.type == "cuda"
@@ -150,8 +143,6 @@ def profiled_kinds(step: Any, device: Any) -> dict[str, float]:
         step()
         if on_gpu:
             torch.cuda.synchronize()
-    from torch.autograd import DeviceType
-
     found = dict.fromkeys(KINDS, 0.0)
     for event in prof.key_averages():
         kind = kernel_kind(event.key)
@@ -170,7 +161,7 @@ def layer_kernels(kind: str, batch: int, block: int, device: Any) -> dict[str, A
     """The attention kernels one forward and backward of a `kind` layer ran, eager and compiled."""
     import torch
 
-    sys_path_examples()
+    examples_on_path()
     import gptneo_attention as ga
 
     layer = attention_layer(kind, block, device)

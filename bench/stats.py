@@ -45,6 +45,13 @@ def write(name: str, record: dict[str, Any], out_dir: Path) -> Path:
     return path
 
 
+def examples_on_path() -> None:
+    """Put the checkout's examples/ on sys.path (once), so a benchmark can import an example's model and kernels."""
+    where = str(ROOT / "examples")
+    if where not in sys.path:
+        sys.path.insert(0, where)
+
+
 def launch(argv: list[str], timeout: float = 600, env: dict[str, str] | None = None) -> float:
     """Run a command to its end (raising with its output if it fails); the wall-clock time just before it started."""
     clean = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
