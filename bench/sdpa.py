@@ -3,7 +3,9 @@ example's attention calls, and the kernels that really ran in one of its layers,
 
 Why: the compiled GPT-neo step's largest kernel on an H200 was an explicit softmax that grows with the square of the
 block (BENCHMARKS.md, "Issue 27"): attention computed the long way, where a fused kernel would not write the score
-matrix at all. This finds which calls do that, in about a minute of GPU time.
+matrix at all. This finds where that happens, in about a minute of GPU time: in SDPA's dispatch, in the compiler, or
+in the model's path to its layers (the cause there: transformers' search for packed sequences, which sent every
+layer to eager attention until examples/gptneo_attention.py's `mark_unpadded`).
 
 At each (batch x block) point (default 16x512, 64x512 and 32x1024 on a GPU; 2x512 on a CPU), with GPT-neo-125M's
 attention shape (width 768, 12 heads of 64, window 256) and examples/gptneo_attention.py's kernels:
@@ -19,6 +21,13 @@ attention shape (width 768, 12 heads of 64, window 256) and examples/gptneo_atte
   (Inductor, measured after one warm-up call), profiled: the attention work that ran, sorted by name into flash,
   efficient, cudnn and math (an explicit softmax), in milliseconds of device time (of host operators on a CPU, where
   Inductor's own kernels carry no such name and the compiled column may stay empty).
+
+- ``model``: a whole switched GPT-neo of that width (one global and one local layer), in training as the Trainer runs
+  it (``use_cache`` off, a batch without attention mask, as the example's collator gives it): the attention calls in
+  the graph Dynamo captures of its forward (SDPA calls against the layers' expected ones, and any softmax computed
+  explicitly), the graphs, and the calls in an uncompiled forward and backward that wait for the device
+  (gpuscale.measure.device_waits). This is where a layer leaves the fast path for transformers' eager attention,
+  which a layer run alone cannot show: on the H200 every layer did, compiled under the Trainer (BENCHMARKS.md).
 
 "math" in a layer's compiled column where ``choice`` names a fused kernel means the compiler, not the dispatcher,
 took the long way. The figures are one call each: they name kernels, they are not a speed benchmark.
@@ -111,23 +120,68 @@ def why_not(q: Any, k: Any, v: Any, mask: Any = None, causal: bool = False) -> d
     return found
 
 
-def attention_layer(kind: str, block: int, device: Any) -> Any:
-    """One GPT-neo attention layer of GPT-neo-125M's width, `kind` global or local, on the example's SDPA attention."""
+VOCAB = 128  # the model's own vocabulary: the attention is what is looked at
+
+
+def switched_model(block: int) -> Any:
+    """A GPT-neo of GPT-neo-125M's width with one global and one local layer, on the example's SDPA attention."""
     import torch
     from transformers import GPTNeoConfig, GPTNeoForCausalLM
 
     examples_on_path()
     import gptneo_attention as ga
 
-    config = GPTNeoConfig(vocab_size=128, max_position_embeddings=max(2048, block), hidden_size=HEADS * HEAD_DIM,
+    config = GPTNeoConfig(vocab_size=VOCAB, max_position_embeddings=max(2048, block), hidden_size=HEADS * HEAD_DIM,
                           num_layers=2, num_heads=HEADS, intermediate_size=4 * HEADS * HEAD_DIM, window_size=WINDOW,
                           attention_types=[[["global", "local"], 1]], bos_token_id=0, eos_token_id=0)
     torch.manual_seed(0)
     model = GPTNeoForCausalLM(config)
     ga.use_sdpa_attention(model)
-    layer = model.transformer.h[0 if kind == "global" else 1].attn.attention
+    return model
+
+
+def attention_layer(kind: str, block: int, device: Any) -> Any:
+    """One GPT-neo attention layer of GPT-neo-125M's width, `kind` global or local, on the example's SDPA attention."""
+    layer = switched_model(block).transformer.h[0 if kind == "global" else 1].attn.attention
     assert layer.attention_type == kind
     return layer.to(device).train()
+
+
+def expected_sdpa_calls(block: int) -> int:
+    """SDPA calls of `switched_model`'s forward at `block` tokens: the global layer's one, the local layer's one (the
+    block within its window) or two (its first chunk, then all later chunks in one call)."""
+    return 1 + (1 if block <= WINDOW else 2)
+
+
+def model_path(batch: int, block: int, device: Any) -> dict[str, Any]:
+    """The attention a whole switched model computes in training as the Trainer runs it: the SDPA calls and explicit
+    softmaxes in the graphs Dynamo captures of its forward (no compiler behind it: the graphs are what Inductor
+    would get), and the device waits of one uncompiled forward and backward."""
+    import torch
+
+    from gpuscale.measure.device_waits import find_device_waits
+
+    model = switched_model(block).to(device).train()
+    model.config.use_cache = False  # what the Trainer sets (TrainingArguments.use_cache)
+    ids = torch.randint(0, VOCAB, (batch, block), device=device, generator=torch.Generator(device).manual_seed(0))
+    calls: list[str] = []
+    graphs = 0
+
+    def capture(gm: Any, inputs: Any) -> Any:
+        nonlocal graphs
+        graphs += 1
+        calls.extend(getattr(n.target, "__name__", str(n.target)) for n in gm.graph.nodes if n.op == "call_function")
+        return gm
+
+    torch._dynamo.reset()
+    with torch.autocast(device.type, dtype=torch.bfloat16):
+        torch.compile(model, backend=capture, dynamic=False)(input_ids=ids, labels=ids)
+        with find_device_waits(model, device) as found:
+            model(input_ids=ids, labels=ids).loss.backward()
+    torch._dynamo.reset()
+    return {"sdpa_calls": calls.count("scaled_dot_product_attention"), "expected_sdpa_calls": expected_sdpa_calls(block),
+            "explicit_softmax": sum("softmax" in c for c in calls), "graphs": graphs,
+            "device_waits": [f"{w['where']} ({w['kind']})" for w in found.sites()]}
 
 
 def profiled_kinds(step: Any, device: Any) -> dict[str, float]:
@@ -206,6 +260,7 @@ def run(repeat: int = 1, points: tuple[tuple[int, int], ...] | None = None) -> d
         try:
             entry["choice"] = dispatch_choices(batch, block, device)
             entry["layers"] = {kind: layer_kernels(kind, batch, block, device) for kind in ("global", "local")}
+            entry["model"] = model_path(batch, block, device)
         except Exception as exc:  # out of memory, an unsupported shape: the point says so, the others still run
             entry["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"
         record["points"].append(entry)
@@ -232,4 +287,8 @@ def report(record: dict[str, Any]) -> str:
             cells = [f"{how} " + (", ".join(f"{k} {ms:.2f} ms" for k, ms in found.items()) or "no attention kernel named")
                      for how, found in ran.items()]
             lines.append(f"    {kind} layer: " + "; ".join(cells))
+        m = p["model"]
+        lines.append(f"    whole model as the Trainer trains it (use_cache off, no mask), compiled: SDPA {m['sdpa_calls']} "
+                     f"of {m['expected_sdpa_calls']} calls, explicit softmax {m['explicit_softmax']}, {m['graphs']} "
+                     "graph(s); device waits uncompiled: " + ("; ".join(m["device_waits"]) or "none"))
     return "\n".join(lines)

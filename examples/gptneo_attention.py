@@ -39,7 +39,10 @@ The plumbing: the model's config names this module's mask function (``config._at
 transformers does not write into a saved config.json), so transformers calls it once per forward instead of
 building a (batch x sequence x sequence) mask, and it tells the layers whether the fast path applies. A batch with a
 padding mask costs one check of it per forward (on a GPU a synchronisation, and a graph break when compiled), so the
-example trains on batches from `EndPaddingCollator`, which leaves the mask out where padding is only at row ends.
+example trains on batches from `EndPaddingCollator`, which leaves the mask out where padding is only at row ends. A
+forward with neither mask nor position ids nor cache (such a batch under the Trainer, which turns the cache off) gets
+its all-ones mask from `mark_unpadded`, a hook on the model, and so escapes transformers' search for packed sequences:
+a synchronisation every forward, and compiled a mask that would send every layer to eager attention.
 """
 
 from __future__ import annotations
@@ -77,6 +80,8 @@ def padding_only_at_ends(padding: torch.Tensor | None, length: int) -> bool:
         return True
     if padding.shape[-1] != length:
         return False
+    if padding.stride(-1) == 0:  # one value per row (`mark_unpadded`'s mask): all real or all padding, read from the strides
+        return True
     padding = padding.bool()
     return not bool((padding[:, 1:] & ~padding[:, :-1]).any())  # a real token after a padding one
 
@@ -115,6 +120,30 @@ class EndPaddingCollator:
 
     def __call__(self, features: list[Any]) -> dict[str, Any]:
         return drop_end_padding_mask(dict(self.collate(features)))
+
+
+STACK_INPUTS = ("attention_mask", "position_ids", "cache", "past_key_values")  # GPTNeoModel.forward's (cache: 5.24's name)
+
+
+def mark_unpadded(stack: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A switched GPTNeoModel's forward pre-hook: a forward given no attention mask, no position ids and no cache
+    (training on packed rows or rows without padding, as the example's collator gives them) gets the mask its rows
+    have, all ones: one True expanded over (batch x length), which `padding_only_at_ends` reads from its strides.
+
+    Without it transformers looks for sequences packed by restarting the position ids, which the model has just
+    derived itself from 0 (masking_utils.find_packed_sequence_indices, whenever mask, cache and position ids are all
+    missing, as under the Trainer, which turns ``use_cache`` off): uncompiled, one device synchronisation every
+    forward; compiled, where it cannot look, a mask function made of the packing check, which leaves every layer on
+    eager attention (an explicit softmax over the full score matrix: BENCHMARKS.md, Issue 27). Given position ids
+    (packed sequences) keep transformers' check; a call with more than input_ids by position is left as it is."""
+    if len(args) > 1 or any(kwargs.get(name) is not None for name in STACK_INPUTS):
+        return None
+    tokens = args[0] if args else kwargs.get("input_ids")
+    tokens = tokens if tokens is not None else kwargs.get("inputs_embeds")
+    if not isinstance(tokens, torch.Tensor) or tokens.dim() < 2:
+        return None
+    ones = torch.ones((), dtype=torch.bool, device=tokens.device).expand(tokens.shape[0], tokens.shape[1])
+    return args, {**kwargs, "attention_mask": ones}
 
 
 def register() -> None:
@@ -252,6 +281,8 @@ def use_sdpa_attention(model: torch.nn.Module, local: str = "chunks") -> int:
         for layer in layers:
             layer.__class__ = fast
             layer.local_kernel = local
+        if mark_unpadded not in stack._forward_pre_hooks.values():
+            stack.register_forward_pre_hook(mark_unpadded, with_kwargs=True)
         stack.config._attn_implementation = NAME
         switched += len(layers)
     return switched

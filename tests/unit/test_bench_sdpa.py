@@ -18,7 +18,7 @@ pytest.importorskip("transformers")
 
 
 @pytest.mark.parametrize("name, kind", [
-    # seen on an H200 (BENCHMARKS.md, "Issue 27"): SDPA's math decomposition compiled by Inductor
+    # seen on an H200 (BENCHMARKS.md, "Issue 27"): transformers' eager attention with its packing mask, by Inductor
     ("triton_red_fused__softmax__to_copy_add_arange_bitwise_and_eq_exp_expand_index_le_lift_fresh_new_ones_prepare_s", "math"),
     ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4, false, false, cutlass::bfloat16_t>>", "flash"),
     ("fmha_cutlassF_bf16_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel<...>::Params)", "efficient"),
@@ -58,9 +58,25 @@ def test_a_point_names_the_dispatchers_choices_and_each_layers_kernels():
         ran = point["layers"][kind]
         assert ran["eager"].get("flash", 0) > 0 and "math" not in ran["eager"], ran  # the example's SDPA, not eager's softmax
         assert "math" not in ran["compiled"], ran
+    model = point["model"]  # the whole model as the Trainer trains it reaches SDPA in every layer, waiting for nothing
+    assert (model["sdpa_calls"], model["expected_sdpa_calls"], model["explicit_softmax"]) == (3, 3, 0), model
+    assert model["device_waits"] == [] and model["graphs"] == 1, model
     text = sdpa.report(record)
     assert "1 x 512" in text and "global causal FLASH_ATTENTION" in text and "switches: flash on" in text
+    assert "compiled: SDPA 3 of 3 calls, explicit softmax 0, 1 graph(s); device waits uncompiled: none" in text
     assert "global causal, not run: EFFICIENT_ATTENTION: " in text
+
+
+def test_the_model_path_names_a_model_that_left_the_fast_path(monkeypatch):
+    """Layers sent back to transformers' eager attention (as the packing search sent them on the H200) show up as
+    missing SDPA calls and explicit softmaxes, and the search's read of a device value as a device wait."""
+    sdpa.examples_on_path()
+    import gptneo_attention as ga
+
+    monkeypatch.setattr(ga, "mark_unpadded", lambda *args: None)  # the model hook that keeps transformers from searching
+    model = sdpa.model_path(1, 512, torch.device("cpu"))
+    assert model["sdpa_calls"] == 0 and model["explicit_softmax"] == 2, model
+    assert [w for w in model["device_waits"] if "masking_utils" in w], model
 
 
 def test_the_switches_say_what_the_dispatcher_obeys():

@@ -100,9 +100,10 @@ def test_local_layers_see_their_window_and_global_ones_everything():
                 assert delta[-1] > 0
 
 
-def test_local_layers_form_no_score_matrix_beyond_the_window(monkeypatch):
+@pytest.mark.parametrize("use_cache", [True, False])  # False: as the Trainer sets it (TrainingArguments.use_cache)
+def test_local_layers_form_no_score_matrix_beyond_the_window(monkeypatch, use_cache):
     """Every SDPA call of a local layer multiplies at most WINDOW queries by 2 x WINDOW keys; eager's _attn is not used."""
-    _, fast = pair()
+    _, fast = pair(use_cache=use_cache)
     calls: list[tuple[int, int]] = []
     sdpa = F.scaled_dot_product_attention
 
@@ -119,6 +120,31 @@ def test_local_layers_form_no_score_matrix_beyond_the_window(monkeypatch):
     global_calls = [c for c in calls if c == (SEQ, SEQ)]
     assert len(global_calls) == 2, calls  # one per global layer
     assert sorted(set(calls) - {(SEQ, SEQ)}) == [(WINDOW, WINDOW), (WINDOW, 2 * WINDOW)]
+
+
+def test_sequences_packed_by_their_position_ids_stay_apart():
+    """Rows of two sequences each, told apart only by position ids restarting at 0 (no mask, no cache, as
+    DataCollatorWithFlattening gives them): the switched model keeps them apart exactly as eager does."""
+    eager, fast = pair(use_cache=False)
+    ids, _ = batch(None)
+    positions = torch.cat([torch.arange(SEQ // 2), torch.arange(SEQ - SEQ // 2)]).expand(ids.shape[0], -1)
+    expected, got = (model(ids, position_ids=positions).logits for model in (eager, fast))
+    torch.testing.assert_close(got, expected, atol=TOL, rtol=0)
+    alone = fast(ids[:, SEQ // 2:]).logits  # the second sequence on its own: nothing of the first reached it
+    torch.testing.assert_close(got[:, SEQ // 2:], alone, atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_a_training_forward_never_waits_for_the_device(use_cache):
+    """No value of a device tensor is read on the host in the forward and backward of a batch without mask (with
+    use_cache off, transformers' search for packed sequences would read one: gptneo_attention.mark_unpadded)."""
+    from gpuscale.measure.device_waits import find_device_waits
+
+    _, fast = pair(use_cache=use_cache)
+    ids, _ = batch(None)
+    with find_device_waits(fast.train()) as found:
+        fast(ids, labels=ids).loss.backward()
+    assert found.sites() == []
 
 
 @pytest.mark.parametrize("length, window", [(21, 8), (16, 8), (5, 8), (8, 8)])
@@ -185,6 +211,7 @@ def test_only_eager_gpt_neo_switches_and_saved_configs_stay_eager(tmp_path):
     assert ga.use_sdpa_attention(gpt2) == 0 and gpt2.config._attn_implementation == implementation
     _, fast = pair()
     assert ga.use_sdpa_attention(fast) == 4 and fast.config._attn_implementation == ga.NAME  # again: no change
+    assert list(fast.transformer._forward_pre_hooks.values()) == [ga.mark_unpadded]  # its hook once
     ids, _ = batch(None)
     torch.testing.assert_close(pickle.loads(pickle.dumps(fast))(ids).logits, fast(ids).logits, atol=0, rtol=0)
     fast.save_pretrained(tmp_path)
@@ -200,3 +227,4 @@ def test_padding_only_at_ends():
     assert not ga.padding_only_at_ends(torch.tensor([[0, 1, 1, 1]]), 4)  # on the left
     assert not ga.padding_only_at_ends(torch.tensor([[1, 0, 1, 1]]), 4)  # inside
     assert not ga.padding_only_at_ends(torch.tensor([[1, 1, 1]]), 4)  # another length
+    assert ga.padding_only_at_ends(torch.ones((), dtype=torch.bool).expand(2, 4), 4)  # one value a row: from its strides

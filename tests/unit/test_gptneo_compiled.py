@@ -31,11 +31,12 @@ class Tokenizer:
         return {"input_ids": torch.tensor([f["input_ids"] for f in features])}
 
 
-def model() -> GPTNeoForCausalLM:
+def model(use_cache: bool = False) -> GPTNeoForCausalLM:
+    """The switched model in training; ``use_cache`` off as the Trainer sets it (TrainingArguments.use_cache)."""
     torch.manual_seed(0)
     net = GPTNeoForCausalLM(GPTNeoConfig(vocab_size=VOCAB, max_position_embeddings=SEQ, hidden_size=16, num_layers=2,
                                          num_heads=2, intermediate_size=32, window_size=WINDOW,
-                                         attention_types=[[["global", "local"], 1]]))
+                                         attention_types=[[["global", "local"], 1]], use_cache=use_cache))
     ga.use_sdpa_attention(net)
     return net.train()
 
@@ -64,6 +65,23 @@ def test_the_collator_leaves_out_a_mask_that_adds_nothing():
     assert "attention_mask" not in padded  # padding only at the ends: a causal query never sees it
     inside = ga.drop_end_padding_mask({"input_ids": torch.ones(1, 4), "attention_mask": torch.tensor([[1, 0, 1, 1]])})
     assert "attention_mask" in inside  # padding inside a row: the mask is kept
+
+
+@pytest.mark.parametrize("use_cache", [False, True])
+def test_the_compiled_forward_attends_through_sdpa_in_every_layer(use_cache):
+    """The graph Dynamo captures calls SDPA for the global layer and the local layer's two chunk calls, and computes no
+    softmax of its own: eager attention compiled (what every layer ran on an H200 under the Trainer, use_cache off,
+    before gptneo_attention.mark_unpadded; BENCHMARKS.md, Issue 27)."""
+    calls: list[str] = []
+
+    def backend(gm, inputs):
+        calls.extend(getattr(n.target, "__name__", str(n.target)) for n in gm.graph.nodes if n.op == "call_function")
+        return gm
+
+    net, batch = model(use_cache), batches(1)[0]
+    torch.compile(net, backend=backend)(**batch)
+    assert calls.count("scaled_dot_product_attention") == 3, calls
+    assert not [c for c in calls if "softmax" in c], calls
 
 
 def test_the_training_forward_has_no_graph_break():
