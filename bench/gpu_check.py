@@ -332,7 +332,8 @@ def bench_summary(record: dict[str, Any] | None) -> dict[str, Any] | None:
     points = [{"point": f"{p['per_device_batch']}x{p['block_size']}", "mfu": p.get("mfu"), "step_ms": p.get("step_ms"),
                "perplexity": p.get("perplexity"), "bound": (p.get("profile") or {}).get("bound"),
                "syncs_per_step": (p.get("profile") or {}).get("syncs_per_step"),
-               "gpu_busy": (p.get("profile") or {}).get("gpu_busy"), "error": p.get("error")}
+               "gpu_busy": (p.get("profile") or {}).get("gpu_busy"),
+               "attention_ms_per_step": (p.get("profile") or {}).get("attention_ms_per_step"), "error": p.get("error")}
               for p in (swept or {}).get("points", [])]
     return {"gpu": (peak.get("gpu") or {}).get("name"), "peak_tflops": peak["flops"] / 1e12,
             "datasheet_tflops": peak["datasheet"]["flops"] / 1e12 if peak.get("datasheet") else None,
@@ -363,8 +364,11 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
                     figures += f", {100 * s['gptneo_mfu_datasheet']:.1f}% (data sheet)"
         lines.append(f"bench: exit {b['exit_code']} in {b['seconds']:.0f} s{figures}" if b["command"] else "bench: not run")
         for p in (s or {}).get("sweep", [])[:4]:
+            attention = p.get("attention_ms_per_step")
+            kernels = (" (attention " + (", ".join(f"{k} {ms:.1f}" for k, ms in attention.items()) + " ms" if attention
+                                         else "kernels: none") + ")") if attention is not None else ""
             lines.append(f"  GPT-neo {p['point']}: " + (f"not measured: {p['error']}" if p["error"] else
-                         f"MFU {100 * p['mfu']:.1f}%, {p['step_ms']:.1f} ms/step; {p['bound']}"))
+                         f"MFU {100 * p['mfu']:.1f}%, {p['step_ms']:.1f} ms/step{kernels}; {p['bound']}"))
         if s and s.get("sweep_best"):
             best = s["sweep_best"]
             lines.append(f"  GPT-neo best: {best['per_device_batch']}x{best['block_size']} at MFU {100 * best['mfu']:.1f}%")

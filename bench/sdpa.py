@@ -38,26 +38,11 @@ from __future__ import annotations
 from typing import Any
 
 from bench.stats import examples_on_path
+from bench.step_profile import ATTENTION_KINDS, attention_kind
 
 HEADS, HEAD_DIM, WINDOW = 12, 64, 256  # GPT-neo-125M's attention (bench/gptneo_bench.py's shape, the example's window)
 GPU_POINTS = ((16, 512), (64, 512), (32, 1024))
 CPU_POINTS = ((2, 512),)
-KINDS = ("flash", "efficient", "cudnn", "math")
-
-
-def kernel_kind(name: str) -> str | None:
-    """Which attention implementation a kernel (or, on a CPU, an operator) named `name` belongs to; None for other
-    work (copies, casts, matrix products)."""
-    low = name.lower()
-    if "cudnn" in low:  # cuDNN's attention kernels (cudnn_generated_fort_native_sdpa_...), whatever else they name
-        return "cudnn"
-    if "flash" in low:
-        return "flash"
-    if "fmha" in low or "efficient" in low or "mem_eff" in low:
-        return "efficient"
-    if "softmax" in low:
-        return "math"
-    return None
 
 
 def split_heads(batch: int, length: int, device: Any, requires_grad: bool = True) -> Any:
@@ -197,9 +182,9 @@ def profiled_kinds(step: Any, device: Any) -> dict[str, float]:
         step()
         if on_gpu:
             torch.cuda.synchronize()
-    found = dict.fromkeys(KINDS, 0.0)
+    found = dict.fromkeys(ATTENTION_KINDS, 0.0)
     for event in prof.key_averages():
-        kind = kernel_kind(event.key)
+        kind = attention_kind(event.key)
         if kind is None or (on_gpu and event.device_type != DeviceType.CUDA):  # a kernel's time, not also its launcher's
             continue
         if on_gpu:

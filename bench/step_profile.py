@@ -14,6 +14,9 @@ for the HF Trainer). The trace is reduced by `summarise` to what decides whether
   made it (``aten::_local_scalar_dense`` is ``.item()``, ``bool()`` or ``float()`` of a device tensor);
 - ``top_kernels`` and ``top_host_ops``: the device work and the host's outermost operators (main thread) that took
   most time per step, and ``host_untraced_ms_per_step``, the host time in no traced operator (Python);
+- ``attention_ms_per_step``: the device time per step of attention's kernels by implementation (flash, efficient,
+  cudnn, and math: an explicit softmax over a score matrix), sorted by kernel name (`attention_kind`), which tells a
+  fused attention from one computed the long way without opening the trace;
 - ``bound``: one line, the step is bound by the **device** (busy >= 90%), the **data** (the loader's waits hold
   half of the idle time or more) or the **host** (the rest: Python, launches, synchronisations).
 
@@ -44,6 +47,24 @@ LOADER_MARK = "DataLoader"  # torch's loader annotates each batch: enumerate(Dat
 WARM_STEPS = 10  # steps left out of the step times: compilation, the allocator's and the loader's start
 DEVICE_BOUND = 0.90
 DATA_BOUND = 0.50
+
+
+ATTENTION_KINDS = ("flash", "efficient", "cudnn", "math")
+
+
+def attention_kind(name: str) -> str | None:
+    """Which attention implementation a kernel (or, on a CPU, an operator) named `name` belongs to; None for other
+    work (copies, casts, matrix products, and the loss's log-softmax)."""
+    low = name.lower()
+    if "cudnn" in low:  # cuDNN's attention kernels (cudnn_generated_fort_native_sdpa_...), whatever else they name
+        return "cudnn"
+    if "flash" in low:
+        return "flash"
+    if "fmha" in low or "efficient" in low or "mem_eff" in low:
+        return "efficient"
+    if "softmax" in low and "log_softmax" not in low and "logsoftmax" not in low:
+        return "math"
+    return None
 
 
 def _interval(event: dict[str, Any]) -> tuple[float, float]:
@@ -153,6 +174,11 @@ def summarise(events: list[dict[str, Any]], top_gaps: int = 5, top_host: int = 3
         "kernels_per_step": sum(1 for e in events if e.get("cat") == "kernel" and low <= float(e["ts"]) < high) / len(steps),
     }
     summary["top_kernels"] = _top([e for e in events if e.get("cat") in DEVICE_CATEGORIES], low, high, len(steps))
+    attention: Counter[str] = Counter()
+    for e in events:
+        if e.get("cat") == "kernel" and low <= float(e["ts"]) < high and (kind := attention_kind(str(e.get("name", "")))):
+            attention[kind] += float(e.get("dur", 0.0))
+    summary["attention_ms_per_step"] = {kind: attention[kind] / len(steps) / 1e3 for kind in ATTENTION_KINDS if kind in attention}
     main = Counter(e.get("tid") for e in ops).most_common(1)
     marked = [e for e in host if e.get("cat") in ("cpu_op", "user_annotation")]  # operators, optimizer and loader marks
     outer = _outermost([e for e in marked if main and e.get("tid") == main[0][0]])

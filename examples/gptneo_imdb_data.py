@@ -31,7 +31,7 @@ import gpuscale
 from gpuscale.base.files import atomic_write
 
 OFFLINE = "offline"
-CACHE_VERSION = 1  # bump when tokenisation or the offline split changes, so stale caches are not reused
+CACHE_VERSION = 2  # bump when tokenisation or the offline split changes, so stale caches are not reused (2: chunks cut here)
 OFFLINE_VOCAB = 8192
 OFFLINE_TEST_EVERY = 50  # offline: every 50th review is a test review
 EOS = "<|endoftext|>"
@@ -72,12 +72,15 @@ class Chunks(Dataset):
 
 
 def tokenize_chunks(tokenizer: Any, texts: list[str], block_size: int, batch: int = 1000) -> list[list[int]]:
-    """Each text + end-of-text, cut into chunks of at most `block_size` tokens (the tokenizer's overflow)."""
+    """Each text + end-of-text, cut into chunks of at most `block_size` tokens, in order.
+
+    The cutting is done here, not by the tokenizer (``truncation`` with ``return_overflowing_tokens``): transformers
+    5.17's fast tokenizers return only each text's first chunk of a batch that way, where 5.24's return them all."""
     chunks: list[list[int]] = []
     for start in range(0, len(texts), batch):
-        encoded = tokenizer([t + tokenizer.eos_token for t in texts[start : start + batch]], truncation=True,
-                            max_length=block_size, return_overflowing_tokens=True)
-        chunks.extend(encoded["input_ids"])
+        encoded = tokenizer([t + tokenizer.eos_token for t in texts[start : start + batch]], verbose=False)
+        for ids in encoded["input_ids"]:  # verbose off: no warning that a whole text is longer than the model's span
+            chunks.extend(ids[i : i + block_size] for i in range(0, len(ids), block_size))
     return chunks
 
 

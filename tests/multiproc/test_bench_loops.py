@@ -70,6 +70,7 @@ def test_the_quick_gpu_check_runs_end_to_end_on_a_cpu(tmp_path, example_data):
     for p in points:
         assert p["mfu"] > 0 and p["step_ms"] > 0 and p["perplexity"] > 0
         assert p["profile"]["steps"] == 2 and p["profile"]["bound"].startswith("no device activity traced")
+        assert p["profile"]["attention_ms_per_step"] == {}  # a CPU traces no device kernel, attention's or other
     lines = result.stdout.splitlines()
     summary = lines[max(i for i, line in enumerate(lines) if line.startswith("machine: ")):]
     assert len(summary) <= 11 and "verdict: pass" in result.stdout  # the summary's 10 lines, then where the results are

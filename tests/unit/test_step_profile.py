@@ -54,6 +54,19 @@ def test_busy_share_gaps_and_syncs_worked_out_by_hand():
     assert [k["name"] for k in s["top_kernels"]] == ["gemm", "softmax"] and s["top_kernels"][0]["ms_per_step"] == pytest.approx(4.5)
 
 
+def test_attention_kernels_are_summed_by_kind_per_step():
+    """Two 10 ms steps: flash 1 + 1 ms, an explicit softmax 3 ms, the loss's log-softmax 2 ms (not attention), and a
+    softmax outside the profiled steps."""
+    trace = [event("ProfilerStep#0", "user_annotation", 0, 10), event("ProfilerStep#1", "user_annotation", 10, 20),
+             event("void pytorch_flash::flash_fwd_kernel<...>", "kernel", 0, 1),
+             event("void pytorch_flash::flash_bwd_dq_dk_dv_loop_kernel<...>", "kernel", 11, 12),
+             event("triton_red_fused__softmax__to_copy_add_prepare_softmax_online_3", "kernel", 2, 5),
+             event("triton_per_fused__log_softmax_nll_loss_forward_0", "kernel", 5, 7),
+             event("triton_red_fused__softmax_9", "kernel", 25, 30)]
+    assert summarise(trace)["attention_ms_per_step"] == {"flash": pytest.approx(1.0), "math": pytest.approx(1.5)}
+    assert summarise(trace[:2])["attention_ms_per_step"] == {}
+
+
 def test_device_and_data_bounds():
     device = [event("ProfilerStep#0", "user_annotation", 0, 10), event("k", "kernel", 0.5, 10)]
     assert summarise(device)["bound"].startswith("bound by the device: the GPU was busy 95% of each 10.0 ms step; no device sync")
