@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.stats import ROOT, launch
+from bench.step_profile import format_attention
 
 COURSE = ["--precision", "fp32", "--channels-last", "off", "--fused", "off", "--loader-workers", "0", "--pin-memory", "off"]
 COURSE_EXTRA = {"gptneo": ["--attention", "eager"]}
@@ -399,9 +400,8 @@ def describe_sweep(swept: dict[str, Any]) -> list[str]:
         lines.append(f"{label} {p['step_ms']:7.1f} ms/step{host}  {p['samples_per_s']:8.1f} samples/s  MFU {100 * p['mfu']:.1f}%  "
                      f"perplexity {p['perplexity']:.1f}  peak {p['peak_memory_gib']:.1f} GiB")
         lines.append(f"      {p['profile']['bound']}")
-        if (attention := p["profile"].get("attention_ms_per_step")) is not None:
-            lines.append("      attention kernels per step: " + (", ".join(f"{k} {ms:.2f} ms" for k, ms in attention.items())
-                                                                 or "none on a device"))
+        if (kernels := p["profile"].get("attention_ms_per_step")) is not None:
+            lines.append("      attention kernels per step: " + (format_attention(kernels, 2) or "none on a device"))
     if swept["best"]:
         b = swept["best"]
         lines.append(f"  best: {b['per_device_batch']} x {b['block_size']}, MFU {100 * b['mfu']:.1f}%")

@@ -42,6 +42,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+from bench.step_profile import format_attention  # which imports the standard library only
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = "gpu-check.json"
 STEPS = ("tests", "bench")
@@ -365,8 +367,7 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
         lines.append(f"bench: exit {b['exit_code']} in {b['seconds']:.0f} s{figures}" if b["command"] else "bench: not run")
         for p in (s or {}).get("sweep", [])[:4]:
             attention = p.get("attention_ms_per_step")
-            kernels = (" (attention " + (", ".join(f"{k} {ms:.1f}" for k, ms in attention.items()) + " ms" if attention
-                                         else "kernels: none") + ")") if attention is not None else ""
+            kernels = f" (attention {format_attention(attention) or 'kernels: none'})" if attention is not None else ""
             lines.append(f"  GPT-neo {p['point']}: " + (f"not measured: {p['error']}" if p["error"] else
                          f"MFU {100 * p['mfu']:.1f}%, {p['step_ms']:.1f} ms/step{kernels}; {p['bound']}"))
         if s and s.get("sweep_best"):

@@ -27,7 +27,8 @@ attention shape (width 768, 12 heads of 64, window 256) and examples/gptneo_atte
   the graph Dynamo captures of its forward (SDPA calls against the layers' expected ones, and any softmax computed
   explicitly), the graphs, and the calls in an uncompiled forward and backward that wait for the device
   (gpuscale.measure.device_waits). This is where a layer leaves the fast path for transformers' eager attention,
-  which a layer run alone cannot show: on the H200 every layer did, compiled under the Trainer (BENCHMARKS.md).
+  which a layer run alone cannot show: on the H200 every layer almost certainly did, compiled under the Trainer
+  (BENCHMARKS.md: the kernel's name, and the same on a CPU without the example's fix).
 
 "math" in a layer's compiled column where ``choice`` names a fused kernel means the compiler, not the dispatcher,
 took the long way. The figures are one call each: they name kernels, they are not a speed benchmark.
@@ -38,7 +39,7 @@ from __future__ import annotations
 from typing import Any
 
 from bench.stats import examples_on_path
-from bench.step_profile import ATTENTION_KINDS, attention_kind
+from bench.step_profile import ATTENTION_KINDS, attention_kind, format_attention
 
 HEADS, HEAD_DIM, WINDOW = 12, 64, 256  # GPT-neo-125M's attention (bench/gptneo_bench.py's shape, the example's window)
 GPU_POINTS = ((16, 512), (64, 512), (32, 1024))
@@ -149,6 +150,21 @@ def model_path(batch: int, block: int, device: Any) -> dict[str, Any]:
     model = switched_model(block).to(device).train()
     model.config.use_cache = False  # what the Trainer sets (TrainingArguments.use_cache)
     ids = torch.randint(0, VOCAB, (batch, block), device=device, generator=torch.Generator(device).manual_seed(0))
+    with torch.autocast(device.type, dtype=torch.bfloat16):
+        calls, graphs = graph_calls(model, input_ids=ids, labels=ids)
+        with find_device_waits(model, device) as found:
+            model(input_ids=ids, labels=ids).loss.backward()
+    return {"sdpa_calls": calls.count("scaled_dot_product_attention"), "expected_sdpa_calls": expected_sdpa_calls(block),
+            "explicit_softmax": sum("softmax" in c for c in calls), "graphs": graphs,
+            "device_waits": [f"{w['where']} ({w['kind']})" for w in found.sites()]}
+
+
+def graph_calls(module: Any, *args: Any, **kwargs: Any) -> tuple[list[str], int]:
+    """(the functions called in the graphs Dynamo captures of one ``module(*args, **kwargs)``, in order; the number of
+    graphs). Captured only, not compiled: the graphs are what Inductor would be given. Dynamo is reset before and
+    after."""
+    import torch
+
     calls: list[str] = []
     graphs = 0
 
@@ -159,14 +175,11 @@ def model_path(batch: int, block: int, device: Any) -> dict[str, Any]:
         return gm
 
     torch._dynamo.reset()
-    with torch.autocast(device.type, dtype=torch.bfloat16):
-        torch.compile(model, backend=capture, dynamic=False)(input_ids=ids, labels=ids)
-        with find_device_waits(model, device) as found:
-            model(input_ids=ids, labels=ids).loss.backward()
-    torch._dynamo.reset()
-    return {"sdpa_calls": calls.count("scaled_dot_product_attention"), "expected_sdpa_calls": expected_sdpa_calls(block),
-            "explicit_softmax": sum("softmax" in c for c in calls), "graphs": graphs,
-            "device_waits": [f"{w['where']} ({w['kind']})" for w in found.sites()]}
+    try:
+        torch.compile(module, backend=capture, dynamic=False)(*args, **kwargs)
+    finally:
+        torch._dynamo.reset()
+    return calls, graphs
 
 
 def profiled_kinds(step: Any, device: Any) -> dict[str, float]:
@@ -245,13 +258,22 @@ def run(repeat: int = 1, points: tuple[tuple[int, int], ...] | None = None) -> d
         try:
             entry["choice"] = dispatch_choices(batch, block, device)
             entry["layers"] = {kind: layer_kernels(kind, batch, block, device) for kind in ("global", "local")}
-            entry["model"] = model_path(batch, block, device)
         except Exception as exc:  # out of memory, an unsupported shape: the point says so, the others still run
-            entry["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"
+            entry["error"] = failure(exc)
+        try:
+            entry["model"] = model_path(batch, block, device)
+        except Exception as exc:  # the layers' findings above still stand
+            entry["model"] = {"error": failure(exc)}
         record["points"].append(entry)
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return record
+
+
+def failure(exc: BaseException) -> str:
+    """An exception in one line: its type and the first line of its message."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0][:300] if text else ''}"
 
 
 def report(record: dict[str, Any]) -> str:
@@ -261,19 +283,21 @@ def report(record: dict[str, Any]) -> str:
     for p in record["points"]:
         lines.append(f"  {p['per_device_batch']} x {p['block_size']}")
         if "error" in p:
-            lines.append(f"    not measured: {p['error']}")
-            continue
-        lines.append("    dispatcher: " + "; ".join(f"{call} {c['choice']}" for call, c in p["choice"].items()))
-        for call, c in p["choice"].items():
-            refused = {name: why for name, why in c["backends"].items() if why != "runs"}
-            if refused:
-                lines.append(f"      {call}, not run: " + "; ".join(f"{name}: {why}" for name, why in refused.items()))
-        for kind, ran in p["layers"].items():
-            cells = [f"{how} " + (", ".join(f"{k} {ms:.2f} ms" for k, ms in found.items()) or "no attention kernel named")
-                     for how, found in ran.items()]
+            lines.append(f"    dispatcher and layers not measured: {p['error']}")
+        if "choice" in p:
+            lines.append("    dispatcher: " + "; ".join(f"{call} {c['choice']}" for call, c in p["choice"].items()))
+            for call, c in p["choice"].items():
+                refused = {name: why for name, why in c["backends"].items() if why != "runs"}
+                if refused:
+                    lines.append(f"      {call}, not run: " + "; ".join(f"{name}: {why}" for name, why in refused.items()))
+        for kind, ran in p.get("layers", {}).items():
+            cells = [f"{how} " + (format_attention(found, 2) or "no attention kernel named") for how, found in ran.items()]
             lines.append(f"    {kind} layer: " + "; ".join(cells))
-        m = p["model"]
-        lines.append(f"    whole model as the Trainer trains it (use_cache off, no mask), compiled: SDPA {m['sdpa_calls']} "
-                     f"of {m['expected_sdpa_calls']} calls, explicit softmax {m['explicit_softmax']}, {m['graphs']} "
-                     "graph(s); device waits uncompiled: " + ("; ".join(m["device_waits"]) or "none"))
+        m, whole = p["model"], "    whole model as the Trainer trains it (use_cache off, no mask)"
+        if "error" in m:
+            lines.append(f"{whole}: not measured: {m['error']}")
+        else:
+            lines.append(f"{whole}, compiled: SDPA {m['sdpa_calls']} of {m['expected_sdpa_calls']} calls, explicit softmax "
+                         f"{m['explicit_softmax']}, {m['graphs']} graph(s); device waits uncompiled: "
+                         + ("; ".join(m["device_waits"]) or "none"))
     return "\n".join(lines)

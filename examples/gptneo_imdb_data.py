@@ -1,7 +1,7 @@
 """The data of examples/gptneo_imdb.py: IMDB reviews cut into token chunks, tokenised once per node and cached.
 
-Each review, followed by the end-of-text token, is cut into --block-size chunks (the tokenizer's overflow: a
-long review gives several chunks). --val-chunks training chunks are held out for validation (seed 42), the
+Each review, followed by the end-of-text token, is cut into --block-size chunks (a long review gives several
+chunks, in order). --val-chunks training chunks are held out for validation (seed 42), the
 same on every rank. The first process of each node prepares the data and caches it in
 $GPUSCALE_DATA (default ~/.cache/gpuscale) while the others wait; then every process loads it.
 
@@ -75,7 +75,8 @@ def tokenize_chunks(tokenizer: Any, texts: list[str], block_size: int, batch: in
     """Each text + end-of-text, cut into chunks of at most `block_size` tokens, in order.
 
     The cutting is done here, not by the tokenizer (``truncation`` with ``return_overflowing_tokens``): transformers
-    5.17's fast tokenizers return only each text's first chunk of a batch that way, where 5.24's return them all."""
+    5.17's fast tokenizers drop most overflow chunks of a batch that way (a third of the tokens at 256), where 5.24's
+    return them all."""
     chunks: list[list[int]] = []
     for start in range(0, len(texts), batch):
         encoded = tokenizer([t + tokenizer.eos_token for t in texts[start : start + batch]], verbose=False)

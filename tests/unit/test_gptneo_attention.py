@@ -100,10 +100,10 @@ def test_local_layers_see_their_window_and_global_ones_everything():
                 assert delta[-1] > 0
 
 
-@pytest.mark.parametrize("use_cache", [True, False])  # False: as the Trainer sets it (TrainingArguments.use_cache)
-def test_local_layers_form_no_score_matrix_beyond_the_window(monkeypatch, use_cache):
-    """Every SDPA call of a local layer multiplies at most WINDOW queries by 2 x WINDOW keys; eager's _attn is not used."""
-    _, fast = pair(use_cache=use_cache)
+def test_local_layers_form_no_score_matrix_beyond_the_window(monkeypatch):
+    """Every SDPA call of a local layer multiplies at most WINDOW queries by 2 x WINDOW keys; eager's _attn is not used
+    (uncompiled; compiled with the cache off, as the Trainer runs it: tests/unit/test_gptneo_compiled.py)."""
+    _, fast = pair()
     calls: list[tuple[int, int]] = []
     sdpa = F.scaled_dot_product_attention
 
@@ -134,7 +134,7 @@ def test_sequences_packed_by_their_position_ids_stay_apart():
     torch.testing.assert_close(got[:, SEQ // 2:], alone, atol=TOL, rtol=0)
 
 
-@pytest.mark.parametrize("use_cache", [True, False])
+@pytest.mark.parametrize("use_cache", [False, True])  # False: as the Trainer sets it (TrainingArguments.use_cache)
 def test_a_training_forward_never_waits_for_the_device(use_cache):
     """No value of a device tensor is read on the host in the forward and backward of a batch without mask (with
     use_cache off, transformers' search for packed sequences would read one: gptneo_attention.mark_unpadded)."""
@@ -145,6 +145,23 @@ def test_a_training_forward_never_waits_for_the_device(use_cache):
     with find_device_waits(fast.train()) as found:
         fast(ids, labels=ids).loss.backward()
     assert found.sites() == []
+
+
+def test_the_model_hook_marks_only_forwards_without_mask_positions_or_cache():
+    """mark_unpadded adds the rows' all-ones mask (one value, expanded) where transformers would search for packing,
+    and leaves every other call as it came."""
+    ids, embeds = torch.ones(3, 5, dtype=torch.long), torch.zeros(3, 5, 8)
+    for args, kwargs in [((ids,), {}), ((), {"input_ids": ids, "use_cache": False}), ((), {"inputs_embeds": embeds})]:
+        _, marked = ga.mark_unpadded(None, args, kwargs)
+        mask = marked["attention_mask"]
+        assert mask.shape == (3, 5) and mask.dtype == torch.bool and mask.all() and mask.stride() == (0, 0)
+        assert {k: v for k, v in marked.items() if k != "attention_mask"} == kwargs
+    given = {"attention_mask": torch.ones(3, 5), "position_ids": torch.arange(5)[None], "cache": object(),
+             "past_key_values": object()}
+    for name, value in given.items():
+        assert ga.mark_unpadded(None, (ids,), {name: value}) is None, name
+    assert ga.mark_unpadded(None, (ids, None), {}) is None  # more than input_ids by position: left as it is
+    assert ga.mark_unpadded(None, (), {}) is None  # nothing to take the rows' shape from
 
 
 @pytest.mark.parametrize("length, window", [(21, 8), (16, 8), (5, 8), (8, 8)])

@@ -12,6 +12,9 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench
+
+from bench.sdpa import graph_calls  # noqa: E402
 
 import gptneo_attention as ga  # noqa: E402
 
@@ -72,14 +75,8 @@ def test_the_compiled_forward_attends_through_sdpa_in_every_layer(use_cache):
     """The graph Dynamo captures calls SDPA for the global layer and the local layer's two chunk calls, and computes no
     softmax of its own: eager attention compiled (what every layer ran on an H200 under the Trainer, use_cache off,
     before gptneo_attention.mark_unpadded; BENCHMARKS.md, Issue 27)."""
-    calls: list[str] = []
-
-    def backend(gm, inputs):
-        calls.extend(getattr(n.target, "__name__", str(n.target)) for n in gm.graph.nodes if n.op == "call_function")
-        return gm
-
     net, batch = model(use_cache), batches(1)[0]
-    torch.compile(net, backend=backend)(**batch)
+    calls, _ = graph_calls(net, **batch)
     assert calls.count("scaled_dot_product_attention") == 3, calls
     assert not [c for c in calls if "softmax" in c], calls
 

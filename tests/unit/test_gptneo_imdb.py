@@ -35,7 +35,7 @@ def test_tokenizer_pads_with_end_of_text(tokenizer):
     assert tokenizer.pad_token_id == tokenizer.eos_token_id == 0
 
 
-def test_each_text_plus_eos_is_cut_into_chunks_with_overflow(tokenizer):
+def test_each_text_plus_eos_is_cut_into_chunks_in_order(tokenizer):
     chunks = data.tokenize_chunks(tokenizer, TEXTS, block_size=16, batch=2)
     assert all(1 <= len(c) <= 16 for c in chunks)
     # concatenated in order, the chunks are each text's tokens followed by end-of-text
