@@ -293,7 +293,9 @@ def report(record: dict[str, Any]) -> str:
         for kind, ran in p.get("layers", {}).items():
             cells = [f"{how} " + (format_attention(found, 2) or "no attention kernel named") for how, found in ran.items()]
             lines.append(f"    {kind} layer: " + "; ".join(cells))
-        m, whole = p["model"], "    whole model as the Trainer trains it (use_cache off, no mask)"
+        m, whole = p.get("model"), "    whole model as the Trainer trains it (use_cache off, no mask)"
+        if m is None:  # a record from before the model line
+            continue
         if "error" in m:
             lines.append(f"{whole}: not measured: {m['error']}")
         else:
