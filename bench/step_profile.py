@@ -216,6 +216,14 @@ def _outermost(ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return outer
 
 
+def _gpu_in_use() -> bool:
+    """Whether this process has started CUDA (a training step on a GPU has): only then is there device work to wait for
+    or to trace."""
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.is_initialized()
+
+
 class StepProfiler:
     """Profile optimizer steps ``start + 1 .. start + steps`` of a loop that calls `after_step` after each step;
     the summary (`summarise`, plus ``sync_sites``) is written to `out` as JSON and kept in ``self.summary``. `close`,
@@ -257,9 +265,9 @@ class StepProfiler:
 
         self._seen += 1
         self._ends.append(time.perf_counter())
-        on_gpu = torch.cuda.is_available() and torch.cuda.is_initialized()
+        on_gpu = _gpu_in_use()
         if self._seen in (WARM_STEPS, self.start - 1) and self.start - 1 > WARM_STEPS:  # the window before the profile
-            self._synced_edge(on_gpu)
+            self._synced_edge()
         if self._seen == self.start - 1 and on_gpu:
             self._catcher = warnings.catch_warnings()
             self._catcher.__enter__()
@@ -283,17 +291,17 @@ class StepProfiler:
             self._mark_step()
         elif self._profiler is not None and self._seen == self.start + self.steps:
             self._finish()
-            self._synced_edge(on_gpu)  # the window after the profile opens
+            self._synced_edge()  # the window after the profile opens
         elif last and len(self._edges) % 2 == 1:
-            self._synced_edge(on_gpu)
+            self._synced_edge()
 
-    def _synced_edge(self, on_gpu: bool) -> None:
+    def _synced_edge(self) -> None:
         """An edge of a synchronised window: wait for the device's work so far, then note the steps done and the time."""
         import torch
 
         if self._sync is not None:
             self._sync()
-        elif on_gpu:
+        elif _gpu_in_use():
             torch.cuda.synchronize()
         self._edges.append((self._seen, time.perf_counter()))
 
@@ -352,10 +360,8 @@ class StepProfiler:
         ``synced_step_s`` with ``synced_steps``, and ``median_step_s`` (the host's clock: the unprofiled steps after
         the first `WARM_STEPS`, the sync-debug step and the steps right after a synchronisation left out) with
         ``median_of_steps``; write it again."""
-        import torch
-
         if len(self._edges) % 2 == 1 and self._seen > self._edges[-1][0]:
-            self._synced_edge(torch.cuda.is_available() and torch.cuda.is_initialized())
+            self._synced_edge()
         edges = {seen + 1 for seen, _ in self._edges}  # a step right after a synchronisation starts on an idle device
         untouched = [b - a for step, (a, b) in enumerate(zip(self._ends, self._ends[1:], strict=False), start=2)
                      if step > WARM_STEPS and step not in edges and not self.start - 1 <= step <= self.start + self.steps]
