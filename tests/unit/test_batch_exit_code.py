@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -67,6 +69,18 @@ def test_every_task_stopped_with_term_is_slurms_doing_not_a_ranks_failure(tmp_pa
                      "says); the job ends with 143"]
 
 
+def test_a_garbled_note_is_left_out_not_taken_for_a_rank_that_ended_with_0(tmp_path):
+    """CI's timed-out job: a task's note lost its time (" 143 0 n1" read as time 143, code 0, rank n1), and the job
+    ended with 0. A note that does not read "<time> <code> <rank> <host>" is left out."""
+    for garbled in (" 143 0 n1", "100.1 143 0", "100.1 0 n1", "143 0 n1 x"):
+        code, lines = _run(tmp_path, {"0": garbled, "1": "100.2 143 1 n2"}, srun_code=143)
+        assert code == 143, garbled
+        assert lines == ["gpuscale: the ranks were stopped with TERM (by SLURM: the time limit, scancel or preemption, as its line above "
+                         "says); the job ends with 143"], garbled
+    code, lines = _run(tmp_path, {"0": " 143 0 n1", "1": "100.4 7 1 n2"}, srun_code=143)
+    assert code == 7 and lines == ["gpuscale: rank 1 on n2 failed first, with exit code 7 (srun: 143); the job ends with 7"]
+
+
 def test_a_rank_that_exits_75_first_ends_the_job_with_75_and_requeues_it(tmp_path):
     code, lines = _run(tmp_path, {"0": "100.6 143 0 n1", "1": "100.3 75 1 n2"}, srun_code=143, max_requeues=3)
     assert code == 75
@@ -101,3 +115,31 @@ def test_an_srun_task_notes_its_code_and_host_and_names_a_kill_in_place_of_bashs
     assert result.stderr.splitlines() == expected  # the program's own stderr stays; no "Killed" or "Terminated" from bash
     when, noted, rank, where = (tmp_path / "task-3").read_text().split()
     assert (int(noted), rank, where) == (code, "3", host) and float(when) > 1e9
+
+
+def test_srun_tasks_under_a_storm_of_term_still_note_whole_lines_and_say_nothing_else(tmp_path):
+    """At the time limit SLURM signals every process of the step, so TERMs reach a task's shell while it notes its
+    exit. Hundreds of tasks, one after another, in a process group that gets a TERM every 3 ms: every note that was
+    written reads "<time> <code> <rank> <host>", and no task's shell says more than it would unsignalled (bash 5.2's
+    broken command substitutions, its aborts and pending-trap warnings are what this stress brought out before)."""
+    task = task_exit_note("false")
+    loop = (f'trap : TERM; echo ready >&2; i=0; while [ "$i" -lt 300 ]; do SLURM_PROCID=$i bash -c {shlex.quote(task)}; '
+            'i=$((i + 1)); done; echo finished >&2')
+    env = {"PATH": os.environ["PATH"], "GPUSCALE_EXIT_DIR": str(tmp_path), "SLURM_NTASKS": "300"}
+    shells = subprocess.Popen(["bash", "-c", loop], env=env, start_new_session=True, stderr=subprocess.PIPE, text=True)
+    assert shells.stderr is not None and shells.stderr.readline() == "ready\n"
+    deadline = time.monotonic() + 120
+    while shells.poll() is None and time.monotonic() < deadline:
+        os.killpg(shells.pid, signal.SIGTERM)
+        time.sleep(0.003)
+    if shells.poll() is None:
+        os.killpg(shells.pid, signal.SIGKILL)
+    said = [line for line in shells.stderr.read().splitlines() if line != "Terminated"]  # the loop's notice of a shell TERM ended before its trap
+    assert said == ["finished"], said
+    notes = {path.name: path.read_text() for path in tmp_path.glob("task-*")}
+    assert len(notes) >= 30, f"only {len(notes)} of 300 tasks got past their trap: the storm tested nothing"
+    host = socket.gethostname()
+    garbled = {name: text for name, text in notes.items()
+               if not (len(text.split()) == 4 and float(text.split()[0]) > 1e9 and text.split()[1] in ("1", "143")
+                       and name == f"task-{text.split()[2]}" and text.split()[3] == host)}
+    assert not garbled, f"{len(garbled)} of {len(notes)} notes garbled, e.g. {sorted(garbled.items())[:3]}"

@@ -41,14 +41,24 @@ def task_exit_note(program: str) -> str:
     a non-zero code, notes the code, the time and its host in GPUSCALE_EXIT_DIR (the host by `uname -n`, as Python's
     socket.gethostname() names it: bash's $HOSTNAME is inherited from the environment srun passes on, the first node's).
     A program that a signal other than TERM ended (SIGKILL: the out-of-memory killer) could not say so itself: the shell
-    says it in one line, in place of bash's own notice (its stderr goes to /dev/null around the program, whose own stderr stays). Its traps only keep
-    it alive through the signals the step's processes get (USR1, TERM): the program gets them too, and acts on them
-    as it would alone."""
-    killed = ('if [ "$code" -gt 128 ] && [ "$code" -ne 143 ]; then echo "[gpuscale] rank $SLURM_PROCID/$SLURM_NTASKS on $(uname -n) '
-              'was killed by SIG$(kill -l "$code" 2>/dev/null) (exit code $code)" >&2; fi; ')
+    says it in one line, in place of bash's own notice (its stderr goes to /dev/null around the program, whose own stderr
+    stays). Its traps only keep it alive through the signals the step's processes get (USR1, TERM): the program gets them
+    too, and acts on them as it would alone.
+
+    Once the program has ended, the shell ignores USR1 and TERM (so do the commands it then runs), and its own
+    stderr goes to /dev/null while it notes the exit (the line on a kill goes out on the saved stderr). SLURM's TERMs
+    come exactly then, at the time limit, when every process of the step gets them: before, a trap that fired while
+    bash 5.2 read a command substitution broke the substitution ("trap: line 2: unexpected EOF while looking for
+    matching `)'", or the shell aborted with "bad jump"), and a TERM could kill `date` or `uname` halfway, so a
+    timed-out task's note lost its time and shifted its fields, and the job ended with 0 (docs/traps.md). A signal
+    caught just before the switch makes bash warn when it runs it ("run_pending_traps: bad value"): that is what the
+    stderr to /dev/null is for."""
+    killed = ('if [ "$code" -gt 128 ] && [ "$code" -ne 143 ]; then echo "[gpuscale] rank $SLURM_PROCID/$SLURM_NTASKS on $this_node '
+              'was killed by SIG$(kill -l "$code" 2>/dev/null) (exit code $code)" >&3; fi; ')
     note = ('if [ "$code" -ne 0 ] && [ -d "${' + EXIT_DIR + ':-}" ]; then '
-            'echo "$(date +%s.%N) $code $SLURM_PROCID $(uname -n)" > "$' + EXIT_DIR + '/task-$SLURM_PROCID"; fi; exit "$code"')
-    return f"trap : USR1 TERM; {{ {program} 2>&3 3>&-; }} 3>&2 2>/dev/null; code=$?; {killed}{note}"
+            'echo "$(date +%s.%N) $code $SLURM_PROCID $this_node" > "$' + EXIT_DIR + '/task-$SLURM_PROCID"; fi; ')
+    return (f"trap : USR1 TERM; {{ {program} 2>&3 3>&-; }} 3>&2 2>/dev/null; code=$?; "
+            f"{{ trap '' USR1 TERM; this_node=$(uname -n); {killed}{note}}} 3>&2 2>/dev/null; exit \"$code\"")
 
 
 def _exit_notes() -> list[str]:
@@ -68,7 +78,9 @@ def _exit_notes() -> list[str]:
         "    local note when code rank host victim",
         '    for note in "$exit_dir"/task-*; do',
         '        [ -e "$note" ] || continue',
-        '        read -r when code rank host < "$note"',
+        '        read -r when code rank host < "$note" || true',
+        "        # A note cut short or garbled (its task killed while writing it) says nothing sure: leave it out.",
+        '        [[ "$when" =~ ^[0-9]+[.][0-9]+$ && "$code" =~ ^[0-9]+$ && "$rank" =~ ^([0-9]+|-)$ && -n "$host" ]] || continue',
         '        victim=0',
         "        if [ \"$code\" -eq 143 ] || grep -qs '\"symptom\": true' \"$exit_dir/rank-$rank.json\"; then victim=1; fi",
         '        echo "$victim $when $code $rank ${host:-?}"',
@@ -138,7 +150,10 @@ def requeue_block(max_requeues: int) -> list[str]:
     first = [
         "# The first failing rank's own exit code (its task's note), not the highest of all tasks (srun's).",
         'first=""',
-        f'if [ "$status" -ne 0 ] && [ -n "$exit_dir" ] && [ ! -e "{stopped_marker(_MARKER)}" ]; then first=$(first_failure || true); fi',
+        "# Through a file, not $(...): the traps above are set, and bash 5.2 can fail a command substitution that a trap",
+        "# interrupts (task_exit_note says how).",
+        f'if [ "$status" -ne 0 ] && [ -n "$exit_dir" ] && [ ! -e "{stopped_marker(_MARKER)}" ]; then '
+        'first_failure > "$exit_dir/first" || true; read -r first < "$exit_dir/first" || true; fi',
         'if [ -n "$first" ]; then',
         '    read -r first_victim _ first_code first_rank first_host <<< "$first"',
         '    who="rank $first_rank on $first_host"; [ "$first_rank" != - ] || who="torchrun on $first_host"',

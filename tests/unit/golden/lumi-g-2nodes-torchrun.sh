@@ -73,7 +73,9 @@ first_failure() {
     local note when code rank host victim
     for note in "$exit_dir"/task-*; do
         [ -e "$note" ] || continue
-        read -r when code rank host < "$note"
+        read -r when code rank host < "$note" || true
+        # A note cut short or garbled (its task killed while writing it) says nothing sure: leave it out.
+        [[ "$when" =~ ^[0-9]+[.][0-9]+$ && "$code" =~ ^[0-9]+$ && "$rank" =~ ^([0-9]+|-)$ && -n "$host" ]] || continue
         victim=0
         if [ "$code" -eq 143 ] || grep -qs '"symptom": true' "$exit_dir/rank-$rank.json"; then victim=1; fi
         echo "$victim $when $code $rank ${host:-?}"
@@ -144,7 +146,9 @@ status=0
 wait_for_step || status=$?
 # The first failing rank's own exit code (its task's note), not the highest of all tasks (srun's).
 first=""
-if [ "$status" -ne 0 ] && [ -n "$exit_dir" ] && [ ! -e "$GPUSCALE_STOP_MARKER.stopped" ]; then first=$(first_failure || true); fi
+# Through a file, not $(...): the traps above are set, and bash 5.2 can fail a command substitution that a trap
+# interrupts (task_exit_note says how).
+if [ "$status" -ne 0 ] && [ -n "$exit_dir" ] && [ ! -e "$GPUSCALE_STOP_MARKER.stopped" ]; then first_failure > "$exit_dir/first" || true; read -r first < "$exit_dir/first" || true; fi
 if [ -n "$first" ]; then
     read -r first_victim _ first_code first_rank first_host <<< "$first"
     who="rank $first_rank on $first_host"; [ "$first_rank" != - ] || who="torchrun on $first_host"
