@@ -59,14 +59,13 @@ def main(argv: list[str] | None = None) -> int:
         if value is not None and not all(part.isdigit() and int(part) > 0 for part in value.split(",")):
             parser.error(f"{flag} {value!r} is not a comma-separated list of positive numbers like 1,2,4")
     named = args.names or DEFAULT
-    for flag, given, owner in (("--cases", args.cases is not None, "gpu"), ("--compile", args.compile, "gpu"),
-                               ("--allow-cpu", args.allow_cpu, "gpu"), ("--sweep", args.sweep is not None, "gpu"),
-                               ("--compile-mode", args.compile_mode is not None, "gpu"),
-                               ("--points", args.points is not None, ("gpu", "sdpa")),
-                               ("--attention", args.attention is not None, "gpu"),
-                               ("--batch-sizes", args.batch_sizes is not None, "scaling_cpu"),
-                               ("--nproc", args.nproc is not None, "scaling_cpu")):
-        owners = owner if isinstance(owner, tuple) else (owner,)
+    for flag, given, owners in (("--cases", args.cases is not None, ("gpu",)), ("--compile", args.compile, ("gpu",)),
+                                ("--allow-cpu", args.allow_cpu, ("gpu",)), ("--sweep", args.sweep is not None, ("gpu",)),
+                                ("--compile-mode", args.compile_mode is not None, ("gpu",)),
+                                ("--points", args.points is not None, ("gpu", "sdpa")),
+                                ("--attention", args.attention is not None, ("gpu",)),
+                                ("--batch-sizes", args.batch_sizes is not None, ("scaling_cpu",)),
+                                ("--nproc", args.nproc is not None, ("scaling_cpu",))):
         if given and not set(owners) & set(named):
             parser.error(f"{flag} is an option of the {' or '.join(owners)} benchmark; name it: python -m bench {owners[0]} {flag} ...")
     if args.cases is not None:

@@ -324,6 +324,16 @@ def verdict(results: dict[str, Any]) -> tuple[str, list[str]]:
     return ("fail" if reasons else "pass"), reasons
 
 
+_PROFILE_FIGURES = ("bound", "syncs_per_step", "gpu_busy", "attention_ms_per_step")
+
+
+def _point_summary(point: dict[str, Any]) -> dict[str, Any]:
+    """One sweep point's figures for the summary: its shape, MFU, step, perplexity, its profile's headline, its error."""
+    profile = point.get("profile") or {}
+    return {"point": f"{point['per_device_batch']}x{point['block_size']}", "mfu": point.get("mfu"), "step_ms": point.get("step_ms"),
+            "perplexity": point.get("perplexity"), **{key: profile.get(key) for key in _PROFILE_FIGURES}, "error": point.get("error")}
+
+
 def bench_summary(record: dict[str, Any] | None) -> dict[str, Any] | None:
     """The bench's headline figures: the GPU, the peaks, each example's speed-ups, GPT-neo's MFU both ways, the sweep's
     points (MFU, step, what bounds it) and best."""
@@ -331,12 +341,7 @@ def bench_summary(record: dict[str, Any] | None) -> dict[str, Any] | None:
         return None
     peak, mfu = record["peak"], record["cases"].get("gptneo", {}).get("mfu")
     swept = record.get("gptneo_sweep")
-    points = [{"point": f"{p['per_device_batch']}x{p['block_size']}", "mfu": p.get("mfu"), "step_ms": p.get("step_ms"),
-               "perplexity": p.get("perplexity"), "bound": (p.get("profile") or {}).get("bound"),
-               "syncs_per_step": (p.get("profile") or {}).get("syncs_per_step"),
-               "gpu_busy": (p.get("profile") or {}).get("gpu_busy"),
-               "attention_ms_per_step": (p.get("profile") or {}).get("attention_ms_per_step"), "error": p.get("error")}
-              for p in (swept or {}).get("points", [])]
+    points = [_point_summary(p) for p in (swept or {}).get("points", [])]
     return {"gpu": (peak.get("gpu") or {}).get("name"), "peak_tflops": peak["flops"] / 1e12,
             "datasheet_tflops": peak["datasheet"]["flops"] / 1e12 if peak.get("datasheet") else None,
             "speedup_vs_course": {case: e["speedup_vs_course"] for case, e in record["cases"].items()},

@@ -33,7 +33,7 @@ import statistics
 import tempfile
 import time
 import warnings
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,11 @@ def attention_kind(name: str) -> str | None:
     if "softmax" in low and "log_softmax" not in low and "logsoftmax" not in low:
         return "math"
     return None
+
+
+def _largest(totals: dict[str, float], n: int) -> list[tuple[str, float]]:
+    """The `n` largest of `totals`, largest first (ties in the order they came)."""
+    return sorted(totals.items(), key=lambda item: item[1], reverse=True)[:n]
 
 
 def format_attention(ms_by_kind: dict[str, float], digits: int = 1) -> str:
@@ -153,7 +158,7 @@ def summarise(events: list[dict[str, Any]], top_gaps: int = 5, top_host: int = 3
     host = [e for e in events if e.get("cat") in HOST_CATEGORIES and not str(e.get("name", "")).startswith(STEP_PREFIX)]
     gaps = []
     for gap in sorted(idle, key=lambda g: g[0] - g[1])[:top_gaps]:
-        by_name: Counter[str] = Counter()
+        by_name: defaultdict[str, float] = defaultdict(float)
         inside = []
         for e in host:
             if (shared := _overlap(gap, _interval(e))) > 0:
@@ -161,7 +166,7 @@ def summarise(events: list[dict[str, Any]], top_gaps: int = 5, top_host: int = 3
                 inside.append(_interval(e))
         traced = sum(e - s for s, e in _union(_clip(inside, *gap)))
         gaps.append({"at_ms": (gap[0] - low) / 1e3, "ms": (gap[1] - gap[0]) / 1e3,
-                     "host": [{"name": n, "ms": t / 1e3} for n, t in by_name.most_common(top_host)],
+                     "host": [{"name": n, "ms": t / 1e3} for n, t in _largest(by_name, top_host)],
                      "untraced_ms": (gap[1] - gap[0] - traced) / 1e3})
     ops = [e for e in events if e.get("cat") == "cpu_op"]
     syncs = [e for e in events if e.get("name") in SYNC_CALLS and e.get("cat") in ("cuda_runtime", "cuda_driver")
@@ -179,7 +184,7 @@ def summarise(events: list[dict[str, Any]], top_gaps: int = 5, top_host: int = 3
         "kernels_per_step": sum(1 for e in events if e.get("cat") == "kernel" and low <= float(e["ts"]) < high) / len(steps),
     }
     summary["top_kernels"] = _top([e for e in events if e.get("cat") in DEVICE_CATEGORIES], low, high, len(steps))
-    attention: Counter[str] = Counter()
+    attention: defaultdict[str, float] = defaultdict(float)
     for e in events:
         if e.get("cat") == "kernel" and low <= float(e["ts"]) < high and (kind := attention_kind(str(e.get("name", "")))):
             attention[kind] += float(e.get("dur", 0.0))
@@ -196,14 +201,14 @@ def summarise(events: list[dict[str, Any]], top_gaps: int = 5, top_host: int = 3
 
 def _top(events: list[dict[str, Any]], low: float, high: float, steps: int, n: int = 8) -> list[dict[str, Any]]:
     """The names that took most time per step inside [low, high), with their calls per step."""
-    took: Counter[str] = Counter()
+    took: defaultdict[str, float] = defaultdict(float)
     calls: Counter[str] = Counter()
     for e in events:
         if low <= float(e["ts"]) < high:
             took[e["name"]] += float(e.get("dur", 0.0))
             calls[e["name"]] += 1
     return [{"name": name[:120], "ms_per_step": t / steps / 1e3, "calls_per_step": calls[name] / steps}
-            for name, t in took.most_common(n)]
+            for name, t in _largest(took, n)]
 
 
 def _outermost(ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
