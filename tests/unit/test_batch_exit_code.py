@@ -23,11 +23,12 @@ from gpuscale.slurm.stopping import requeue_block, stop_handling, task_exit_note
 
 
 def _run(tmp_path: Path, notes: dict[str, str], srun_code: int, symptoms: tuple[int, ...] = (), stopped: bool = False,
-         max_requeues: int = 0) -> tuple[int, list[str]]:
-    """Run the stop handling around a step that writes `notes` (task -> line) and exits `srun_code`."""
+         max_requeues: int = 0, cut: bool = False) -> tuple[int, list[str]]:
+    """Run the stop handling around a step that writes `notes` (task -> line; `cut`: without the line's end, as a task
+    killed while writing it leaves it) and exits `srun_code`."""
     plant = []
     for task, line in notes.items():
-        plant.append(f'echo {shlex.quote(line)} > "$GPUSCALE_EXIT_DIR/task-{task}"')
+        plant.append(f'printf %s {shlex.quote(line if cut else line + chr(10))} > "$GPUSCALE_EXIT_DIR/task-{task}"')
     for rank in symptoms:
         note = json.dumps({"rank": rank, "time": 1.0, "symptom": True, "message": "Connection closed by peer"}, indent=1)
         plant.append(f'echo {shlex.quote(note)} > "$GPUSCALE_FAILURE_DIR/rank-{rank}.json"')
@@ -72,8 +73,9 @@ def test_every_task_stopped_with_term_is_slurms_doing_not_a_ranks_failure(tmp_pa
 def test_a_garbled_note_is_left_out_not_taken_for_a_rank_that_ended_with_0(tmp_path):
     """CI's timed-out job: a task's note lost its time (" 143 0 n1" read as time 143, code 0, rank n1), and the job
     ended with 0. A note that does not read "<time> <code> <rank> <host>" is left out."""
-    for garbled in (" 143 0 n1", "100.1 143 0", "100.1 0 n1", "143 0 n1 x"):
-        code, lines = _run(tmp_path, {"0": garbled, "1": "100.2 143 1 n2"}, srun_code=143)
+    for garbled, cut in [(" 143 0 n1", False), ("100.1 143 0", False), ("100.1 0 n1", False), ("143 0 n1 x", False),
+                         ("", True), ("100.1 1", True)]:
+        code, lines = _run(tmp_path, {"0": garbled, "1": "100.2 143 1 n2"}, srun_code=143, cut=cut)
         assert code == 143, garbled
         assert lines == ["gpuscale: the ranks were stopped with TERM (by SLURM: the time limit, scancel or preemption, as its line above "
                          "says); the job ends with 143"], garbled
@@ -118,14 +120,18 @@ def test_an_srun_task_notes_its_code_and_host_and_names_a_kill_in_place_of_bashs
 
 
 def test_srun_tasks_under_a_storm_of_term_still_note_whole_lines_and_say_nothing_else(tmp_path):
-    """At the time limit SLURM signals every process of the step, so TERMs reach a task's shell while it notes its
-    exit. Hundreds of tasks, one after another, in a process group that gets a TERM every 3 ms: every note that was
-    written reads "<time> <code> <rank> <host>", and no task's shell says more than it would unsignalled (bash 5.2's
-    broken command substitutions, its aborts and pending-trap warnings are what this stress brought out before)."""
-    task = task_exit_note("false")
+    """At the time limit SLURM signals every process of the step, and more signals follow while a task's shell notes
+    its exit. Hundreds of tasks, one after another, in a process group that gets a TERM every 3 ms: each task either
+    died of the TERM before its trap was set (no note; its loop says "Terminated"), or ended with its program's code,
+    1, or 143 when the TERM ended the program, and noted that code in a whole line "<time> <code> <rank> <host>".
+    Nothing else is said (bash 5.2's broken command substitutions, its aborts and pending-trap warnings are what this
+    stress brought out before)."""
+    task = task_exit_note("env false")  # an external program, which a TERM can end
     loop = (f'trap : TERM; echo ready >&2; i=0; while [ "$i" -lt 300 ]; do SLURM_PROCID=$i bash -c {shlex.quote(task)}; '
-            'i=$((i + 1)); done; echo finished >&2')
-    env = {"PATH": os.environ["PATH"], "GPUSCALE_EXIT_DIR": str(tmp_path), "SLURM_NTASKS": "300"}
+            f'echo "$i $?" >> {shlex.quote(str(tmp_path / "status"))}; i=$((i + 1)); done; echo finished >&2')
+    notes_dir = tmp_path / "notes"
+    notes_dir.mkdir()
+    env = {"PATH": os.environ["PATH"], "GPUSCALE_EXIT_DIR": str(notes_dir), "SLURM_NTASKS": "300"}
     shells = subprocess.Popen(["bash", "-c", loop], env=env, start_new_session=True, stderr=subprocess.PIPE, text=True)
     assert shells.stderr is not None and shells.stderr.readline() == "ready\n"
     deadline = time.monotonic() + 120
@@ -134,12 +140,25 @@ def test_srun_tasks_under_a_storm_of_term_still_note_whole_lines_and_say_nothing
         time.sleep(0.003)
     if shells.poll() is None:
         os.killpg(shells.pid, signal.SIGKILL)
-    said = [line for line in shells.stderr.read().splitlines() if line != "Terminated"]  # the loop's notice of a shell TERM ended before its trap
-    assert said == ["finished"], said
-    notes = {path.name: path.read_text() for path in tmp_path.glob("task-*")}
+    said = shells.stderr.read().splitlines()
+    assert [line for line in said if line != "Terminated"] == ["finished"], said
+    status = dict(line.split() for line in (tmp_path / "status").read_text().splitlines())
+    assert len(status) == 300 and set(status.values()) <= {"1", "143"}, sorted(set(status.values()))
+    notes = {path.name.removeprefix("task-"): path.read_text() for path in notes_dir.glob("task-*")}
+    unnoted = [task for task in status if task not in notes]
+    assert len(unnoted) == said.count("Terminated"), "a task ended without its note, and not by a TERM before its trap"
+    assert all(status[task] == "143" for task in unnoted)
     assert len(notes) >= 30, f"only {len(notes)} of 300 tasks got past their trap: the storm tested nothing"
     host = socket.gethostname()
-    garbled = {name: text for name, text in notes.items()
-               if not (len(text.split()) == 4 and float(text.split()[0]) > 1e9 and text.split()[1] in ("1", "143")
-                       and name == f"task-{text.split()[2]}" and text.split()[3] == host)}
+    garbled = {task: text for task, text in notes.items()
+               if not (len(text.split()) == 4 and float(text.split()[0]) > 1e9
+                       and text.split()[1:] == [status[task], task, host] and text.endswith("\n"))}
     assert not garbled, f"{len(garbled)} of {len(notes)} notes garbled, e.g. {sorted(garbled.items())[:3]}"
+
+
+def test_a_note_that_cannot_be_written_is_said_and_the_code_kept(tmp_path):
+    (tmp_path / "task-3").mkdir()  # where the note goes: a folder (a full disk, a stale handle fail the same way)
+    env = {"PATH": os.environ["PATH"], "GPUSCALE_EXIT_DIR": str(tmp_path), "SLURM_PROCID": "3", "SLURM_NTASKS": "4"}
+    result = subprocess.run(["bash", "-c", task_exit_note("sh -c 'exit 3'")], env=env, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 3
+    assert "task-3: Is a directory" in result.stderr, result.stderr

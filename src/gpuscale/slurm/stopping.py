@@ -45,20 +45,22 @@ def task_exit_note(program: str) -> str:
     stays). Its traps only keep it alive through the signals the step's processes get (USR1, TERM): the program gets them
     too, and acts on them as it would alone.
 
-    Once the program has ended, the shell ignores USR1 and TERM (so do the commands it then runs), and its own
-    stderr goes to /dev/null while it notes the exit (the line on a kill goes out on the saved stderr). SLURM's TERMs
-    come exactly then, at the time limit, when every process of the step gets them: before, a trap that fired while
-    bash 5.2 read a command substitution broke the substitution ("trap: line 2: unexpected EOF while looking for
-    matching `)'", or the shell aborted with "bad jump"), and a TERM could kill `date` or `uname` halfway, so a
-    timed-out task's note lost its time and shifted its fields, and the job ended with 0 (docs/traps.md). A signal
-    caught just before the switch makes bash warn when it runs it ("run_pending_traps: bad value"): that is what the
-    stderr to /dev/null is for."""
+    Once the program has failed (a non-zero code), the shell ignores USR1 and TERM (so do the commands it then runs), and its own
+    stderr goes to /dev/null while it notes the exit (the line on a kill, and an error writing the note, go out on the
+    saved stderr). At the time limit SLURM sends TERM to every process of the step at once; the program ends on it,
+    and the shell notes its exit while more signals may follow (srun's own, the USR1 the batch shell passes on). Before,
+    a trap that fired while bash 5.2 read a command substitution broke the substitution ("trap: line 2: unexpected EOF
+    while looking for matching `)'", or the shell aborted with "bad jump"), and a TERM could kill `date` or `uname`
+    before they printed: a timed-out task's note lost its time and shifted its fields, and the job ended with 0
+    (docs/traps.md). A signal caught just before the switch makes bash warn when it runs it ("run_pending_traps: bad
+    value"): that is what the stderr to /dev/null is for."""
     killed = ('if [ "$code" -gt 128 ] && [ "$code" -ne 143 ]; then echo "[gpuscale] rank $SLURM_PROCID/$SLURM_NTASKS on $this_node '
               'was killed by SIG$(kill -l "$code" 2>/dev/null) (exit code $code)" >&3; fi; ')
-    note = ('if [ "$code" -ne 0 ] && [ -d "${' + EXIT_DIR + ':-}" ]; then '
-            'echo "$(date +%s.%N) $code $SLURM_PROCID $this_node" > "$' + EXIT_DIR + '/task-$SLURM_PROCID"; fi; ')
+    note = ('if [ -d "${' + EXIT_DIR + ':-}" ]; then '
+            'echo "$(date +%s.%N) $code $SLURM_PROCID $this_node" 2>&3 > "$' + EXIT_DIR + '/task-$SLURM_PROCID"; fi; ')
     return (f"trap : USR1 TERM; {{ {program} 2>&3 3>&-; }} 3>&2 2>/dev/null; code=$?; "
-            f"{{ trap '' USR1 TERM; this_node=$(uname -n); {killed}{note}}} 3>&2 2>/dev/null; exit \"$code\"")
+            f"if [ \"$code\" -ne 0 ]; then {{ trap '' USR1 TERM; this_node=$(uname -n); {killed}{note}}} 3>&2 2>/dev/null; fi; "
+            "exit \"$code\"")
 
 
 def _exit_notes() -> list[str]:
@@ -80,7 +82,7 @@ def _exit_notes() -> list[str]:
         '        [ -e "$note" ] || continue',
         '        read -r when code rank host < "$note" || true',
         "        # A note cut short or garbled (its task killed while writing it) says nothing sure: leave it out.",
-        '        [[ "$when" =~ ^[0-9]+[.][0-9]+$ && "$code" =~ ^[0-9]+$ && "$rank" =~ ^([0-9]+|-)$ && -n "$host" ]] || continue',
+        '        [[ "$when" =~ ^[0-9]+([.][0-9]+)?$ && "$code" =~ ^[0-9]+$ && "$rank" =~ ^([0-9]+|-)$ && -n "$host" ]] || continue',
         '        victim=0',
         "        if [ \"$code\" -eq 143 ] || grep -qs '\"symptom\": true' \"$exit_dir/rank-$rank.json\"; then victim=1; fi",
         '        echo "$victim $when $code $rank ${host:-?}"',

@@ -73,7 +73,7 @@ first_failure() {
         [ -e "$note" ] || continue
         read -r when code rank host < "$note" || true
         # A note cut short or garbled (its task killed while writing it) says nothing sure: leave it out.
-        [[ "$when" =~ ^[0-9]+[.][0-9]+$ && "$code" =~ ^[0-9]+$ && "$rank" =~ ^([0-9]+|-)$ && -n "$host" ]] || continue
+        [[ "$when" =~ ^[0-9]+([.][0-9]+)?$ && "$code" =~ ^[0-9]+$ && "$rank" =~ ^([0-9]+|-)$ && -n "$host" ]] || continue
         victim=0
         if [ "$code" -eq 143 ] || grep -qs '"symptom": true' "$exit_dir/rank-$rank.json"; then victim=1; fi
         echo "$victim $when $code $rank ${host:-?}"
@@ -133,7 +133,7 @@ CPU_MASKS=0x00fe000000000000,0xfe00000000000000,0x0000000000fe0000,0x00000000fe0
 # shellcheck disable=SC2016  # the single quotes are deliberate: each task expands its own variables
 # gpuscale's start-up hook: loaded first in every rank, it binds the rank to its cores and sizes its
 # thread pools before the script runs (and in a study records its steps).
-srun --kill-on-bad-exit=1 --cpus-per-task=7 --cpu-bind=mask_cpu:"$CPU_MASKS" singularity run "$IMAGE" bash -c 'mkdir -p "$MIOPEN_USER_DB_PATH" "$MIOPEN_CUSTOM_CACHE_DIR"; hook=$(python3 -c '"'"'import sys, os, importlib.util as u; print(os.path.join(os.path.dirname(u.find_spec(sys.argv[1]).origin), *sys.argv[2:]))'"'"' gpuscale measure probe site 2>/dev/null) && export PYTHONPATH="$hook${PYTHONPATH:+:$PYTHONPATH}"; export RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" WORLD_SIZE="$SLURM_NTASKS" LOCAL_WORLD_SIZE=8 GROUP_RANK="$SLURM_NODEID" GROUP_WORLD_SIZE="$SLURM_NNODES" ROLE_RANK="$SLURM_PROCID" ROLE_WORLD_SIZE="$SLURM_NTASKS" ROLE_NAME=default TORCHELASTIC_RUN_ID="$SLURM_JOB_ID" GPUSCALE_SRUN_TASK=1; trap : USR1 TERM; { python3 train.py 2>&3 3>&-; } 3>&2 2>/dev/null; code=$?; { trap '"'"''"'"' USR1 TERM; this_node=$(uname -n); if [ "$code" -gt 128 ] && [ "$code" -ne 143 ]; then echo "[gpuscale] rank $SLURM_PROCID/$SLURM_NTASKS on $this_node was killed by SIG$(kill -l "$code" 2>/dev/null) (exit code $code)" >&3; fi; if [ "$code" -ne 0 ] && [ -d "${GPUSCALE_EXIT_DIR:-}" ]; then echo "$(date +%s.%N) $code $SLURM_PROCID $this_node" > "$GPUSCALE_EXIT_DIR/task-$SLURM_PROCID"; fi; } 3>&2 2>/dev/null; exit "$code"' &
+srun --kill-on-bad-exit=1 --cpus-per-task=7 --cpu-bind=mask_cpu:"$CPU_MASKS" singularity run "$IMAGE" bash -c 'mkdir -p "$MIOPEN_USER_DB_PATH" "$MIOPEN_CUSTOM_CACHE_DIR"; hook=$(python3 -c '"'"'import sys, os, importlib.util as u; print(os.path.join(os.path.dirname(u.find_spec(sys.argv[1]).origin), *sys.argv[2:]))'"'"' gpuscale measure probe site 2>/dev/null) && export PYTHONPATH="$hook${PYTHONPATH:+:$PYTHONPATH}"; export RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" WORLD_SIZE="$SLURM_NTASKS" LOCAL_WORLD_SIZE=8 GROUP_RANK="$SLURM_NODEID" GROUP_WORLD_SIZE="$SLURM_NNODES" ROLE_RANK="$SLURM_PROCID" ROLE_WORLD_SIZE="$SLURM_NTASKS" ROLE_NAME=default TORCHELASTIC_RUN_ID="$SLURM_JOB_ID" GPUSCALE_SRUN_TASK=1; trap : USR1 TERM; { python3 train.py 2>&3 3>&-; } 3>&2 2>/dev/null; code=$?; if [ "$code" -ne 0 ]; then { trap '"'"''"'"' USR1 TERM; this_node=$(uname -n); if [ "$code" -gt 128 ] && [ "$code" -ne 143 ]; then echo "[gpuscale] rank $SLURM_PROCID/$SLURM_NTASKS on $this_node was killed by SIG$(kill -l "$code" 2>/dev/null) (exit code $code)" >&3; fi; if [ -d "${GPUSCALE_EXIT_DIR:-}" ]; then echo "$(date +%s.%N) $code $SLURM_PROCID $this_node" 2>&3 > "$GPUSCALE_EXIT_DIR/task-$SLURM_PROCID"; fi; } 3>&2 2>/dev/null; fi; exit "$code"' &
 step_pid=$!
 status=0
 wait_for_step || status=$?

@@ -76,7 +76,7 @@ first_failure() {
         [ -e "$note" ] || continue
         read -r when code rank host < "$note" || true
         # A note cut short or garbled (its task killed while writing it) says nothing sure: leave it out.
-        [[ "$when" =~ ^[0-9]+[.][0-9]+$ && "$code" =~ ^[0-9]+$ && "$rank" =~ ^([0-9]+|-)$ && -n "$host" ]] || continue
+        [[ "$when" =~ ^[0-9]+([.][0-9]+)?$ && "$code" =~ ^[0-9]+$ && "$rank" =~ ^([0-9]+|-)$ && -n "$host" ]] || continue
         victim=0
         if [ "$code" -eq 143 ] || grep -qs '"symptom": true' "$exit_dir/rank-$rank.json"; then victim=1; fi
         echo "$victim $when $code $rank ${host:-?}"
