@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import socket
@@ -162,3 +163,27 @@ def test_a_note_that_cannot_be_written_is_said_and_the_code_kept(tmp_path):
     result = subprocess.run(["bash", "-c", task_exit_note("sh -c 'exit 3'")], env=env, capture_output=True, text=True, timeout=30)
     assert result.returncode == 3
     assert "task-3: Is a directory" in result.stderr, result.stderr
+
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def _substitutions(shell: str) -> list[str]:
+    """The command substitutions `$(...)` in `shell`, leaving out arithmetic `$((...))` and single-quoted text."""
+    unquoted = re.sub(r"'[^']*'", "''", shell.replace("""'"'"'""", ""))  # a quote inside single quotes: '"'"'
+    return re.findall(r"\$\((?!\()[^)]*\)?", unquoted)
+
+
+@pytest.mark.parametrize("script", sorted(GOLDEN.glob("*.sh")), ids=lambda path: path.stem)
+def test_no_shell_runs_a_command_substitution_while_a_trap_of_its_own_is_set(script):
+    """bash 5.2 breaks a command substitution that a trap interrupts (docs/traps.md): once the batch shell has set
+    its traps it reads nothing through `$(...)` (the task's own shell, single-quoted, is checked below); a task's shell
+    reads none between its `trap :` and the `trap ''` that follows its program."""
+    text = script.read_text()
+    after = text[text.index("trap 'on_signal TERM' TERM"):]
+    code = "\n".join(line for line in after.splitlines() if not line.lstrip().startswith("#"))
+    assert _substitutions(code) == [], script.name
+    task = task_exit_note("python3 train.py")
+    trapped = task[task.index("trap : USR1 TERM"):task.index("trap '' USR1 TERM")]
+    assert "$(" not in trapped and "`" not in trapped
+    assert _substitutions("""x=$(date) y=$((1 + 2)) z='$(a '"'"'b'"'"' c)'""") == ["$(date)"]  # the finder finds
