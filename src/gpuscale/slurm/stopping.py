@@ -45,9 +45,9 @@ def task_exit_note(program: str) -> str:
     stays). Its traps only keep it alive through the signals the step's processes get (USR1, TERM): the program gets them
     too, and acts on them as it would alone.
 
-    Once the program has failed (a non-zero code), the shell ignores USR1 and TERM (so do the commands it then runs), and its own
-    stderr goes to /dev/null while it notes the exit (the line on a kill, and an error writing the note, go out on the
-    saved stderr). At the time limit SLURM sends TERM to every process of the step at once; the program ends on it,
+    Once the program has failed (a non-zero code), the shell ignores USR1 and TERM (so do the commands it then runs),
+    and its own stderr goes to /dev/null while it notes the exit (the line on a kill, and an error writing the note, go
+    out on the saved stderr). At the time limit SLURM sends TERM to every process of the step at once; the program ends on it,
     and the shell notes its exit while more signals may follow (srun's own, the USR1 the batch shell passes on). Before,
     a trap that fired while bash 5.2 read a command substitution broke the substitution ("trap: line 2: unexpected EOF
     while looking for matching `)'", or the shell aborted with "bad jump"), and a TERM could kill `date` or `uname`
