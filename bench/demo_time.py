@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 
 def main() -> int:
@@ -33,7 +34,7 @@ def main() -> int:
             print(result.stdout[-3000:], result.stderr[-3000:], file=sys.stderr)
             return 1
         rows = json.loads((Path(tmp) / "demo" / "results.json").read_text())["rows"]
-    record = {
+    record: dict[str, Any] = {
         "benchmark": "demo_time", "seconds": seconds, "cores": len(os.sched_getaffinity(0)), "machine": platform.machine(),
         "rows": [{k: r[k] for k in ("name", "samples_per_s", "speedup", "efficiency", "metric_value", "predicted_samples_per_s")}
                  for r in rows],

@@ -32,7 +32,7 @@ def socket_round_trip(rounds: int = 2000) -> float:
     child = os.fork()
     if child == 0:  # pragma: no cover - the echoing child
         try:
-            os.sched_setaffinity(0, {1 % os.cpu_count()})
+            os.sched_setaffinity(0, {1 % (os.cpu_count() or 1)})
             for _ in range(rounds):
                 b.send(b.recv(8))
         finally:

@@ -109,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     if ours.profile_steps is not None:
         from bench.step_profile import profile_callback
 
-        callbacks.append(profile_callback(*ours.profile_steps, Path(args.out) / PROFILE))
+        start, count = ours.profile_steps
+        callbacks.append(profile_callback(start, count, Path(args.out) / PROFILE))
     code = example.main(argv, make_data=packed_data, make_model=make_model, callbacks=callbacks)
     if code == 0 and current_rank()[0] == 0:  # rank 0 wrote the summary: add what the FLOPs count needs
         path = Path(args.out) / "summary.json"

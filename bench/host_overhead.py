@@ -295,6 +295,7 @@ def _probe_hooks(steps: int) -> list[float]:
 
     iterator_class.__next__ = inner  # type: ignore[method-assign]
     active = recorder.install()
+    assert active is not None, "the probe worker runs with GPUSCALE_PROBE_DIR set (_subprocess(probe=True))"
     wrapped_next = iterator_class.__next__
 
     def outer(self: Any) -> Any:
@@ -314,7 +315,7 @@ def _probe_hooks(steps: int) -> list[float]:
         per_step.append(spent[0])
         spent[0] = 0.0
 
-    active.step = timed_step  # type: ignore[method-assign]
+    active.step = timed_step  # type: ignore[method-assign,assignment]
     from torch.optim.optimizer import _global_optimizer_post_hooks
 
     for key, registered in list(_global_optimizer_post_hooks.items()):

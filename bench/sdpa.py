@@ -205,7 +205,7 @@ def profiled_kinds(step: Any, device: Any) -> dict[str, float]:
             us = getattr(event, "self_cuda_time_total", 0.0) if us is None else us
         else:
             us = event.self_cpu_time_total
-        found[kind] += us / 1e3
+        found[kind] += (us or 0.0) / 1e3  # a profiler without device times
     return {k: round(v, 3) for k, v in found.items() if v > 0}
 
 

@@ -52,10 +52,10 @@ class Recorder:
     def __init__(self, steps: int, warmup: int) -> None:
         self.steps, self.warmup = steps, warmup
         self.done = 0
-        self.first_step_at = None
-        self.warm_at = None
-        self.end_at = None
-        self.losses = []
+        self.first_step_at: float | None = None  # time.time(), comparable across processes
+        self.warm_at: float | None = None  # time.perf_counter()
+        self.end_at: float | None = None
+        self.losses: list[float] = []
 
     def step_done(self, loss: torch.Tensor) -> bool:
         """Call after each optimizer step; False when the run should stop."""
@@ -74,6 +74,8 @@ class Recorder:
     def write(self, out: Path, rank: int, world_size: int, **extra) -> None:
         if rank != 0:
             return
+        if self.warm_at is None or self.end_at is None:
+            raise RuntimeError(f"the loop stopped after {self.done} of {self.steps} steps: no steady time to write")
         record = {
             "world_size": world_size,
             "steps": self.steps,

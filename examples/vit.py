@@ -125,7 +125,7 @@ def train(args: argparse.Namespace) -> dict:
 
         # Resumes from OUT/checkpoints, saves one per epoch, and on a stop request (USR1, TERM) checkpoints the step it is in
         # and exits 75; the epoch's running loss survives the stop (`gpuscale.EpochLoop`).
-        empty = {"train_loss": [], "val_loss": [], "val_accuracy": [], "epoch_time_s": []}
+        empty: dict[str, list[float]] = {"train_loss": [], "val_loss": [], "val_accuracy": [], "epoch_time_s": []}
         loop = gpuscale.EpochLoop(training, train_loader, epochs=args.epochs, checkpoints=out / "checkpoints",
                                   scheduler=scheduler, state={"history": empty}, resume=not args.no_resume)
         history, loss_avg = loop.state["history"], loop.average("loss")

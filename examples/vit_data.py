@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -64,7 +65,7 @@ class H5Images(Dataset):
 
     def __init__(self, path: Path, indices: np.ndarray, image_size: int) -> None:
         self.path, self.indices, self.image_size = path, indices, image_size
-        self._file = None
+        self._file: Any = None  # an h5py.File, opened in the process that reads
 
     def __len__(self) -> int:
         return len(self.indices)

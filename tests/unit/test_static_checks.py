@@ -35,7 +35,7 @@ def test_ruff_reports_a_planted_finding():
     assert "F401" in result.stdout and "B905" in result.stdout
 
 
-def test_mypy_finds_nothing_in_src(tmp_path):
+def test_mypy_finds_nothing_in_src_bench_and_examples(tmp_path):
     result = _mypy(cache=tmp_path / "cache")
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert "Success: no issues found" in result.stdout
