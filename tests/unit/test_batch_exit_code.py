@@ -84,6 +84,32 @@ def test_a_garbled_note_is_left_out_not_taken_for_a_rank_that_ended_with_0(tmp_p
     assert code == 7 and lines == ["gpuscale: rank 1 on n2 failed first, with exit code 7 (srun: 143); the job ends with 7"]
 
 
+def test_a_term_while_the_batch_script_picks_the_first_failure_does_not_lose_it(tmp_path):
+    """SLURM signals every process of the job, the batch shell's children too: a TERM that comes while the script
+    sorts the notes must not end its sort (the job would fall back to srun's highest code). A `sort` on the PATH says
+    when it runs and waits there; the test then sends TERM to the whole process group, as SLURM does."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    real_sort = subprocess.run(["bash", "-c", "command -v sort"], capture_output=True, text=True, check=True).stdout.strip()
+    (bin_dir / "sort").write_text(f'#!/bin/bash\necho sorting >&2\nsleep 1\nexec {real_sort} "$@"\n')
+    (bin_dir / "sort").chmod(0o755)
+    plant = 'printf "100.5 143 0 n1\\n" > "$GPUSCALE_EXIT_DIR/task-0"; printf "100.2 1 1 n2\\n" > "$GPUSCALE_EXIT_DIR/task-1"'
+    script = "\n".join(["set -euo pipefail", *stop_handling(), f"( {plant}; exit 143 ) &", *requeue_block(0)])
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "78", "SLURM_SUBMIT_DIR": str(tmp_path), "HOME": str(tmp_path)}
+    job = subprocess.Popen(["bash", "-c", script], env=env, start_new_session=True, stderr=subprocess.PIPE, text=True)
+    assert job.stderr is not None
+    said = []
+    for line in job.stderr:
+        said.append(line.rstrip("\n"))
+        if line == "sorting\n":
+            os.killpg(job.pid, signal.SIGTERM)
+            break
+    said += job.stderr.read().splitlines()
+    assert job.wait(timeout=30) == 1, said
+    assert [line for line in said if line.startswith("gpuscale:")] == [
+        "gpuscale: rank 1 on n2 failed first, with exit code 1 (srun: 143); the job ends with 1"], said
+
+
 def test_a_rank_that_exits_75_first_ends_the_job_with_75_and_requeues_it(tmp_path):
     code, lines = _run(tmp_path, {"0": "100.6 143 0 n1", "1": "100.3 75 1 n2"}, srun_code=143, max_requeues=3)
     assert code == 75
