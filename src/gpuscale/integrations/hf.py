@@ -67,7 +67,7 @@ from gpuscale.measure import syncprobe
 from gpuscale.measure.metrics import Meter
 from gpuscale.runtime.data import BatchPlan
 from gpuscale.runtime.init import Runtime, current
-from gpuscale.runtime.speed import check_compile_mode
+from gpuscale.runtime.speed import check_compile_mode, warn_compiled_sdpa
 from gpuscale.strategy import gradient_bytes
 from gpuscale.strategy.deepspeed import refuse_unsafe_pickles
 from gpuscale.strategy.deepspeed_config import build_config, config_precision, load_config
@@ -149,7 +149,8 @@ def trainer_arguments(
 
 
 def check_trainer(trainer: Any, plan: BatchPlan, rt: Runtime | None = None) -> None:
-    """Raise ValueError unless the Trainer is distributed over gpuscale's ranks with the planned batch."""
+    """Raise ValueError unless the Trainer is distributed over gpuscale's ranks with the planned batch; warn when it
+    compiles a model on transformers' own SDPA (`gpuscale.runtime.speed.warn_compiled_sdpa`)."""
     rt = rt or current()
     args = trainer.args
     if args.world_size != rt.world_size:
@@ -167,6 +168,8 @@ def check_trainer(trainer: Any, plan: BatchPlan, rt: Runtime | None = None) -> N
         if config.get("train_batch_size") != plan.global_batch:
             raise ValueError(f"DeepSpeed's train_batch_size is {config.get('train_batch_size')}, the loader's global batch "
                              f"{plan.global_batch}")
+    if getattr(args, "torch_compile", False):
+        warn_compiled_sdpa(trainer.model)
 
 
 def check_checkpoint(path: str | Path) -> None:

@@ -21,12 +21,14 @@ a script's command line ``--channels-last``, ``--fused``, ``--compile`` from
   script holds stays the DDP or FSDP model (``no_sync``, checkpoints and their keys unchanged) and
   DDP's compiler splits the graph at its buckets to keep communication overlapped. The first steps
   are slow while it compiles; a string names a backend (``"inductor"`` by default, ``"aot_eager"``
-  where no C compiler is at hand).
+  where no C compiler is at hand). A transformers model on transformers' own SDPA gets a warning
+  (`warn_compiled_sdpa`): compiled, its attention runs with an explicit mask, off the flash kernels.
 """
 
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
@@ -34,10 +36,10 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from gpuscale.detect.log import get_logger
+from gpuscale.detect.log import current_rank, get_logger
 
 __all__ = ["COMPILE_MODES", "FUSABLE_OPTIMIZERS", "StrategyTraits", "has_convolutions", "use_channels_last", "to_channels_last", "fuse_optimizer",
-           "keeping_implementation", "compile_model"]
+           "keeping_implementation", "compile_model", "is_decoder_only_lm", "masked_sdpa_model", "warn_compiled_sdpa"]
 
 FUSABLE_OPTIMIZERS = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)  # fused on CUDA and CPU since torch 2.4
 log = get_logger("speed")
@@ -176,5 +178,45 @@ def compile_model(model: nn.Module, choice: bool | str, mode: str | None = None)
     if not choice:
         return model
     backend = choice if isinstance(choice, str) else "inductor"
+    warn_compiled_sdpa(model)
     model.compile(backend=backend, **({"mode": mode} if mode else {}))
     return model
+
+
+def is_decoder_only_lm(module: nn.Module) -> bool:
+    """Whether `module` is a transformers language model of decoder layers alone that builds a causal mask: its
+    modeling file uses transformers' ``create_causal_mask`` and it generates (``can_generate()``: a ``...ForCausalLM``,
+    GPT-2's ``LMHeadModel``), and it is not an encoder-decoder. Encoders (BERT, ViT) and encoder-decoders (T5) are not."""
+    modeling = sys.modules.get(type(module).__module__)
+    config = getattr(module, "config", None)
+    can_generate = getattr(module, "can_generate", None)
+    return (hasattr(modeling, "create_causal_mask") and not getattr(config, "is_encoder_decoder", False)
+            and callable(can_generate) and bool(can_generate()))
+
+
+def masked_sdpa_model(model: nn.Module) -> str | None:
+    """The class of the decoder-only transformers language model in `model` (itself, or inside a DDP, FSDP or
+    DeepSpeed wrapper) whose attention is transformers' own SDPA; None if there is none.
+
+    Compiled, such a model cannot leave out the causal mask: transformers decides that by reading the batch (an
+    all-ones padding mask, position ids that restart nowhere), which a traced graph cannot do, so every layer gets an
+    explicit mask and SDPA runs a kernel that takes one, not FlashAttention's (docs/traps.md).
+    ``gpuscale.integrations.hf_sdpa.use_causal_sdpa`` switches it to an attention that can."""
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if getattr(config, "_attn_implementation", None) == "sdpa" and is_decoder_only_lm(module):
+            return type(module).__name__
+    return None
+
+
+def warn_compiled_sdpa(model: nn.Module) -> bool:
+    """Warn (on rank 0) that `model`, about to be compiled, holds a transformers model on its own SDPA
+    (`masked_sdpa_model`); whether it did."""
+    name = masked_sdpa_model(model)
+    if name is None:
+        return False
+    if current_rank()[0] == 0:
+        log.warning("%s is compiled on transformers' SDPA: a compiled forward cannot leave out the causal mask, so "
+                    "attention runs with an explicit mask, without FlashAttention; call "
+                    "gpuscale.integrations.hf_sdpa.use_causal_sdpa(model) before compiling (docs/traps.md)", name)
+    return True

@@ -146,9 +146,8 @@ status=0
 wait_for_step || status=$?
 # The first failing rank's own exit code (its task's note), not the highest of all tasks (srun's).
 first=""
-# Through a file, not $(...): the traps above are set, and bash 5.2 can fail a command substitution that a trap
-# interrupts (task_exit_note says how). In a subshell that ignores USR1 and TERM, as do its sort and head: SLURM
-# signals every process of the job, and a TERM now would end them with the answer unsaid.
+# Through a file, not $(...), which a trap can break in bash 5.2 (task_exit_note), and in a subshell that ignores
+# USR1 and TERM, as its sort and head then do: SLURM signals every process of the job, and they would end unsaid.
 if [ "$status" -ne 0 ] && [ -n "$exit_dir" ] && [ ! -e "$GPUSCALE_STOP_MARKER.stopped" ]; then ( trap '' USR1 TERM; first_failure ) > "$exit_dir/first" || true; read -r first < "$exit_dir/first" || true; fi
 if [ -n "$first" ]; then
     read -r first_victim _ first_code first_rank first_host <<< "$first"
