@@ -15,6 +15,8 @@ BENCHMARKS.md reports the latest figures and how to reproduce each.
                  (not in the default set; refuses to run without a GPU unless --allow-cpu)
     sdpa         which attention kernel SDPA picks and which ran in GPT-neo's layers, eager and compiled (--points;
                  not in the default set; a GPU's figures, a CPU's check)
+    hf_sdpa      transformers' own SDPA compiled, with and without gpuscale's use_causal_sdpa: the masks, the kernels,
+                 the step time (--points; not in the default set; a GPU's figures, a CPU's check)
 
 Run it on a quiet machine: other work on the cores shows up as spread.
 """
@@ -26,7 +28,7 @@ import importlib
 import sys
 from pathlib import Path
 
-BENCHMARKS = ("overhead", "startup", "scaling_cpu", "gloo_latency", "host_overhead", "cli_start", "gpu", "sdpa")
+BENCHMARKS = ("overhead", "startup", "scaling_cpu", "gloo_latency", "host_overhead", "cli_start", "gpu", "sdpa", "hf_sdpa")
 DEFAULT = ("overhead", "startup", "scaling_cpu", "gloo_latency")
 
 
@@ -49,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="gpu: the GPT-neo example's --attention for the sweep (sdpa, flex, eager; default: the example's)")
     parser.add_argument("--points", default=None, metavar="16x512,64x512",
                         help="gpu: the sweep at these (per-device batch x tokens per block) points instead of --sweep's; "
-                             "sdpa: the points to look at")
+                             "sdpa, hf_sdpa: the points to look at")
     parser.add_argument("--allow-cpu", action="store_true", help="gpu: run the pipeline on a CPU with small settings (a check, not a figure)")
     args = parser.parse_args(argv)
     unknown = [n for n in args.names if n not in BENCHMARKS]
@@ -62,12 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     for flag, given, owners in (("--cases", args.cases is not None, ("gpu",)), ("--compile", args.compile, ("gpu",)),
                                 ("--allow-cpu", args.allow_cpu, ("gpu",)), ("--sweep", args.sweep is not None, ("gpu",)),
                                 ("--compile-mode", args.compile_mode is not None, ("gpu",)),
-                                ("--points", args.points is not None, ("gpu", "sdpa")),
+                                ("--points", args.points is not None, ("gpu", "sdpa", "hf_sdpa")),
                                 ("--attention", args.attention is not None, ("gpu",)),
                                 ("--batch-sizes", args.batch_sizes is not None, ("scaling_cpu",)),
                                 ("--nproc", args.nproc is not None, ("scaling_cpu",))):
         if given and not set(owners) & set(named):
-            parser.error(f"{flag} is an option of the {' or '.join(owners)} benchmark; name it: python -m bench {owners[0]} {flag} ...")
+            which = " or ".join(owners) if len(owners) < 3 else f"{', '.join(owners[:-1])} or {owners[-1]}"
+            parser.error(f"{flag} is an option of the {which} benchmark; name it: python -m bench {owners[0]} {flag} ...")
     if args.cases is not None:
         from bench.gpu import CASES
         bad = [c for c in args.cases.split(",") if c and c not in CASES]
@@ -91,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         options = {"repeat": args.repeat} if args.repeat else {}
         if name == "scaling_cpu" and args.nproc:
             options["nproc"] = args.nproc
-        if name == "sdpa" and points:
+        if name in ("sdpa", "hf_sdpa") and points:
             options["points"] = points
         if name == "scaling_cpu" and args.batch_sizes:
             options["batch_sizes"] = args.batch_sizes

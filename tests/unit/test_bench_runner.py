@@ -27,7 +27,7 @@ def test_summary_gives_median_range_and_relative_spread():
                                            (["gpu", "--cases", "resnet"], "unknown example(s) resnet"),
                                            (["gpu", "--points", "16x"], "is not a comma-separated list of BATCHxBLOCK points"),
                                            (["gpu", "--compile-mode", "reduce-overhead"], "--compile-mode applies to GPT-neo's sweep"),
-                                           (["overhead", "--points", "16x512"], "--points is an option of the gpu or sdpa benchmark")])
+                                           (["overhead", "--points", "16x512"], "--points is an option of the gpu, sdpa or hf_sdpa benchmark")])
 def test_bad_arguments_are_one_line_errors(argv, message):
     result = subprocess.run([sys.executable, "-m", "bench", *argv], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr

@@ -94,3 +94,24 @@ def test_the_switches_say_what_the_dispatcher_obeys():
     assert switches["flash"] is False and switches["deterministic_algorithms"] is True
     assert switches["efficient"] is True and switches["math"] is True
     assert sdpa.sdpa_switches()["flash"] is True
+
+
+def test_hf_sdpa_measures_both_variants_and_the_switched_one_runs_causal_without_a_mask():
+    """`python -m bench hf_sdpa` on this CPU (2 layers, aot_eager): transformers' own SDPA compiled has a mask in each
+    of its 2 SDPA calls; after use_causal_sdpa none, both causal; each ran torch's fused CPU kernel; two rounds each."""
+    from bench import hf_sdpa
+
+    record = hf_sdpa.run(repeat=2, points=((1, 64), (2, 64)))
+    assert [(p["per_device_batch"], p["block_size"]) for p in record["points"]] == [(1, 64), (2, 64)]
+    for point in record["points"]:
+        assert "error" not in point, point
+        plain, switched = point["transformers"], point["use_causal_sdpa"]
+        assert plain["graph"] == {"sdpa_calls": 2, "with_mask": 2, "causal_without_mask": 0}, plain
+        assert switched["graph"] == {"sdpa_calls": 2, "with_mask": 0, "causal_without_mask": 2}, switched
+        for variant in (plain, switched):
+            assert variant["kernels"].get("flash", 0) > 0 and len(variant["step_ms"]) == 2, variant
+            assert variant["median_step_ms"] == pytest.approx(sum(variant["step_ms"]) / 2, abs=1e-3)  # of two rounds
+        assert point["speedup"] == pytest.approx(plain["median_step_ms"] / switched["median_step_ms"], rel=1e-2)
+    text = hf_sdpa.report(record)
+    assert "use_causal_sdpa  SDPA calls 2: 0 with a mask, 2 causal without" in text
+    assert "transformers     SDPA calls 2: 2 with a mask, 0 causal without" in text

@@ -82,11 +82,13 @@ def compiled_logits(net: torch.nn.Module, **inputs) -> tuple[torch.Tensor, list[
     return logits, seen.calls
 
 
+@pytest.mark.parametrize("batch", [1, BATCH])
 @pytest.mark.parametrize("family", sorted(MODELS))
-def test_compiled_without_padding_every_layer_calls_sdpa_causal_without_a_mask(family):
+def test_compiled_without_padding_every_layer_calls_sdpa_causal_without_a_mask(family, batch):
     """The trap first (transformers' own SDPA, compiled: a mask in every layer, is_causal off), then the switch: the
-    same layers with no mask and is_causal, and the logits of the unswitched model uncompiled."""
-    ids = tokens()
+    same layers with no mask and is_causal, and the logits of the unswitched model uncompiled. A batch of one row too:
+    Dynamo gives the expanded marker's row dimension a stride of its own."""
+    ids = tokens(batch=batch)
     with torch.no_grad():
         truth = MODELS[family]().eval()(input_ids=ids).logits
     _, plain = compiled_logits(MODELS[family]().eval(), input_ids=ids)

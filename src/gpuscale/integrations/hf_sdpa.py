@@ -50,9 +50,11 @@ DECODER_INPUTS = ("attention_mask", "position_ids", "cache", "past_key_values") 
 
 
 def is_all_ones_marker(mask: Any) -> bool:
-    """Whether `mask` is `mark_unpadded`'s: a 2-D mask made of one value expanded (every stride 0), known without
-    reading it. A mask of real values, even all ones, is not (reading it costs a device synchronisation)."""
-    return isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.numel() > 0 and all(s == 0 for s in mask.stride())
+    """Whether `mask` is `mark_unpadded`'s: a 2-D mask over more than one token made of one value expanded (stride 0
+    along every dimension longer than 1: a traced graph may give a dimension of 1 another), known without reading
+    it. A mask of real values, even all ones, is not (reading it costs a device synchronisation)."""
+    return (isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.shape[-1] > 1
+            and all(stride == 0 for stride, size in zip(mask.stride(), mask.shape, strict=True) if size > 1))
 
 
 def causal_sdpa_mask(batch_size: int, q_length: int, kv_length: int, q_offset: Any = 0, kv_offset: Any = 0,
