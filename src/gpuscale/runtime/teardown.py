@@ -30,12 +30,12 @@ import torch.distributed as dist
 
 from gpuscale.detect.log import get_logger
 
-__all__ = ["GIL_DRAIN_S", "end_process_group", "end_at_exit", "install_exit_teardown"]
+__all__ = ["GIL_DRAIN_S", "all_ranks_at_exit", "end_process_group", "end_at_exit", "install_exit_teardown"]
 
 GIL_DRAIN_S = 0.1
 """How long the main thread sleeps after destroying the group, so gloo's workers get the GIL first."""
 EXIT_BARRIER_S = 5.0
-"""At exit, how long a rank that ended normally waits for the others (see `end_at_exit`)."""
+"""At exit, how long a rank that ended normally waits for the others to reach their exit (see `end_at_exit`)."""
 
 log = get_logger("runtime")
 
@@ -62,14 +62,18 @@ def end_process_group(barrier: Callable[[], None] | None) -> None:
 def end_at_exit(pid: int, failed: Callable[[], bool]) -> None:
     """The exit handler: end a gloo group the script left open.
 
-    A rank that ends normally first meets the others at a barrier, at most EXIT_BARRIER_S: collectives
-    it started and never waited for (gloo runs them in order, before the barrier) are then done on
-    every rank before any rank destroys its group; without it the same race aborted 3 of 5 runs. A
-    rank that raised an uncaught exception (`failed()`) waits for nobody; one that ends with
-    ``sys.exit(2)`` cannot be told from a finished one and waits at most EXIT_BARRIER_S. A peer that is gone, or
-    still busy when the time is up, only ends the wait: ranks of a script may end at different
-    times. A NCCL group is left to torch: destroying a communicator whose peers are gone can block,
-    and NCCL has no gloo worker threads to race with.
+    A rank that ends normally first meets the others at a barrier: collectives it started and never
+    waited for (gloo runs them in order, before the barrier) are then done on every rank before any
+    rank destroys its group; without it the same race aborted 3 of 5 runs. It goes to the barrier only
+    once every rank has reached its exit handler, counted in the group's store, for at most
+    EXIT_BARRIER_S (`all_ranks_at_exit`): a barrier is a message to peers, and a peer still inside a
+    collective would never answer it (gloo's monitored barrier bounds only rank 0's wait; the others
+    waited out the group's whole timeout, minutes, while torchrun waited for them to fail). A rank
+    that raised an uncaught exception (`failed()`) waits for nobody; one that ends with ``sys.exit(3)``
+    cannot be told from a finished one and waits at most EXIT_BARRIER_S. A peer that is gone, or still
+    busy when the time is up, only ends the wait: ranks of a script may end at different times. A NCCL
+    group is left to torch: destroying a communicator whose peers are gone can block, and NCCL has no
+    gloo worker threads to race with.
     """
     if os.getpid() != pid or not (dist.is_available() and dist.is_initialized()):
         return
@@ -80,10 +84,28 @@ def end_at_exit(pid: int, failed: Callable[[], bool]) -> None:
         print(f"gpuscale: ending the process group at exit failed ({type(exc).__name__}: {exc})", file=sys.stderr)
 
 
+def all_ranks_at_exit(timeout_s: float) -> bool:
+    """Whether every rank of the default group has come here within `timeout_s`, counted in the group's store
+    (which answers while the ranks' collectives are stuck). False where the store cannot be reached."""
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        key = f"gpuscale/at-exit/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"  # a restarted group counts anew
+        arrived, world = store.add(key, 1), dist.get_world_size()
+        deadline = time.monotonic() + timeout_s
+        while arrived < world and time.monotonic() < deadline:
+            time.sleep(0.05)
+            arrived = store.add(key, 0)
+        return arrived >= world
+    except Exception:  # no store (a group made without one), or its host gone
+        return False
+
+
 def _exit_barrier() -> None:
+    if not all_ranks_at_exit(EXIT_BARRIER_S):  # a peer still busy or gone: see end_at_exit
+        return
     try:
         dist.monitored_barrier(timeout=datetime.timedelta(seconds=EXIT_BARRIER_S))
-    except Exception:  # a peer gone or still busy: see end_at_exit
+    except Exception:  # a peer gone in between
         pass
 
 
