@@ -37,9 +37,9 @@ def _wait_for(what: str, condition, timeout: float) -> None:
         time.sleep(0.1)
 
 
-def _kill_launcher_while_training(cmd: list[str], out: Path) -> list[int]:
+def _kill_launcher_while_training(cmd: list[str], out: Path, **env: str) -> list[int]:
     """Start `cmd`, SIGKILL it once both ranks train, and return the workers' pids."""
-    launcher = subprocess.Popen(cmd, env=clean_env(), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    launcher = subprocess.Popen(cmd, env=clean_env(**env), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     pid_files = [out / f"pid-{rank}" for rank in range(2)]
     workers: list[int] = []
     try:
@@ -71,3 +71,12 @@ def test_workers_of_a_killed_launcher_stop_together_at_a_checkpoint(tmp_path):
     _kill_launcher_while_training(gpuscale_cmd("run", "--nproc-per-node", "2", OUTLIVE, str(tmp_path), "stop"), tmp_path)
     stopped = [(tmp_path / f"stopped-{rank}").read_text() for rank in range(2)]
     assert stopped[0] == stopped[1]
+
+
+def test_workers_blocked_in_a_collective_end_after_the_grace(tmp_path):
+    """Both ranks wait in gloo for each other, so the probe's TERM handler can never run: the lifeline's watchdog
+    kills them once their launcher has been gone the grace (2 s here; torchrun's 30 s by default)."""
+    started = time.monotonic()
+    _kill_launcher_while_training(gpuscale_cmd("run", "--nproc-per-node", "2", OUTLIVE, str(tmp_path), "blocked"), tmp_path,
+                                  GPUSCALE_ORPHAN_GRACE_S="2")
+    assert time.monotonic() - started < 120

@@ -11,6 +11,12 @@ ends them; on a workstation nothing does.
 SIGTERM: a script with a `gpuscale.StopSignal` then finishes its step on every rank, writes a
 checkpoint and exits (every worker has the agent as parent, so all get the signal); any other
 script ends at once.
+
+A Python handler of the signal (gpuscale's probe has one, to write its record) runs only when the
+main thread comes back to the interpreter: a rank blocked in a collective whose peer is blocked too
+would never get there, and would outlive its launcher until the group's timeout (minutes). So a
+watchdog thread ends the process with SIGKILL when its parent has been gone `ORPHAN_GRACE_S`
+seconds (``GPUSCALE_ORPHAN_GRACE_S``), as torchrun itself ends workers that a TERM did not.
 """
 
 from __future__ import annotations
@@ -19,11 +25,18 @@ import ctypes
 import os
 import signal
 import sys
+import threading
+import time
 
-__all__ = ["end_with_parent", "parent_death_signal"]
+__all__ = ["ORPHAN_GRACE_S", "end_with_parent", "orphan_grace_s", "parent_death_signal", "watch_parent"]
 
 _PR_SET_PDEATHSIG = 1
 _PR_GET_PDEATHSIG = 2
+ORPHAN_GRACE_S = 30.0
+"""How long a worker whose launcher died may take to stop on its own before the watchdog kills it: torchrun's own
+wait between the TERM and the KILL when it stops its workers. ``GPUSCALE_ORPHAN_GRACE_S`` sets another."""
+_watching: list[int] = []  # the parent a watchdog thread of this process watches (one per process)
+_armed = [False]  # whether the watchdog may act: a parent-death signal is asked for now (end_with_parent(0): no longer)
 
 
 def _prctl() -> object | None:
@@ -59,4 +72,34 @@ def end_with_parent(signum: int = signal.SIGTERM) -> bool:
         return False
     if signum and os.getppid() != parent:  # the parent died between the two calls: the kernel will not tell us
         os.kill(os.getpid(), signum)
+    _armed[0] = bool(signum)
+    if signum:
+        watch_parent(parent)
     return True
+
+
+def orphan_grace_s() -> float:
+    """`ORPHAN_GRACE_S`, or ``GPUSCALE_ORPHAN_GRACE_S`` where it is set to a number of seconds."""
+    try:
+        return max(0.0, float(os.environ["GPUSCALE_ORPHAN_GRACE_S"]))
+    except (KeyError, ValueError):
+        return ORPHAN_GRACE_S
+
+
+def watch_parent(parent: int) -> None:
+    """Start (once per process) a daemon thread that kills this process with SIGKILL once `parent` has been gone
+    `orphan_grace_s()` seconds; the parent-death signal came first and had that long to end it. It does nothing
+    once the signal is no longer asked for (``end_with_parent(0)``, as `gpuscale.init()` leaves it)."""
+    if _watching:
+        return
+    _watching.append(parent)
+    pid = os.getpid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        time.sleep(orphan_grace_s())
+        if _armed[0] and os.getpid() == pid:  # not a child forked since, which has parents of its own
+            os.kill(pid, signal.SIGKILL)
+
+    threading.Thread(target=watch, name="gpuscale-lifeline", daemon=True).start()

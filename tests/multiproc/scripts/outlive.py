@@ -2,7 +2,8 @@
 
 argv: OUT MODE. Each rank writes OUT/pid-RANK once it trains. MODE 'plain': a loop of all-reduces;
 'stop': the same with a gpuscale.StopSignal, writing OUT/stopped-RANK (the step it stopped after)
-where a training script would write its checkpoint.
+where a training script would write its checkpoint; 'blocked': each rank then waits in a receive from the other,
+which never sends (both blocked in gloo, where a Python signal handler cannot run).
 """
 
 import os
@@ -22,6 +23,8 @@ with gpuscale.init() as rt:
         dist.all_reduce(torch.ones(4))
         if step == 1:
             (out / f"pid-{rt.rank}").write_text(str(os.getpid()))
+            if mode == "blocked":
+                dist.recv(torch.zeros(1), src=1 - rt.rank)
         if stop is not None and stop.requested():
             (out / f"stopped-{rt.rank}").write_text(str(step))
             stop.exit()
