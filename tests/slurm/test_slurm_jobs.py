@@ -69,6 +69,12 @@ def test_submit_wait_reports_a_failing_job(cluster, tmp_path):
     assert status.returncode == 0 and "FAILED" in status.stdout
     logs_cmd = cluster.gpuscale("slurm", "logs", job_id, cwd=tmp_path)
     assert logs_cmd.returncode == 0 and logs_cmd.stdout == logs
+    late = cluster.gpuscale("slurm", "cancel", job_id, "99999999", cwd=tmp_path)  # scancel says 0 to both
+    assert late.returncode == 2 and late.stdout == "", late.stdout + late.stderr
+    assert late.stderr.splitlines() == [
+        f"gpuscale slurm cancel: error: job {job_id} has already ended (FAILED): nothing to cancel",
+        "gpuscale slurm cancel: error: SLURM knows no job 99999999: a mistyped id, or a job that ended longer ago than "
+        "SLURM keeps it (MinJobAge; `sacct -j 99999999` reads the accounting)"], late.stderr
 
 
 def test_cancel_a_running_job(cluster, tmp_path):
@@ -84,7 +90,8 @@ def test_cancel_a_running_job(cluster, tmp_path):
     while "RUNNING" not in cluster.gpuscale("slurm", "status", job_id, cwd=tmp_path).stdout:
         assert time.monotonic() < deadline, "job never started"
         time.sleep(1)
-    assert cluster.gpuscale("slurm", "cancel", job_id, cwd=tmp_path).returncode == 0
+    cancelled = cluster.gpuscale("slurm", "cancel", job_id, cwd=tmp_path)
+    assert cancelled.returncode == 0 and cancelled.stdout == f"cancelled {job_id} (it was RUNNING)\n", cancelled.stderr
     deadline = time.monotonic() + 90
     while "CANCELLED" not in (status := cluster.gpuscale("slurm", "status", job_id, cwd=tmp_path).stdout):
         assert time.monotonic() < deadline, status

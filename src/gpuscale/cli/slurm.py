@@ -232,10 +232,18 @@ def run_status(args: argparse.Namespace) -> int:
 
 
 def run_cancel(args: argparse.Namespace) -> int:
+    """Cancel each job given; one that SLURM does not know or that has ended is an error line, and the others are
+    still cancelled (exit code 2 if any was not)."""
+    failed = 0
     for job_id in args.job_ids:
-        jobs.cancel(_job_id(job_id))
-        print(f"cancelled {job_id}")
-    return 0
+        try:
+            info = jobs.cancel(_job_id(job_id))
+        except jobs.SlurmError as exc:
+            print(f"gpuscale slurm cancel: error: {exc}", file=sys.stderr)
+            failed += 1
+            continue
+        print(f"cancelled {job_id} (it was {info.state})")
+    return 2 if failed else 0
 
 
 def run_logs(args: argparse.Namespace) -> int:

@@ -126,10 +126,17 @@ def job_info(job_id: str) -> JobInfo:
 
 
 def _job_info_squeue(job_id: str, cause: SlurmError) -> JobInfo:
-    out = _run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%i|%j|%T|%r|%N"])
+    unknown = (f"SLURM knows no job {job_id}: a mistyped id, or a job that ended longer ago than SLURM keeps it "
+               f"(MinJobAge; `sacct -j {job_id}` reads the accounting)")
+    try:
+        out = _run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%i|%j|%T|%r|%N"])
+    except SlurmError as exc:
+        if "Invalid job id" in str(exc):
+            raise SlurmError(unknown) from None
+        raise
     line = out.strip().splitlines()
     if not line:
-        raise SlurmError(f"SLURM knows no job {job_id} (it may have ended longer ago than MinJobAge): {cause}")
+        raise SlurmError(f"{unknown} ({cause})")
     jid, name, state, reason, nodes = (line[0].split("|") + [""] * 5)[:5]
     return JobInfo(job_id=jid, name=name, state=state, exit_code=None, reason=reason or None, nodes=nodes or None, stdout_path=None)
 
@@ -151,10 +158,17 @@ def wait(job_id: str, *, poll_s: float = 1.0, timeout_s: float | None = None,
         time.sleep(poll_s)
 
 
-def cancel(job_id: str, *, signal: str | None = None) -> None:
-    """Cancel a job (or send it a signal: ``signal='USR1'`` goes to the batch shell and its steps)."""
+def cancel(job_id: str, *, signal: str | None = None) -> JobInfo:
+    """Cancel a job (or send it a signal: ``signal='USR1'`` goes to the batch shell and its steps); the job as it was.
+
+    SlurmError for a job SLURM does not know or one that has ended: scancel itself returns 0 for both, having done
+    nothing."""
+    info = job_info(job_id)
+    if info.finished:
+        raise SlurmError(f"job {job_id} has already ended ({info.state}): nothing to cancel")
     cmd = ["scancel"] + ([f"--signal={signal}", "--full"] if signal else []) + [str(job_id)]
     _run(cmd)
+    return info
 
 
 def list_jobs(user: str | None = None) -> list[JobInfo]:
