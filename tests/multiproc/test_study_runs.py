@@ -179,6 +179,26 @@ def test_a_gpuscale_script_that_takes_no_step_and_writes_no_summary_is_told_both
     assert "no optimizer step was taken" in result.stdout and "write_summary" in result.stdout
 
 
+def test_the_readmes_ten_line_script_is_told_to_take_out_after_its_first_cell(tmp_path):
+    """The README's script writes its summary into runs/mine, whatever --out says: the study runs one cell, says
+    what the script must do, and runs no other cell (each would fail the same way)."""
+    code = re.search(r"Save this as `train.py`:\n\n```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
+    script = tmp_path / "train.py"
+    mine = tmp_path / "mine"  # where it writes its summary: not into the checkout the test runs in
+    script.write_text(code.replace("4096", "256").replace("range(3)", "range(1)").replace('"runs/mine"', repr(str(mine))))
+    out = tmp_path / "study"
+    result = run(gpuscale_cmd("study", "--nproc", "1,2", "--scaling", "weak,strong", "--no-predict", "--out", str(out), "--",
+                              str(script)), timeout=300)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert ("weak-1x1 (weak scaling, 1 node x 1 process): FAILED" in result.stdout
+            and "the script measures itself with gpuscale.Meter but wrote no" in result.stdout
+            and "its write_summary must take the cell's folder from --out" in result.stdout), result.stdout
+    assert "the study stops here: the 3 other cell(s) run the same script, which would fail the same way" in result.stdout
+    assert "1 of 4 runs failed: weak-1x1; 3 not run: weak-1x2, strong-1x1, strong-1x2" in result.stdout
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["weak-1x1"]  # no other cell ran
+    assert (mine / "summary.json").is_file()  # the run itself went well: its summary is where the script put it
+
+
 def test_bad_study_input_is_one_line(tmp_path):
     for args, message in [
         (["--nproc", "1,two", "--out", str(tmp_path), "--", MLP], "--nproc '1,two' is not a comma-separated list"),

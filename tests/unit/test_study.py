@@ -789,3 +789,26 @@ def test_a_node_without_a_gpu_driver_has_no_gpus_and_torch_is_not_asked(monkeypa
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     monkeypatch.setattr(pinning, "pci_gpus", lambda: ["0000:3b:00.0"])
     assert study_spec._node_devices()[0] == 3
+
+
+def test_a_self_measured_summary_that_does_not_stand_for_its_cell_says_why(tmp_path):
+    """The ranks' probe records say gpuscale.Meter ran: a summary missing from the cell, of another scaling or of
+    another number of ranks is the script's doing (each cell would show it); a script the probe measured is not judged."""
+    cell = Cell("weak", 1, 2)
+    records = tmp_path / "probe"
+    records.mkdir()
+    for rank in range(2):
+        (records / f"rank-{rank}.json").write_text(json.dumps({"rank": rank, "meter": True}))
+    assert "wrote no" in runner.self_measured_problem(tmp_path, cell) and "--out" in runner.self_measured_problem(tmp_path, cell)
+    (tmp_path / "summary.json").write_text(json.dumps(_summary(2, "strong", 200.0, 10.0)))
+    assert runner.self_measured_problem(tmp_path, cell) == (
+        "the script's summary says strong scaling, and this cell is weak: the script must plan its batch from the --scaling "
+        "the study passes (gpuscale.plan_batch(..., scaling=args.scaling))")
+    (tmp_path / "summary.json").write_text(json.dumps(_summary(1, "weak", 200.0, 10.0)))
+    assert "counts 1 rank(s), and this cell has 2" in runner.self_measured_problem(tmp_path, cell)
+    (tmp_path / "summary.json").write_text(json.dumps(_summary(2, "weak", 200.0, 10.0)))
+    assert runner.self_measured_problem(tmp_path, cell) is None
+    for rank in range(2):
+        (records / f"rank-{rank}.json").write_text(json.dumps({"rank": rank}))  # the probe measured it: not the script's summary
+    (tmp_path / "summary.json").unlink()
+    assert runner.self_measured_problem(tmp_path, cell) is None

@@ -239,11 +239,30 @@ SELF_MEASURED = ("a script that measures itself must accept --scaling and --out 
                  "gpuscale.Meter.write_summary(args.out)")
 
 
+def self_measured_problem(cell_dir: Path, cell: Cell) -> str | None:
+    """Why the summary of a script that measures itself (its ranks' probe records say gpuscale.Meter ran) does not
+    stand for `cell`: written elsewhere than the cell's folder, or of another scaling or number of ranks. None where
+    the script does not measure itself, or its summary is the cell's. Such a script fails every cell the same way."""
+    if not any(r.get("meter") for r in read_records(cell_dir / PROBE_RECORDS)):
+        return None
+    try:
+        summary = json.loads((cell_dir / SUMMARY_FILE).read_text())
+    except OSError:
+        return (f"the script measures itself with gpuscale.Meter but wrote no {cell_dir / SUMMARY_FILE}: its "
+                "write_summary must take the cell's folder from --out (the study passes --scaling and --out when the "
+                "arguments hold no template; else write --out {out} --scaling {scaling})")
+    except ValueError:
+        return None  # damaged: the run's own problem, not the script's
+    if summary.get("scaling") != cell.scaling:
+        return (f"the script's summary says {summary.get('scaling')} scaling, and this cell is {cell.scaling}: the script "
+                "must plan its batch from the --scaling the study passes (gpuscale.plan_batch(..., scaling=args.scaling))")
+    if summary.get("world_size") != cell.world_size:
+        return (f"the script's summary counts {summary.get('world_size')} rank(s), and this cell has {cell.world_size}: "
+                "the script must run on the ranks it is launched with (gpuscale.init()'s world size)")
+    return None
+
+
 def _missing_summary(cell_dir: Path) -> str:
-    records = read_records(cell_dir / PROBE_RECORDS)
-    if any(r.get("meter") for r in records):
-        return (f"the script measures itself with gpuscale.Meter but wrote no {cell_dir / SUMMARY_FILE}: give it the cell's "
-                "folder (it gets --scaling and --out when its arguments hold no template; else write --out {out} --scaling {scaling})")
     if not probe_enabled():
         return f"the run wrote no {cell_dir / SUMMARY_FILE}, and the probe that measures scripts without gpuscale.Meter is off (GPUSCALE_PROBE=0)"
     return (f"no rank left a probe record in {cell_dir / PROBE_RECORDS}: the script never imported torch, "
@@ -383,7 +402,10 @@ def run_cells(out: Path, cells: list[Cell], runner: Any, progress: Callable[[str
         seconds = time.perf_counter() - start
         merged = _collect_probe(cell, cell_dir, error, step_samples(cell))
         summary = read_summary(cell_dir, cell) if error is None else None
-        if error is None and summary is None:
+        contract = self_measured_problem(cell_dir, cell) if error is None and summary is None else None
+        if contract is not None:
+            error = contract
+        elif error is None and summary is None:
             error = _missing_summary(cell_dir) if merged is None else f"the probe's summary is incomplete: {merged['probe']['why']}" \
                 + (f"; {SELF_MEASURED}" if uses_gpuscale else "")
         elif error and merged and merged["probe"].get("why"):
@@ -391,6 +413,12 @@ def run_cells(out: Path, cells: list[Cell], runner: Any, progress: Callable[[str
         if error or summary is None:
             progress(f"{head}: FAILED after {seconds:.1f} s: {error}")
             outcomes.append(Outcome(cell, "failed", seconds, error=error))
+            if contract is not None:  # the script, not this run: every other cell would fail the same way
+                rest = cells[index:]
+                if rest:
+                    progress(f"the study stops here: the {len(rest)} other cell(s) run the same script, which would fail the same way")
+                outcomes.extend(Outcome(other, "failed", error=f"not run: {cell.name} showed that {contract}") for other in rest)
+                break
         else:
             progress(f"{head}: done in {seconds:.1f} s ({three_figures(summary['samples_per_s'])} samples/s)")
             outcomes.append(Outcome(cell, "done", seconds, summary=summary))

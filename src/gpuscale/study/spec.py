@@ -264,6 +264,9 @@ def run_study(spec: StudySpec, progress: Callable[[str], None] = print) -> Study
         result.report = write_report(results, out)
         progress(f"\nreport: {result.report['report.html']}  (and report.md, {out / 'plots'})")
     if result.failed:
-        progress(f"{len(result.failed)} of {len(cells)} runs failed: {', '.join(result.failed)}; "
-                 "fix the cause and run the same command again: finished runs are kept")
+        not_run = [o.cell.name for o in outcomes if o.status == "failed" and (o.error or "").startswith("not run:")]
+        failed = [name for name in result.failed if name not in not_run]
+        progress(f"{len(failed)} of {len(cells)} runs failed: {', '.join(failed)}"
+                 + (f"; {len(not_run)} not run: {', '.join(not_run)}" if not_run else "")
+                 + "; fix the cause and run the same command again: finished runs are kept")
     return result
