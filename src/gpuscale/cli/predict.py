@@ -127,8 +127,9 @@ def format_prediction(prediction: dict[str, Any], cells: list[matrix.Cell]) -> s
     scaling_of = {c.name: c.scaling for c in cells}
     lines = [baseline_line(prediction["baseline"]),
              f"interconnect: {_link_words(prediction['link'])}",
-             (f"overlap: communication hides behind {100 * prediction['overlap']:.0f}% of the compute time; "
-              f"gradients: {prediction['gradient_bytes'] / 2**20:.1f} MiB per step"), ""]
+             (f"overlap: communication hides behind {100 * prediction['overlap']:.0f}% of the compute time"
+              + (f" ({prediction['overlap_source']})" if prediction.get("overlap_source") else "")
+              + f"; gradients: {prediction['gradient_bytes'] / 2**20:.1f} MiB per step"), ""]
     head = ["run", "scaling", "batch/device (samples)", "compute (ms)", "all-reduce (ms)", "exposed (ms)",
             "throughput (samples/s)", "efficiency (%)"]
     billed = prediction.get("billing")
@@ -195,6 +196,9 @@ def run(args: argparse.Namespace) -> int:
         link = predict.Link.from_profile(profile)
     overlap = args.overlap if args.overlap is not None else (0.0 if vendor == "none" else 0.5)
     prediction = predict.predict(cells, base, link, overlap, summary["global_batch"]).to_dict()
+    prediction["overlap_source"] = ("as given (--overlap)" if args.overlap is not None else
+                                    f"the default {'without GPUs' if vendor == 'none' else 'on GPUs'}, assumed: one run "
+                                    "cannot show it; a study calibrates it from its measured runs, so its prediction may differ")
     if not args.measure:
         add_billing(prediction, profile)
     print(format_prediction(prediction, cells))
