@@ -23,6 +23,7 @@ def test_doctor_under_gpuscale_run_prints_the_table_and_bandwidth_and_passes():
     assert sizes == ["4 KiB", "16 KiB", "64 KiB", "256 KiB", "1 MiB", "4 MiB"]
     assert "info  bandwidth    busbw peak" in result.stdout
     assert "  FAIL  " not in result.stdout and "doctor passed" in result.stdout
+    assert "measured by the probe" not in result.stderr and "optimizer step" not in result.stderr, result.stderr  # no training here
     # the network section: one line for this one node, gloo's address by torch's rule (what the host name resolves to)
     host = socket.gethostname()
     network = result.stdout.split("network (gloo's address by torch's rule, one line per node):\n")[1].split("\n\n")[0].splitlines()

@@ -291,7 +291,7 @@ def _report_probe(args: argparse.Namespace, records: Any, world_size: int, code:
 
     After a failure the lines say what was measured before it, not again which rank raised what
     (that is the failure's own story, told last; the file keeps it); without --summary, nothing
-    when no step was measured.
+    when no optimizer step was measured (gpuscale's own verbs under it, a script that only evaluates).
     """
     path = _folder(records)
     try:
@@ -299,8 +299,8 @@ def _report_probe(args: argparse.Namespace, records: Any, world_size: int, code:
             return
         failure = f"gpuscale run ended with exit code {code}" if code else None
         summary = collect(path, args.summary, world_size=world_size, failure=failure)
-        if summary is None or (code and not summary["steps"] and args.summary is None):
-            return
+        if summary is None or (not summary["steps"] and args.summary is None):
+            return  # no training to tell of (`-m gpuscale doctor`, an evaluation), and no file asked for
         text = describe({**summary, "complete": True}) if code else describe(summary)
         if code:
             text += f"\n  incomplete: the run ended with exit code {code} (how: below)"
