@@ -101,3 +101,13 @@ def test_a_verb_that_trains_still_finds_its_options(workdir):
     everything = build_parser()
     for verb in ("demo", "run", "env", "doctor", "study", "report", "predict", "slurm", "profiles", "consolidate", "lint"):
         assert everything._subparsers._group_actions[0].choices[verb].format_help()  # every verb's full parser builds
+
+
+def test_a_reader_that_leaves_early_ends_the_verb_quietly():
+    """`gpuscale profiles --raw | true`: no "error: [Errno 32] Broken pipe", no traceback; the exit status a Unix tool
+    that SIGPIPE ends has (128 + 13). The reader is gone before the verb writes (closed at once: no race)."""
+    verb = subprocess.Popen([sys.executable, "-m", "gpuscale", "profiles", "--raw"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert verb.stdout is not None and verb.stderr is not None
+    verb.stdout.close()
+    said = verb.stderr.read().decode()
+    assert verb.wait(timeout=60) == 141 and said == "", said

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -89,6 +90,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     old_umask = tighten_umask()
     try:
         return int(args.func(args) or 0)
+    except BrokenPipeError:  # the reader left (`gpuscale report runs/x | head -1`): end as a Unix tool that SIGPIPE ends
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush must not raise again
+        return 128 + signal.SIGPIPE
     except (ValueError, OSError, SlurmError, MeasureError) as exc:  # bad input, an unreadable path, SLURM said no
         print(f"gpuscale {args.verb}: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
