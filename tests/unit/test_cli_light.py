@@ -111,3 +111,14 @@ def test_a_reader_that_leaves_early_ends_the_verb_quietly():
     verb.stdout.close()
     said = verb.stderr.read().decode()
     assert verb.wait(timeout=60) == 141 and said == "", said
+
+
+def test_the_demo_takes_the_repeat_its_answers_recommend(monkeypatch, tmp_path):
+    """The study's answers say "--repeat 3" after a demo too: the demo passes it to its study."""
+    from gpuscale.cli import demo, main
+
+    specs = []
+    monkeypatch.setattr(demo, "run_study", lambda spec: specs.append(spec) or type("R", (), {"failed": []})())
+    assert main(["demo", "--repeat", "3", "--out", str(tmp_path / "d")]) == 0
+    assert main(["demo", "--out", str(tmp_path / "d")]) == 0
+    assert [spec.repeat for spec in specs] == [3, 1]

@@ -534,7 +534,7 @@ VERBS = {
                             "--bind": _values("auto", "none"), "--max-restarts": NUMBERS, "-m": None}),
                      SCRIPT, st.lists(HOSTILE, max_size=3)).map(lambda a: ["run", *a[0], a[1], *a[2]]),
     "study": st.tuples(_opts({**STUDY, "--out": NAME}), COMMAND).map(lambda a: ["study", "--out", "study", *a[0], *a[1]]),
-    "demo": _opts({"--out": NAME}).map(lambda a: ["demo", *a]),
+    "demo": _opts({"--out": NAME, "--repeat": NUMBERS}).map(lambda a: ["demo", *a]),
     "report": st.tuples(st.one_of(st.just("study"), NAME), _opts({"--no-files": None})).map(lambda a: ["report", a[0], *a[1]]),
     "predict": st.tuples(st.one_of(st.just("run1"), NAME),
                          _opts({"--nproc": STUDY["--nproc"], "--nodes": STUDY["--nodes"], "--scaling": STUDY["--scaling"],

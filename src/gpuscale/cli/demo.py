@@ -27,9 +27,11 @@ LR_VARIANTS = ["--variant", "none=--lr-scaling none", "--variant", "linear=--lr-
 
 def add_parser(subparsers: Any) -> None:
     parser = verb_parser(subparsers, "demo", __doc__,
-                         "examples:\n  gpuscale demo\n  gpuscale demo --out runs/my-demo\n"
+                         "examples:\n  gpuscale demo\n  gpuscale demo --out runs/my-demo\n  gpuscale demo --repeat 3\n"
                          "  gpuscale run --nproc-per-node 2 \"$(gpuscale demo --examples)/vit.py\"\n")
     parser.add_argument("--out", default="runs/demo", help="study directory (default runs/demo; a rerun reuses finished runs)")
+    parser.add_argument("--repeat", type=int, default=None, metavar="N",
+                        help="runs per cell, for a spread (default 1; a rerun with more adds runs to the finished ones)")
     parser.add_argument("--examples", action="store_true",
                         help="print the folder that holds the examples (dogs_vs_cats.py, vit.py, gptneo_imdb.py) and exit")
     parser.set_defaults(func=run)
@@ -60,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     cpu_only = not torch.cuda.is_available() or torch.cuda.device_count() == 0
-    study_args = options.parse_args((["--nproc", "1,2"] if cpu_only else []) + LR_VARIANTS)  # CPU: 1 vs 2 processes, as 1 vs 2 GPUs
+    repeat = ["--repeat", str(args.repeat)] if args.repeat is not None else []
+    study_args = options.parse_args((["--nproc", "1,2"] if cpu_only else []) + LR_VARIANTS + repeat)  # CPU: 1 vs 2 processes
     result = run_study(study_cmd.spec_from_args(study_args, [str(script), *DEMO_ARGS], Path(args.out)))
     return 1 if result.failed else 0
