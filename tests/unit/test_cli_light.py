@@ -122,3 +122,19 @@ def test_the_demo_takes_the_repeat_its_answers_recommend(monkeypatch, tmp_path):
     assert main(["demo", "--repeat", "3", "--out", str(tmp_path / "d")]) == 0
     assert main(["demo", "--out", str(tmp_path / "d")]) == 0
     assert [spec.repeat for spec in specs] == [3, 1]
+
+
+def test_a_what_if_target_of_the_report_does_not_become_the_studys(tmp_path, capsys):
+    """The study ran with 0.8; `report --target-efficiency 0.6` answers for 60% once; a plain report is back at 80%.
+    90% efficiency at 2 processes (180 / (2 x 100)): above both targets, so the run is recommended in both cases."""
+    from gpuscale.cli import main
+
+    study = _study(tmp_path / "study")
+    (study / "results.json").write_text(json.dumps({"study_target_efficiency": 0.8, "target_efficiency": 0.8}))
+    targets = []
+    for argv in (["--target-efficiency", "0.6"], []):
+        assert main(["report", str(study), *argv]) == 0
+        capsys.readouterr()
+        saved = json.loads((study / "results.json").read_text())
+        targets.append((saved["target_efficiency"], saved["study_target_efficiency"]))
+    assert targets == [(0.6, 0.8), (0.8, 0.8)]

@@ -28,7 +28,8 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("study_dir", metavar="DIR", help="the --out directory of `gpuscale study`")
     parser.add_argument("--no-files", action="store_true", help="print the table; write nothing")
     parser.add_argument("--target-efficiency", type=float, default=None, metavar="F",
-                        help="recommend the largest run whose efficiency stays at or above F (default: the study's, else 0.75)")
+                        help="recommend the largest run whose efficiency stays at or above F, for this report only "
+                             "(default: the study's, else 0.75)")
     parser.set_defaults(func=run)
 
 
@@ -44,18 +45,23 @@ def _prediction_ok(prediction: Any) -> bool:
 def run(args: argparse.Namespace) -> int:
     study_dir = Path(args.study_dir)
     saved = study_dir / "results.json"
-    prediction, target = None, args.target_efficiency
+    prediction, target, study_target = None, args.target_efficiency, None
     if saved.is_file():
         try:
             previous = json.loads(saved.read_text())
             prediction = previous.get("prediction")
-            if target is None and isinstance(previous.get("target_efficiency"), (int, float)):
-                target = previous["target_efficiency"]
+            for key in ("study_target_efficiency", "target_efficiency"):  # the study's own; an older results.json's last
+                if study_target is None and isinstance(previous.get(key), (int, float)) and not isinstance(previous.get(key), bool):
+                    study_target = float(previous[key])
+            if target is None:
+                target = study_target
             if not (prediction is None or _prediction_ok(prediction)):
                 raise ValueError("damaged prediction")
         except (ValueError, AttributeError):  # not JSON, not an object, or a prediction of the wrong shape
             raise ValueError(f"{saved} is damaged; delete it and run `gpuscale report {study_dir}` again") from None
     results = analysis.analyse(study_dir, prediction, check_target(0.75 if target is None else target))
+    if study_target is not None:
+        results["study_target_efficiency"] = study_target  # a what-if target does not become the study's
     if not results["rows"]:
         raise ValueError(f"{study_dir} has no finished runs yet; run `gpuscale study --out {study_dir} -- SCRIPT` first")
     print(format_table(results))
