@@ -179,6 +179,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, name, content, message):
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and message in result.stderr and "Traceback" not in result.stderr
     assert result.stderr.startswith("gpuscale lint: error: ")
+    assert "no findings" not in result.stdout or "not linted" in result.stdout  # a file not read is not a clean file
 
 
 def test_lint_help_lists_rules_and_examples():
@@ -340,7 +341,7 @@ def test_cli_folder_with_an_unparsable_file_lints_the_rest_and_exits_2(tmp_path)
     assert "fix the syntax error" in lines[0]
     assert "c_bad_encoding.py" in lines[1]
     assert f"{tmp_path / 'b_train.py'}:3:1: GS103 print() runs on every rank" in result.stdout
-    assert result.stdout.rstrip().endswith("1 finding(s) in 1 file(s)")
+    assert result.stdout.rstrip().endswith("1 finding(s) in 1 file(s) (2 file(s) not linted: above)")
     as_json = gpuscale_lint("--format", "json", str(tmp_path))
     assert as_json.returncode == 2 and [f["rule"] for f in json.loads(as_json.stdout)] == ["GS103"]
 

@@ -73,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
         for line in format_findings(findings):
             print(line)
         files = len({f.path for f in findings})
-        print(f"{len(findings)} finding(s) in {files} file(s)" if findings else "no findings")
+        unread = f" ({len(errors)} file(s) not linted: above)" if errors else ""
+        print((f"{len(findings)} finding(s) in {files} file(s)" if findings else "no findings") + unread)
     if errors:
         return 2
     return 1 if findings else 0
