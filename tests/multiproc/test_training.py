@@ -106,3 +106,15 @@ def test_fused_optimizer_and_compiled_ddp_take_the_same_steps(tmp_path, referenc
     for name, tensor in reference[1].items():
         assert torch.allclose(weights[name].float(), tensor, atol=1e-5), name
     assert result["ddp_allreduces"] == 4, "the compiled model still skips the all-reduce of the first micro-batch"
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_metrics_reduce_floats_tensors_and_a_1d_tensor_to_floats(tmp_path, nproc):
+    """Rank r gives (r + 1, 10 (r + 1)): over 2 ranks the sums are (3, 30) and the maxima (2, 20); one process keeps
+    its own (1, 10). Every form gives plain floats, and no warning (the script turns warnings into errors)."""
+    script = str(SCRIPTS / "reduce_values.py")
+    cmd = [sys.executable, script, str(tmp_path)] if nproc == 1 else gpuscale_cmd("run", "--nproc-per-node", "2", script, str(tmp_path))
+    assert_ok(run(cmd, timeout=120))
+    found = json.loads((tmp_path / "reduced.json").read_text())
+    expected = {"sum": [3.0, 30.0], "max": [2.0, 20.0]} if nproc == 2 else {"sum": [1.0, 10.0], "max": [1.0, 10.0]}
+    assert found["reduced"] == {"floats": expected, "tensors": expected, "one_d": expected} and found["kinds"] == ["float"]

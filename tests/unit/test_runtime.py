@@ -291,3 +291,11 @@ def test_wrap_with_deepspeed_says_to_use_setup():
         strategy = gpuscale.strategy.get_strategy("deepspeed")
         with pytest.raises(ValueError, match="loaded with the checkpoint"):
             strategy.load_optimizer_state_dict(None, None, {})
+
+
+def test_a_metric_that_is_not_numbers_is_refused_with_the_fix(single_process):
+    with gpuscale.init(show_placement=False):
+        with pytest.raises(TypeError, match=r"got a tensor of shape \(2, 2\); flatten it first"):
+            gpuscale.all_reduce_sum(torch.ones(2, 2))
+        with pytest.raises(TypeError, match="expected numbers"):
+            gpuscale.all_reduce_max(["a"])

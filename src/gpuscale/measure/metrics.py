@@ -24,7 +24,7 @@ from __future__ import annotations
 import resource
 import time
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -58,22 +58,35 @@ def _runtime(rt: Runtime | None) -> Runtime:
     return rt or current()
 
 
-def _reduce(values: list[float], op: dist.ReduceOp.RedOpType, rt: Runtime | None = None) -> list[float]:
+def _numbers(values: Sequence[float] | torch.Tensor) -> list[float]:
+    """`values` as floats: a list of numbers or of one-element tensors, or a 1-D tensor; TypeError naming the fix
+    for anything else (a tensor of more dimensions, a string)."""
+    if isinstance(values, torch.Tensor) and values.dim() > 1:
+        raise TypeError(f"expected numbers (a list of floats or a 1-D tensor), got a tensor of shape {tuple(values.shape)}; "
+                        "flatten it first (t.flatten())")
+    try:
+        return [float(v) for v in values]
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise TypeError(f"expected numbers (a list of floats or a 1-D tensor): {exc}") from None
+
+
+def _reduce(values: Sequence[float] | torch.Tensor, op: dist.ReduceOp.RedOpType, rt: Runtime | None = None) -> list[float]:
+    numbers = _numbers(values)
     rt = _runtime(rt)
     if not rt.is_distributed:
-        return list(values)
-    tensor = torch.tensor(values, dtype=torch.float64, device=rt.device)
+        return numbers
+    tensor = torch.tensor(numbers, dtype=torch.float64, device=rt.device)
     dist.all_reduce(tensor, op=op)
     return tensor.tolist()
 
 
-def all_reduce_sum(values: list[float], rt: Runtime | None = None) -> list[float]:
-    """Element-wise sum over all ranks (collective)."""
+def all_reduce_sum(values: Sequence[float] | torch.Tensor, rt: Runtime | None = None) -> list[float]:
+    """Element-wise sum over all ranks (collective): floats, whether given floats, one-element tensors or a 1-D tensor."""
     return _reduce(values, dist.ReduceOp.SUM, rt)
 
 
-def all_reduce_max(values: list[float], rt: Runtime | None = None) -> list[float]:
-    """Element-wise maximum over all ranks (collective)."""
+def all_reduce_max(values: Sequence[float] | torch.Tensor, rt: Runtime | None = None) -> list[float]:
+    """Element-wise maximum over all ranks (collective), as `all_reduce_sum` takes and gives its values."""
     return _reduce(values, dist.ReduceOp.MAX, rt)
 
 
