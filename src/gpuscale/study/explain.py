@@ -43,6 +43,16 @@ def part_share(share: float | None, noise: float | None, *, remainder: bool = Fa
     return pct(share)
 
 
+def hidden_noise(row: dict[str, Any]) -> float | None:
+    """The sum of the measured parts (not the rest) that `shown_share` reads as ~0%, where it is large enough to show
+    (1% or more either way); None otherwise. The rest is the loss less every measured part, these included, so the
+    parts as shown add up to the loss only with it."""
+    shares = row.get("loss_breakdown") or {}
+    hidden = sum(share for part, share in shares.items()
+                 if part != "rest" and share is not None and shown_share(row, part).startswith("~0%"))
+    return hidden if round(100 * hidden) != 0 else None
+
+
 def shown_share(row: dict[str, Any], part: str) -> str:
     """`part_share` of one part of a row's breakdown, with that part's noise."""
     return part_share((row.get("loss_breakdown") or {}).get(part), noise_of(row, part), remainder=part == "rest")
@@ -99,6 +109,10 @@ def why_not_more(results: dict[str, Any]) -> list[tuple[str, str]]:
             parts.append(text)
         line = (f"{pct(row['efficiency'])} of an ideal {three_figures(row['ideal_samples_per_s'])} samples/s; "
                 f"lost {pct(1 - row['efficiency'])}: " + ", ".join(parts))
+        hidden = hidden_noise(row)
+        if hidden is not None:
+            line += (f" (the parts that read ~0% come to {pct(hidden)} together, which the rest makes up: with them the "
+                     f"parts add up to the {pct(1 - row['efficiency'])} lost)")
         if any(shares.get(p) is None for p in PARTS):
             line += _not_measured(row)
         rests = rests_on(row)
