@@ -161,12 +161,20 @@ def test_the_prediction_states_its_baseline_and_the_table_its_units():
 
 
 def test_a_study_s_prediction_names_the_runs_it_starts_from():
-    summaries = {"weak-1x1": summary(), "strong-1x1": summary(scaling="strong", step_time_s=0.013)}
+    summaries = {"weak-1x1": summary(), "strong-1x1": summary(scaling="strong", step_time_s=0.026)}
     cells = matrix.cells([1, 2], [1], ["weak", "strong"])
     link = predict.Link(intra_bandwidth=1e9, intra_latency=1e-4, source="measured (gloo, 2 processes)")
     result = predict.predict_study(cells, summaries, link, 0.0)
     assert result["baseline"]["step_time_source"] == "measured: weak-1x1" and result["baseline"]["device"] == "cpu"
     assert {c["name"] for c in result["cells"]} == {"weak-1x1", "weak-1x2", "strong-1x1", "strong-1x2"}
+    # each cell's batch sweet spot is its own group's: strong's baseline steps at 26 ms, weak's at 12.7 ms, so at the same
+    # 1x2 shape strong's compute per sample is longer and communication dominates below a smaller batch
+    below = {c["name"]: c["comm_dominates_below_batch"] for c in result["cells"]}
+    alone = {scaling: predict.predict([c for c in cells if c.scaling == scaling], predict.Baseline.from_summary(
+        summaries[f"{scaling}-1x1"], run=f"{scaling}-1x1"), link, 0.0, 32).to_dict()["comm_dominates_below_batch"]["1x2"]
+        for scaling in ("weak", "strong")}
+    assert below["weak-1x2"] == alone["weak"] and below["strong-1x2"] == alone["strong"], (below, alone)
+    assert alone["strong"] < alone["weak"]
 
 
 @pytest.mark.parametrize("damage, message", [({"device": ["cuda"]}, r"device is \['cuda'\], not text"),

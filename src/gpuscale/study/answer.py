@@ -122,7 +122,8 @@ def _beyond(results: dict[str, Any], top: dict[str, Any]) -> str:
                     f"({_pct(cell['efficiency'])} of ideal)")
     text = f" Predicted, not run (the model: report.md's Prediction): {', '.join(said)}"
     last = ahead[-1]
-    below = (prediction.get("comm_dominates_below_batch") or {}).get(f"{last['nodes']}x{last['world_size'] // max(1, last['nodes'])}")
+    below = last["comm_dominates_below_batch"] if "comm_dominates_below_batch" in last else (  # its group's; older: the first's
+        (prediction.get("comm_dominates_below_batch") or {}).get(f"{last['nodes']}x{last['world_size'] // max(1, last['nodes'])}"))
     if isinstance(below, (int, float)) and below > 1:
         text += (f"; below {below:.0f} samples per device a step of {_units(results, last['world_size'])} would "
                  "communicate longer than it computes")
@@ -133,7 +134,8 @@ def answer(results: dict[str, Any], target_efficiency: float = TARGET_EFFICIENCY
     """The study's findings in plain sentences, one per scaling (and variant), from `results` (results.json's schema)."""
     sentences = []
     by_name = {row["name"]: row for row in results.get("rows") or []}
-    for name in (results.get("baseline") or {}).values():
+    order = {name: i for i, name in enumerate(by_name)}  # the table's order (the baselines' keys sort by name)
+    for name in sorted((results.get("baseline") or {}).values(), key=lambda name: order.get(name, len(order))):
         base = by_name.get(name)
         if base is None:
             continue

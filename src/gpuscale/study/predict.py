@@ -359,7 +359,8 @@ def predict_study(cells: list[Cell], summaries: dict[str, dict[str, Any]], link:
 
     The runs were made where the study ran, on the devices the link's figures are for, so each
     step time is its own run's ("measured: weak-1x1"). None when no group has a single-device run.
-    The batch sweet spot and the ``baseline`` are the first group's. With `devices_per_node`, each group's
+    The batch sweet spot and the ``baseline`` are the first group's; each cell carries its own group's sweet spot
+    (``comm_dominates_below_batch``: its variant's baseline may step faster or slower). With `devices_per_node`, each group's
     `next_scales` are predicted too, marked ``"run": False`` (the study's own cells: ``"run": True``).
     """
     combined: dict[str, Any] | None = None
@@ -373,6 +374,8 @@ def predict_study(cells: list[Cell], summaries: dict[str, dict[str, Any]], link:
         part = predict(members + extra, base, link, overlap, summaries[first.name]["global_batch"]).to_dict()
         for predicted in part["cells"]:
             predicted["run"] = predicted["name"] in {c.name for c in members}
+            shape = f"{predicted['nodes']}x{predicted['world_size'] // max(1, predicted['nodes'])}"
+            predicted["comm_dominates_below_batch"] = part["comm_dominates_below_batch"].get(shape)  # its own group's
         if combined is None:
             combined = part
         else:
