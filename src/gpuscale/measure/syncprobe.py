@@ -79,7 +79,9 @@ def is_probe_step(step: int) -> bool:
     return (offset - early_span) % LATE_EVERY == 0
 
 
-PROBE_STEPS = "5, 13, 21, ... (12 probes, 8 steps apart), then every 100th step"
+PROBE_STEPS = (f"{FIRST_PROBE_STEP}, {FIRST_PROBE_STEP + EARLY_EVERY}, ..., {FIRST_PROBE_STEP + EARLY_EVERY * (EARLY_PROBES - 1)} "
+               f"(the first {EARLY_PROBES}, {EARLY_EVERY} steps apart), then every {LATE_EVERY}th step")
+"""The schedule, in words (a run's summary says how many probes it took: ``probes``)."""
 
 
 def probe_enabled() -> bool:
