@@ -299,3 +299,17 @@ def test_a_metric_that_is_not_numbers_is_refused_with_the_fix(single_process):
             gpuscale.all_reduce_sum(torch.ones(2, 2))
         with pytest.raises(TypeError, match="expected numbers"):
             gpuscale.all_reduce_max(["a"])
+
+
+def test_env_tells_what_init_set_from_what_the_shell_had(single_process, monkeypatch, capsys):
+    """`gpuscale env` runs inside gpuscale.init(), which sets OMP_NUM_THREADS and TOKENIZERS_PARALLELISM for itself:
+    the listing says so, with the value before (doctor, outside init, sees the shell's)."""
+    from gpuscale.cli import main
+
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    assert main(["env"]) == 0
+    listed = capsys.readouterr().out.split("environment of rank 0")[1]
+    assert "  TOKENIZERS_PARALLELISM=false  (set by gpuscale.init() here; unset before)" in listed
+    assert "  OMP_NUM_THREADS=7\n" in listed + "\n"  # the user's own: init keeps it, so nothing to say
+    assert "TOKENIZERS_PARALLELISM" not in os.environ  # and put back after

@@ -59,7 +59,17 @@ def describe(rt: Runtime) -> dict[str, Any]:
         "gpus_visible": torch.cuda.device_count() if torch.cuda.is_available() else 0,
         "placements": rt.placements,
         "environment": relevant_environment(os.environ),
+        "set_by_gpuscale": {name: before for name, before in rt.environment_set.items() if os.environ.get(name) != before},
     }
+
+
+def _set_here(name: str, set_by_gpuscale: dict[str, str | None]) -> str:
+    """"  (set by gpuscale.init(); before: ...)" for a variable init() set in this process, whose launcher's or shell's
+    value (or none) is what a script without gpuscale.init() gets."""
+    if name not in set_by_gpuscale:
+        return ""
+    before = set_by_gpuscale[name]
+    return f"  (set by gpuscale.init() here; {'unset' if before is None else f'{before!r}'} before)"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,6 +90,6 @@ def run(args: argparse.Namespace) -> int:
                 shown = {k: v for k, v in info["environment"].items() if not k.startswith("SLURM_")}
                 num_slurm = len(info["environment"]) - len(shown)
                 print(f"environment of rank 0 (secrets masked{f'; {num_slurm} SLURM_* variables with --json' if num_slurm else ''}):")
-                print("\n".join(f"  {k}={v}" for k, v in shown.items()) or "  (none of interest)")
+                print("\n".join(f"  {k}={v}{_set_here(k, info['set_by_gpuscale'])}" for k, v in shown.items()) or "  (none of interest)")
             sys.stdout.flush()
     return 0

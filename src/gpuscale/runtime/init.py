@@ -121,6 +121,12 @@ class Runtime:
     def is_distributed(self) -> bool:
         return dist.is_available() and dist.is_initialized()
 
+    @property
+    def environment_set(self) -> dict[str, str | None]:
+        """The environment variables init() set in this process, each with the value it had before (None: unset);
+        the block's end puts them back."""
+        return dict(self._restorer.environ) if self._restorer is not None else {}
+
     def barrier(self) -> None:
         """Wait for every rank (no-op for a single process)."""
         if self.is_distributed:
