@@ -138,3 +138,15 @@ def test_a_what_if_target_of_the_report_does_not_become_the_studys(tmp_path, cap
         saved = json.loads((study / "results.json").read_text())
         targets.append((saved["target_efficiency"], saved["study_target_efficiency"]))
     assert targets == [(0.6, 0.8), (0.8, 0.8)]
+
+
+def test_an_unknown_option_points_to_its_verbs_help_and_a_near_profile_is_named(capsys):
+    from gpuscale.cli import main
+
+    for argv, said in ((["demo", "--bogus"], "gpuscale demo: error: unrecognized arguments: --bogus (see 'gpuscale demo --help')"),
+                       (["--bogus"], "gpuscale: error: unrecognized arguments: --bogus (see 'gpuscale --help')")):
+        with pytest.raises(SystemExit) as ended:
+            main(argv)
+        assert ended.value.code == 2 and capsys.readouterr().err.strip() == said
+    assert main(["profiles", "lumi"]) == 2
+    assert "unknown profile 'lumi'; did you mean lumi-g? available:" in capsys.readouterr().err

@@ -189,6 +189,11 @@ def test_consolidate_refuses_missing_and_incomplete_checkpoints(tmp_path):
         path = gpuscale.Checkpointer(tmp_path / "ck").save(step=1, model=model)
     consolidate(path, tmp_path / "m.pt")
     assert sorted(torch.load(tmp_path / "m.pt", weights_only=True)) == ["bias", "weight"]
+    with pytest.raises(ValueError, match=f"is not a checkpoint but holds 1: give one, e.g. the latest, {path}$"):
+        consolidate(path.parent, tmp_path / "m2.pt")  # the checkpoints' folder, not one of them
+    (tmp_path / "run").mkdir()
+    with pytest.raises(ValueError, match="is not a sharded checkpoint .no .metadata.; give a step-. folder"):
+        consolidate(tmp_path / "run", tmp_path / "m2.pt")  # a run's folder without checkpoints
 
 
 def test_sharded_checkpoint_metadata_that_would_run_code_is_refused(tmp_path):

@@ -48,10 +48,14 @@ def one_line(message: str) -> str:
 
 
 class Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose usage errors are one line that names the fix."""
+    """An ArgumentParser whose usage errors are one line that names the fix; `verb`: the verb typed, whose help an
+    unrecognized argument (found by the top-level parser, after the verb's) points to."""
+
+    verb: str | None = None
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {one_line(message)} (see '{self.prog} --help')\n")
+        prog = f"{self.prog} {self.verb}" if self.verb and message.startswith("unrecognized arguments") else self.prog
+        self.exit(2, f"{prog}: error: {one_line(message)} (see '{prog} --help')\n")
 
 
 def verb_in(argv: Sequence[str]) -> str | None:
@@ -83,6 +87,7 @@ def build_parser(verb: str | None = "*") -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(verb_in(argv))
+    parser.verb = verb_in(argv) if verb_in(argv) in VERBS else None
     args = parser.parse_args(argv)
     if args.verb is None:
         parser.print_help()

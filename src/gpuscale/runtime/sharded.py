@@ -48,7 +48,13 @@ def verify_metadata(directory: str | Path) -> None:
     """Raise ValueError unless ``directory/.metadata`` exists and holds only DCP metadata classes."""
     path = Path(directory) / ".metadata"
     if not path.is_file():
-        raise ValueError(f"{directory} is not a complete sharded checkpoint (no .metadata); use an older step-* directory")
+        inside = sorted(p for folder in (Path(directory), Path(directory) / "checkpoints") for p in folder.glob("step-*")
+                        if (p / ".metadata").is_file() or (p.is_file() and p.suffix == ".pt"))  # sharded, or one file
+        if inside:  # a run's folder, or its checkpoints/: the checkpoints are below
+            raise ValueError(f"{directory} is not a checkpoint but holds {len(inside)}: give one, e.g. the latest, {inside[-1]}")
+        if Path(directory).name.startswith("step-"):
+            raise ValueError(f"{directory} is not a complete sharded checkpoint (no .metadata: cut short?); use an older step-* directory")
+        raise ValueError(f"{directory} is not a sharded checkpoint (no .metadata); give a step-* folder of a run's checkpoints")
     try:
         with path.open("rb") as f:
             _MetadataUnpickler(f).load()

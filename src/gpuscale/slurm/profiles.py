@@ -56,6 +56,7 @@ the image's file name (`gpuscale.slurm.containers`); `Profile.container_for` res
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import os
@@ -331,7 +332,9 @@ def load_profile(name_or_path: str, overrides: dict[str, Any] | None = None) -> 
         found = next((c for c in candidates if c.is_file()), None)
         if found is None:
             available = ", ".join(map(_show, sorted(list_profiles())))
-            raise ValueError(f"unknown profile {name!r}; available: {available} (or give a path to a .toml file)")
+            close = difflib.get_close_matches(name, list_profiles(), n=1, cutoff=0.5)
+            hint = f"did you mean {_show(close[0])}? " if close else ""
+            raise ValueError(f"unknown profile {name!r}; {hint}available: {available} (or give a path to a .toml file)")
         path = found
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))

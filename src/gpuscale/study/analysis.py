@@ -250,6 +250,8 @@ def compared_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
 def load_cells(study_dir: Path) -> tuple[dict[str, Any], list[tuple[Cell, dict[str, Any]]]]:
     """study.json and the finished cells with their summaries."""
     path = study_dir / STUDY_FILE
+    if study_dir.is_file():
+        raise ValueError(f"{study_dir} is a file, not a study directory: give the folder a study wrote (its --out)")
     if not path.is_file():
         raise ValueError(f"{study_dir} is not a study directory (no {STUDY_FILE}); run `gpuscale study --out {study_dir} -- SCRIPT` first")
     study = read_study(study_dir)
