@@ -332,7 +332,7 @@ def load_profile(name_or_path: str, overrides: dict[str, Any] | None = None) -> 
         found = next((c for c in candidates if c.is_file()), None)
         if found is None:
             available = ", ".join(map(_show, sorted(list_profiles())))
-            close = difflib.get_close_matches(name, list_profiles(), n=1, cutoff=0.5)
+            close = difflib.get_close_matches(name, list_profiles(), n=1, cutoff=0.7)
             hint = f"did you mean {_show(close[0])}? " if close else ""
             raise ValueError(f"unknown profile {name!r}; {hint}available: {available} (or give a path to a .toml file)")
         path = found
