@@ -37,6 +37,7 @@ from gpuscale._version import __version__
 from gpuscale.base import wrapped
 from gpuscale.base.batches import batch_len as _batch_len
 from gpuscale.base.files import write_run_files
+from gpuscale.detect.log import get_logger
 from gpuscale.measure.monitor import Monitor, device_stats, make_timeline, monitor_enabled
 from gpuscale.measure.probe.recorder import meter_created
 from gpuscale.measure.stepsplit import PHASES, split_step, time_split
@@ -46,6 +47,8 @@ from gpuscale.runtime.data import BatchPlan
 from gpuscale.runtime.init import Runtime, current
 
 __all__ = ["Average", "Meter", "all_reduce_sum", "all_reduce_max", "SUMMARY_KEYS", "PHASES"]
+
+log = get_logger("meter")
 
 SUMMARY_KEYS = (
     "world_size", "num_nodes", "launcher", "backend", "device", "strategy", "scaling", "global_batch",
@@ -374,11 +377,15 @@ class Meter:
     def write_summary(self, out_dir: str | Path, **metrics: Any) -> dict[str, Any]:
         """Stop the monitor, compute the summary (collective), and write on rank 0 ``out_dir/summary.json``
         and ``out_dir/timeline.json`` (removed, when the monitor is off, so that it never describes
-        another run than the summary). Call `summary` for numbers mid-run: it keeps the monitor going."""
+        another run than the summary), saying where in one line (INFO). Call `summary` for numbers mid-run: it keeps
+        the monitor going."""
         if self.monitor is not None:
             self.monitor.stop()
         summary = self.summary(**metrics)
         timeline = self._timeline()
         if self.rt.is_main:
             write_run_files(out_dir, summary, timeline)
+            rate = summary.get("samples_per_s") or 0.0
+            log.info("wrote %s: %s train samples/s over %d optimizer steps", Path(out_dir) / "summary.json",
+                     f"{rate:.0f}" if rate >= 100 else f"{rate:.3g}", summary.get("steps") or 0)
         return summary
