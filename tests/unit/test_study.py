@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 
-from gpuscale.study import analysis, explain, matrix, predict, runner
+from gpuscale.study import analysis, explain, matrix, missing, predict, runner
 from gpuscale.study.command import StudyCommand
 from gpuscale.study.linkmeasure import fit
 from gpuscale.study.matrix import Cell
@@ -805,16 +805,16 @@ def test_a_self_measured_summary_that_does_not_stand_for_its_cell_says_why(tmp_p
     records.mkdir()
     for rank in range(2):
         (records / f"rank-{rank}.json").write_text(json.dumps({"rank": rank, "meter": True}))
-    assert "wrote no" in runner.self_measured_problem(tmp_path, cell) and "--out" in runner.self_measured_problem(tmp_path, cell)
+    assert "wrote no" in missing.self_measured_problem(tmp_path, cell) and "--out" in missing.self_measured_problem(tmp_path, cell)
     (tmp_path / "summary.json").write_text(json.dumps(_summary(2, "strong", 200.0, 10.0)))
-    assert runner.self_measured_problem(tmp_path, cell) == (
+    assert missing.self_measured_problem(tmp_path, cell) == (
         "the script's summary says strong scaling, and this cell is weak: the script must plan its batch from the --scaling "
         "the study passes (gpuscale.plan_batch(..., scaling=args.scaling))")
     (tmp_path / "summary.json").write_text(json.dumps(_summary(1, "weak", 200.0, 10.0)))
-    assert "counts 1 rank(s), and this cell has 2" in runner.self_measured_problem(tmp_path, cell)
+    assert "counts 1 rank(s), and this cell has 2" in missing.self_measured_problem(tmp_path, cell)
     (tmp_path / "summary.json").write_text(json.dumps(_summary(2, "weak", 200.0, 10.0)))
-    assert runner.self_measured_problem(tmp_path, cell) is None
+    assert missing.self_measured_problem(tmp_path, cell) is None
     for rank in range(2):
         (records / f"rank-{rank}.json").write_text(json.dumps({"rank": rank}))  # the probe measured it: not the script's summary
     (tmp_path / "summary.json").unlink()
-    assert runner.self_measured_problem(tmp_path, cell) is None
+    assert missing.self_measured_problem(tmp_path, cell) is None

@@ -64,7 +64,7 @@ def verb_in(argv: Sequence[str]) -> str | None:
     return next((word for word in argv if not word.startswith("-")), None)
 
 
-def build_parser(verb: str | None = "*") -> argparse.ArgumentParser:
+def build_parser(verb: str | None = "*") -> Parser:
     """The parser of the `gpuscale` command: verb `verb` in full (its module imported), every other one
     as its help line only; "*" builds every verb in full (tests, documentation)."""
     parser = Parser(

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuscale.base.files import make_dir
+from gpuscale.base.tempdirs import launcher_temp_dir
 from gpuscale.cli.verbs import verb_parser
 from gpuscale.detect.env import check_master_addr, check_one_launcher_per_node, port_from_job_id
 from gpuscale.detect.launchtime import LAUNCH_TIME, launch_time, process_start_time
@@ -267,7 +268,7 @@ def _arm_probe(args: argparse.Namespace) -> Any:
     elif args.nnodes > 1:
         return None
     else:
-        records = tempfile.TemporaryDirectory(prefix="gpuscale-probe-")
+        records = launcher_temp_dir("probe")
     path = _folder(records)
     make_dir(path)
     os.environ.update(probe_environ(path))

@@ -21,7 +21,6 @@ import os
 import signal
 import socket
 import sys
-import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuscale.base.quickexit import skip_final_collection
+from gpuscale.base.tempdirs import launcher_temp_dir
 from gpuscale.launch.verdicts import first_failure, killed_rank_line, note_from_record, quiet_torchrun_logs, read_notes, unseen_tracebacks, verdict
 from gpuscale.measure.probe import read_records
 from gpuscale.runtime.failures import EXIT_DIR, FAILURE_DIR
@@ -63,7 +63,7 @@ def launch(argv: list[str], nproc: int, records: Path | None = None, *, pass_usr
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    own = tempfile.TemporaryDirectory(prefix="gpuscale-failures-") if notes_dir is None else None
+    own = launcher_temp_dir("failures") if notes_dir is None else None
     directory = own.name if own is not None else str(notes_dir)
     os.environ[FAILURE_DIR] = directory
     handles_usr1 = any(arg.split("=", 1)[0] == SIGNALS_OPTION for arg in argv)

@@ -31,12 +31,13 @@ from gpuscale.detect.launchtime import LAUNCH_TIME
 from gpuscale.detect.topology import check_cpu_processes
 from gpuscale.measure.probe import RECORDS as PROBE_RECORDS
 from gpuscale.measure.probe import SUMMARY as SUMMARY_FILE
-from gpuscale.measure.probe import collect, probe_enabled, probe_environ, read_records
+from gpuscale.measure.probe import collect, probe_enabled, probe_environ
 from gpuscale.slurm import billing, jobs
 from gpuscale.slurm.render import render_sbatch
 from gpuscale.slurm.validate import validate_job
 from gpuscale.study import otherload
 from gpuscale.study.matrix import SCALINGS, Cell, cpu_cores_for, local_argv
+from gpuscale.study.missing import SELF_MEASURED, missing_summary, self_measured_problem
 from gpuscale.study.numbers import three_figures
 
 STUDY_FILE = "study.json"
@@ -235,40 +236,6 @@ def tail(path: Path, lines: int = 12) -> str:
     return "\n".join("    " + line for line in text[:end][-lines:])
 
 
-SELF_MEASURED = ("a script that measures itself must accept --scaling and --out and write the cell's summary with "
-                 "gpuscale.Meter.write_summary(args.out)")
-
-
-def self_measured_problem(cell_dir: Path, cell: Cell) -> str | None:
-    """Why the summary of a script that measures itself (its ranks' probe records say gpuscale.Meter ran) does not
-    stand for `cell`: written elsewhere than the cell's folder, or of another scaling or number of ranks. None where
-    the script does not measure itself, or its summary is the cell's. Such a script fails every cell the same way."""
-    if not any(r.get("meter") for r in read_records(cell_dir / PROBE_RECORDS)):
-        return None
-    try:
-        summary = json.loads((cell_dir / SUMMARY_FILE).read_text())
-    except OSError:
-        return (f"the script measures itself with gpuscale.Meter but wrote no {cell_dir / SUMMARY_FILE}: its "
-                "write_summary must take the cell's folder from --out (the study passes --scaling and --out when the "
-                "arguments hold no template; else write --out {out} --scaling {scaling})")
-    except ValueError:
-        return None  # damaged: the run's own problem, not the script's
-    if summary.get("scaling") != cell.scaling:
-        return (f"the script's summary says {summary.get('scaling')} scaling, and this cell is {cell.scaling}: the script "
-                "must plan its batch from the --scaling the study passes (gpuscale.plan_batch(..., scaling=args.scaling))")
-    if summary.get("world_size") != cell.world_size:
-        return (f"the script's summary counts {summary.get('world_size')} rank(s), and this cell has {cell.world_size}: "
-                "the script must run on the ranks it is launched with (gpuscale.init()'s world size)")
-    return None
-
-
-def _missing_summary(cell_dir: Path) -> str:
-    if not probe_enabled():
-        return f"the run wrote no {cell_dir / SUMMARY_FILE}, and the probe that measures scripts without gpuscale.Meter is off (GPUSCALE_PROBE=0)"
-    return (f"no rank left a probe record in {cell_dir / PROBE_RECORDS}: the script never imported torch, "
-            "or its Python does not load the probe (a PYTHONPATH reset inside the job?); " + SELF_MEASURED)
-
-
 def _collect_probe(cell: Cell, cell_dir: Path, error: str | None, step_samples: int | None = None) -> dict[str, Any] | None:
     """Merge the cell's probe records into its summary.json (unless the script's gpuscale.Meter wrote one);
     `step_samples`: the study's batch per optimizer step, for a script whose samples nothing else counts."""
@@ -406,7 +373,7 @@ def run_cells(out: Path, cells: list[Cell], runner: Any, progress: Callable[[str
         if contract is not None:
             error = contract
         elif error is None and summary is None:
-            error = _missing_summary(cell_dir) if merged is None else f"the probe's summary is incomplete: {merged['probe']['why']}" \
+            error = missing_summary(cell_dir) if merged is None else f"the probe's summary is incomplete: {merged['probe']['why']}" \
                 + (f"; {SELF_MEASURED}" if uses_gpuscale else "")
         elif error and merged and merged["probe"].get("why"):
             error += f"\n    the probe: {merged['probe']['why']}"
