@@ -276,6 +276,62 @@ def test_the_switch_is_refused_in_words_where_it_has_nothing_to_switch():
         use_causal_sdpa(torch.nn.Linear(2, 2))
 
 
+class OwnLM(LlamaForCausalLM):
+    """A user's own subclass, as a training script defines one."""
+
+    def extra(self) -> int:
+        return 1
+
+
+class NamedLM(LlamaForCausalLM):
+    """A subclass whose own code takes another path when the attention is named "sdpa" (as Gemma 4's does)."""
+
+    def path(self) -> str:
+        return "fast" if self.config._attn_implementation == "sdpa" else "other"
+
+
+def test_a_subclass_and_a_wrapped_model_are_switched_and_a_model_that_tests_the_name_is_left_alone(warnings_seen):
+    """A subclass of the user's own (its module is not transformers') and a model inside a wrapper (a DDP, FSDP or PEFT
+    module) are found and switched; Falcon (SDPA called from its own code) and a class that tests the attention's name
+    for "sdpa" are refused, and compiling them gives no advice to call the switch."""
+    from transformers import FalconConfig, FalconForCausalLM
+
+    torch.manual_seed(0)
+    own = OwnLM(llama().config)
+    assert masked_sdpa_model(own) == "OwnLM"
+    use_causal_sdpa(own)
+    assert own.config._attn_implementation == NAME
+    wrapped = torch.nn.ModuleDict({"inner": llama()})
+    assert masked_sdpa_model(wrapped) == "LlamaForCausalLM"
+    use_causal_sdpa(wrapped)
+    _, calls = compiled_logits(wrapped["inner"], input_ids=tokens())
+    assert calls == [(False, True)] * LAYERS
+    falcon = FalconForCausalLM(FalconConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                            attn_implementation="sdpa"))
+    assert falcon.config._attn_implementation == "sdpa"
+    with pytest.raises(ValueError, match="FalconForCausalLM calls SDPA from code of its own, not through transformers' "
+                                         "attention interface"):
+        use_causal_sdpa(falcon)
+    named = NamedLM(llama().config)
+    with pytest.raises(ValueError, match="NamedLM's own class NamedLM compares the attention's name with 'sdpa'"):
+        use_causal_sdpa(named)
+    assert masked_sdpa_model(falcon) is None and masked_sdpa_model(named) is None
+    compile_model(falcon, "eager")
+    compile_model(named, "eager")
+    assert warnings_seen == []
+
+
+def test_an_all_ones_mask_beside_position_ids_is_kept_and_the_result_unchanged():
+    """Packed rows (position ids restarting at 0) with an all-ones mask: transformers attends across the restart, as
+    the mask says; without the mask it would split attention there. The collator keeps the mask: the same logits."""
+    ids = tokens(batch=2)
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids),
+             "position_ids": torch.cat([torch.arange(5), torch.arange(SEQ - 5)]).expand(2, SEQ)}
+    net = llama().eval()
+    with torch.no_grad():
+        torch.testing.assert_close(net(**drop_all_ones_mask(batch)).logits, net(**batch).logits)
+
+
 def test_switching_twice_changes_nothing_more():
     net = llama()
     use_causal_sdpa(net)
@@ -291,6 +347,9 @@ def test_the_collator_drops_only_an_all_ones_mask_made_on_the_host():
     assert torch.equal(drop_all_ones_mask(padded)["attention_mask"], padded["attention_mask"])
     elsewhere = {"input_ids": torch.ones(2, 4), "attention_mask": torch.ones(2, 4, device="meta")}
     assert "attention_mask" in drop_all_ones_mask(elsewhere)  # reading it there would cost a synchronisation
+    packed = {"input_ids": torch.ones(1, 6), "attention_mask": torch.ones(1, 6, dtype=torch.long),
+              "position_ids": torch.tensor([[0, 1, 2, 0, 1, 2]])}
+    assert "attention_mask" in drop_all_ones_mask(packed)  # with no mask transformers would split attention at each restart
     collate = UnmaskedCollator(default_data_collator)
     rows = [{"input_ids": [1, 2, 3], "attention_mask": [1, 1, 1]}, {"input_ids": [4, 5, 6], "attention_mask": [1, 1, 1]}]
     assert set(collate(rows)) == {"input_ids"}

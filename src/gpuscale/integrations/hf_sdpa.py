@@ -22,9 +22,11 @@ from what is known when the graph is traced, not from values:
   else goes to transformers' own SDPA mask unchanged: padding, packed sequences given by position ids, sliding
   windows, bidirectional layers, decoding with a KV cache (so ``generate()`` is unchanged).
 
-So what attention computes is exactly what the unswitched model computes; only the kernel changes. A batch with a
-real padding mask, even one of all ones, keeps transformers' path: `UnmaskedCollator` drops an all-ones mask on
-the host, where the collator made the batch, for no device synchronisation.
+So what attention computes is what the unswitched model computes; only the kernel changes (for models whose code
+reaches attention only through transformers' interface: `gpuscale.runtime.causal_sdpa` refuses the others). A batch
+with a real padding mask, even one of all ones, keeps transformers' path: `UnmaskedCollator` drops an all-ones mask
+on the host, where the collator made the batch, for no device synchronisation (not where the batch carries position
+ids: see `drop_all_ones_mask`).
 
     model = AutoModelForCausalLM.from_pretrained(name, attn_implementation="sdpa")
     use_causal_sdpa(model)                                   # before the Trainer (or torch.compile) wraps it
@@ -43,7 +45,7 @@ from typing import Any
 
 import torch
 
-from gpuscale.runtime.speed import is_decoder_only_lm
+from gpuscale.runtime.causal_sdpa import switch_refusal, transformers_model
 
 NAME = "gpuscale_causal_sdpa"  # the attention implementation and mask function registered with transformers
 DECODER_INPUTS = ("attention_mask", "position_ids", "cache", "past_key_values")  # a decoder's forward (cache: 5.24's)
@@ -102,43 +104,46 @@ def register() -> None:
 
 
 def use_causal_sdpa(model: torch.nn.Module) -> None:
-    """Switch a transformers model on SDPA to `NAME` (see the module's docstring); call it before wrapping or
-    compiling the model. Calling it again changes nothing.
+    """Switch the transformers model in `model` (itself, or inside a DDP, FSDP, DeepSpeed or PEFT wrapper) from
+    transformers' SDPA to `NAME` (see the module's docstring); call it before compiling. Calling it again changes
+    nothing.
 
-    Raises ValueError, saying what to do, for a model that is not a decoder-only transformers language model
-    (`gpuscale.runtime.speed.is_decoder_only_lm`: encoders such as BERT and ViT, and encoder-decoders such as T5, have
-    no causal mask to leave out), one not on transformers' SDPA (eager attention, flash_attention_2, a model without
-    transformers' attention interface such as GPT-neo) or a transformers older than 4.53 (no mask interface)."""
-    config = getattr(model, "config", None)
-    current = getattr(config, "_attn_implementation", None)
-    if current == NAME:
-        return
-    if config is None or not hasattr(model, "set_attn_implementation"):
+    Raises ValueError, saying what to do, where there is nothing it may switch (`gpuscale.runtime.causal_sdpa`): no
+    transformers model; not a decoder-only language model (encoders such as BERT and ViT, encoder-decoders such as
+    T5, have no causal mask to leave out); not on transformers' SDPA through its attention interface (eager,
+    flash_attention_2, GPT-neo); code that tests the attention's name for "sdpa" (Gemma 4, Falcon), which would take
+    another path once renamed; or a transformers older than 4.53 (no mask interface)."""
+    target = transformers_model(model)
+    if target is None:
         raise ValueError(f"use_causal_sdpa needs a transformers model (PreTrainedModel), not {type(model).__name__}")
-    if not is_decoder_only_lm(model):
-        raise ValueError(f"use_causal_sdpa is for decoder-only language models (a ...ForCausalLM); {type(model).__name__} "
-                         "is not one (an encoder or an encoder-decoder gets no causal mask to leave out)")
-    if current != "sdpa" or not getattr(model, "_supports_attention_backend", False):
-        raise ValueError(f"use_causal_sdpa: {type(model).__name__} runs attention {current!r}, not transformers' SDPA through "
-                         "its attention interface; load it with attn_implementation='sdpa' (a model without an SDPA "
-                         "path, such as GPT-neo, has no use for it)")
+    if target.config._attn_implementation == NAME:
+        return
+    refusal = switch_refusal(target)
+    if refusal is not None:
+        raise ValueError(f"use_causal_sdpa: {refusal}")
     try:
         register()
     except ImportError:
         raise ValueError("use_causal_sdpa needs transformers 4.53 or later (its attention-mask interface): "
                          "pip install -U transformers") from None
-    model.set_attn_implementation(NAME)
-    decoder = getattr(model, "base_model", model)
+    target.set_attn_implementation(NAME)
+    decoder = getattr(target, "base_model", target)
     if mark_unpadded not in decoder._forward_pre_hooks.values():
         decoder.register_forward_pre_hook(mark_unpadded, with_kwargs=True)
 
 
+PACKING_INPUTS = ("position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "seq_idx")  # DataCollatorWithFlattening's, and the like
+
+
 def drop_all_ones_mask(batch: Mapping[str, Any]) -> dict[str, Any]:
-    """`batch` without its ``attention_mask`` where that mask is all ones and on the host (no padding anywhere: the
-    model then computes the same without it); any other batch as it is. Reads the mask where the collator made it,
-    so the model's forward needs no device synchronisation for it."""
+    """`batch` without its ``attention_mask`` where that mask is all ones and on the host, and the batch gives no
+    position ids or sequence boundaries (no padding anywhere and nothing packed: the model then computes the same
+    without it); any other batch as it is. With position ids a mask must stay: transformers looks for sequences
+    packed by restarting position ids only where no mask is given, so dropping it would end attention at each
+    restart. Reads the mask where the collator made it, so the model's forward needs no device synchronisation."""
     mask = batch.get("attention_mask")
-    if isinstance(mask, torch.Tensor) and mask.device.type == "cpu" and bool(mask.all()):
+    packed = any(batch.get(name) is not None for name in PACKING_INPUTS)
+    if isinstance(mask, torch.Tensor) and mask.device.type == "cpu" and not packed and bool(mask.all()):
         return {key: value for key, value in batch.items() if key != "attention_mask"}
     return dict(batch)
 

@@ -28,7 +28,6 @@ a script's command line ``--channels-last``, ``--fused``, ``--compile`` from
 from __future__ import annotations
 
 import inspect
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
@@ -37,9 +36,10 @@ import torch
 from torch import nn
 
 from gpuscale.detect.log import current_rank, get_logger
+from gpuscale.runtime.causal_sdpa import switchable_sdpa_model
 
 __all__ = ["COMPILE_MODES", "FUSABLE_OPTIMIZERS", "StrategyTraits", "has_convolutions", "use_channels_last", "to_channels_last", "fuse_optimizer",
-           "keeping_implementation", "compile_model", "is_decoder_only_lm", "masked_sdpa_model", "warn_compiled_sdpa"]
+           "keeping_implementation", "compile_model", "masked_sdpa_model", "warn_compiled_sdpa"]
 
 FUSABLE_OPTIMIZERS = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)  # fused on CUDA and CPU since torch 2.4
 log = get_logger("speed")
@@ -183,30 +183,16 @@ def compile_model(model: nn.Module, choice: bool | str, mode: str | None = None)
     return model
 
 
-def is_decoder_only_lm(module: nn.Module) -> bool:
-    """Whether `module` is a transformers language model of decoder layers alone that builds a causal mask: its
-    modeling file uses transformers' ``create_causal_mask`` and it generates (``can_generate()``: a ``...ForCausalLM``,
-    GPT-2's ``LMHeadModel``), and it is not an encoder-decoder. Encoders (BERT, ViT) and encoder-decoders (T5) are not."""
-    modeling = sys.modules.get(type(module).__module__)
-    config = getattr(module, "config", None)
-    can_generate = getattr(module, "can_generate", None)
-    return (hasattr(modeling, "create_causal_mask") and not getattr(config, "is_encoder_decoder", False)
-            and callable(can_generate) and bool(can_generate()))
-
-
 def masked_sdpa_model(model: nn.Module) -> str | None:
-    """The class of the decoder-only transformers language model in `model` (itself, or inside a DDP, FSDP or
-    DeepSpeed wrapper) whose attention is transformers' own SDPA; None if there is none.
+    """The class of the transformers model in `model` (itself, or inside a DDP, FSDP, DeepSpeed or PEFT wrapper) that
+    runs transformers' own SDPA and that ``gpuscale.integrations.hf_sdpa.use_causal_sdpa`` can switch
+    (`gpuscale.runtime.causal_sdpa`); None if there is none.
 
     Compiled, such a model cannot leave out the causal mask: transformers decides that by reading the batch (an
     all-ones padding mask, position ids that restart nowhere), which a traced graph cannot do, so every layer gets an
-    explicit mask and SDPA runs a kernel that takes one, not FlashAttention's (docs/traps.md).
-    ``gpuscale.integrations.hf_sdpa.use_causal_sdpa`` switches it to an attention that can."""
-    for module in model.modules():
-        config = getattr(module, "config", None)
-        if getattr(config, "_attn_implementation", None) == "sdpa" and is_decoder_only_lm(module):
-            return type(module).__name__
-    return None
+    explicit mask and SDPA runs a kernel that takes one, not FlashAttention's (docs/traps.md)."""
+    found = switchable_sdpa_model(model)
+    return None if found is None else type(found).__name__
 
 
 def warn_compiled_sdpa(model: nn.Module) -> bool:
