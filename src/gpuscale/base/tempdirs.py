@@ -2,8 +2,10 @@
 
 `gpuscale run` keeps its ranks' failure notes and the probe's records in temporary folders that it removes when it
 ends. A launcher killed with SIGKILL (a closed terminal, an out-of-memory killer, ``kill -9``) cannot: its folders
-stay in /tmp. So each folder's name carries its launcher's process id (``gpuscale-<kind>-<pid>-XXXXXXXX``), and
-`launcher_temp_dir` first removes the folders of that kind whose launcher is gone, on this host and of this user.
+stay in /tmp. So each folder's name carries its launcher's process id and host (``gpuscale-<kind>-<pid>@<host>@XXXX``),
+and `launcher_temp_dir` first removes the folders of that kind, of this host and this user, whose launcher is gone.
+The host matters where the temporary folder is shared (TMPDIR on a cluster's shared file system): another node's
+process ids mean nothing here.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 
@@ -28,24 +31,32 @@ def _gone(pid: int) -> bool:
     return False
 
 
+def _host() -> str:
+    """This host's name as a folder name may carry it (no path separators)."""
+    return socket.gethostname().replace(os.sep, "_") or "localhost"
+
+
 def remove_orphaned(kind: str, where: str | Path | None = None) -> list[Path]:
-    """Remove this user's ``gpuscale-<kind>-<pid>-*`` folders in `where` (the system's temporary folder) whose
-    process is gone; the folders removed. Folders without a process id in their name are left alone."""
-    pattern = re.compile(rf"gpuscale-{re.escape(kind)}-(\d+)-")
+    """Remove this user's ``gpuscale-<kind>-<pid>@<this host>@*`` folders in `where` (the system's temporary folder)
+    whose process is gone; the folders removed. Folders of other hosts, or without a host and process id in their
+    name, are left alone."""
+    pattern = re.compile(rf"gpuscale-{re.escape(kind)}-(\d+)@{re.escape(_host())}@")  # "@": in no host name
     removed = []
-    for folder in Path(where or tempfile.gettempdir()).glob(f"gpuscale-{kind}-*-*"):
+    for folder in Path(where or tempfile.gettempdir()).glob(f"gpuscale-{kind}-*"):
         found = pattern.match(folder.name)
+        if not found:
+            continue
         try:
             mine = folder.is_dir() and not folder.is_symlink() and folder.stat().st_uid == os.getuid()
         except OSError:
             continue
-        if found and mine and _gone(int(found.group(1))):
+        if mine and _gone(int(found.group(1))):
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
     return removed
 
 
 def launcher_temp_dir(kind: str) -> tempfile.TemporaryDirectory[str]:
-    """A temporary folder of this process for `kind` (``gpuscale-<kind>-<pid>-``), after `remove_orphaned`."""
+    """A temporary folder of this process for `kind` (``gpuscale-<kind>-<pid>@<host>@``), after `remove_orphaned`."""
     remove_orphaned(kind)
-    return tempfile.TemporaryDirectory(prefix=f"gpuscale-{kind}-{os.getpid()}-")
+    return tempfile.TemporaryDirectory(prefix=f"gpuscale-{kind}-{os.getpid()}@{_host()}@")
