@@ -69,7 +69,8 @@ def end_at_exit(pid: int, failed: Callable[[], bool]) -> None:
     EXIT_BARRIER_S (`all_ranks_at_exit`): a barrier is a message to peers, and a peer still inside a
     collective would never answer it (gloo's monitored barrier bounds only rank 0's wait; the others
     waited out the group's whole timeout, minutes, while torchrun waited for them to fail). A rank
-    that raised an uncaught exception (`failed()`) waits for nobody; one that ends with ``sys.exit(3)``
+    that raised an uncaught exception (`failed()`) waits for nobody, and says so in the store, which ends its peers'
+    wait; one that ends with ``sys.exit(3)``
     cannot be told from a finished one and waits at most EXIT_BARRIER_S. A peer that is gone, or still
     busy when the time is up, only ends the wait: ranks of a script may end at different times. A NCCL
     group is left to torch: destroying a communicator whose peers are gone can block, and NCCL has no
@@ -79,25 +80,47 @@ def end_at_exit(pid: int, failed: Callable[[], bool]) -> None:
         return
     try:
         if dist.get_backend() == "gloo":
+            if failed():
+                _count_at_exit(FAILED_KEY)  # its peers need not wait for it
             end_process_group(None if failed() else _exit_barrier)
     except Exception as exc:  # at exit, nothing may turn a finished training into a failure
         print(f"gpuscale: ending the process group at exit failed ({type(exc).__name__}: {exc})", file=sys.stderr)
 
 
-def all_ranks_at_exit(timeout_s: float) -> bool:
-    """Whether every rank of the default group has come here within `timeout_s`, counted in the group's store
-    (which answers while the ranks' collectives are stuck). False where the store cannot be reached."""
+AT_EXIT_KEY, FAILED_KEY = "gpuscale/at-exit", "gpuscale/failed-at-exit"
+
+
+def _count_at_exit(key: str, by: int = 1) -> int | None:
+    """Add `by` to `key` in the default group's store (which answers while the ranks' collectives are stuck); the
+    count after, or None where the store cannot be reached."""
     try:
-        store = dist.distributed_c10d._get_default_store()
-        key = f"gpuscale/at-exit/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"  # a restarted group counts anew
-        arrived, world = store.add(key, 1), dist.get_world_size()
-        deadline = time.monotonic() + timeout_s
-        while arrived < world and time.monotonic() < deadline:
-            time.sleep(0.05)
-            arrived = store.add(key, 0)
-        return arrived >= world
+        return int(dist.distributed_c10d._get_default_store().add(key, by))
     except Exception:  # no store (a group made without one), or its host gone
+        return None
+
+
+def all_ranks_at_exit(timeout_s: float) -> bool:
+    """Whether every rank of the default group has come here within `timeout_s`, counted in the group's store; False
+    at once once a rank that failed says so, and where the store cannot be reached.
+
+    The count is kept in generations of the world size (this rank's is the one its own count falls in), so a count
+    left by an earlier group on the same store cannot let ranks through early; a torchrun restart starts a store of
+    its own anyway."""
+    world = dist.get_world_size()
+    arrived = _count_at_exit(AT_EXIT_KEY)
+    if arrived is None:
         return False
+    everyone = ((arrived - 1) // world + 1) * world
+    deadline = time.monotonic() + timeout_s
+    while arrived < everyone:
+        failed = _count_at_exit(FAILED_KEY, 0)
+        if failed is None or failed > 0 or time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+        arrived = _count_at_exit(AT_EXIT_KEY, 0)
+        if arrived is None:
+            return False
+    return True
 
 
 def _exit_barrier() -> None:
