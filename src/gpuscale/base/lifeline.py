@@ -16,7 +16,10 @@ A Python handler of the signal (gpuscale's probe has one, to write its record) r
 main thread comes back to the interpreter: a rank blocked in a collective whose peer is blocked too
 would never get there, and would outlive its launcher until the group's timeout (minutes). So a
 watchdog thread ends the process with SIGKILL when its parent has been gone `ORPHAN_GRACE_S`
-seconds (``GPUSCALE_ORPHAN_GRACE_S``), as torchrun itself ends workers that a TERM did not.
+seconds (``GPUSCALE_ORPHAN_GRACE_S``), as torchrun itself ends workers that a TERM did not. That bounds a
+StopSignal's checkpoint after the launcher's death as torchrun's own stop does (and SLURM's KillWait, also 30 s by
+default): a checkpoint that takes longer is cut short (and left incomplete, never taken for a whole one); raise the
+grace for such a model.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ _PR_GET_PDEATHSIG = 2
 ORPHAN_GRACE_S = 30.0
 """How long a worker whose launcher died may take to stop on its own before the watchdog kills it: torchrun's own
 wait between the TERM and the KILL when it stops its workers. ``GPUSCALE_ORPHAN_GRACE_S`` sets another."""
-_watching: list[int] = []  # the parent a watchdog thread of this process watches (one per process)
+_watching: list[int] = []  # the process whose watchdog thread runs (a forked child has none: threads stay behind)
 _armed = [False]  # whether the watchdog may act: a parent-death signal is asked for now (end_with_parent(0): no longer)
 
 
@@ -90,16 +93,15 @@ def watch_parent(parent: int) -> None:
     """Start (once per process) a daemon thread that kills this process with SIGKILL once `parent` has been gone
     `orphan_grace_s()` seconds; the parent-death signal came first and had that long to end it. It does nothing
     once the signal is no longer asked for (``end_with_parent(0)``, as `gpuscale.init()` leaves it)."""
-    if _watching:
+    if os.getpid() in _watching:
         return
-    _watching.append(parent)
-    pid = os.getpid()
+    _watching[:] = [os.getpid()]
 
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(1.0)
         time.sleep(orphan_grace_s())
-        if _armed[0] and os.getpid() == pid:  # not a child forked since, which has parents of its own
-            os.kill(pid, signal.SIGKILL)
+        if _armed[0]:
+            os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=watch, name="gpuscale-lifeline", daemon=True).start()
