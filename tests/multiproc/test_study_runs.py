@@ -193,7 +193,8 @@ def test_the_readmes_ten_line_script_is_told_to_take_out_after_its_first_cell(tm
     assert ("weak-1x1 (weak scaling, 1 node x 1 process): FAILED" in result.stdout
             and "the script measures itself with gpuscale.Meter but wrote no" in result.stdout
             and "its write_summary must take the cell's folder from --out" in result.stdout), result.stdout
-    assert "the study stops here: the 3 other cell(s) run the same script, which would fail the same way" in result.stdout
+    assert "the study runs no more cells that would fail the same way" in result.stdout
+    assert "[2/4] weak-1x2 (weak scaling, 1 node x 2 processes): not run: it would fail as weak-1x1 did" in result.stdout
     assert "1 of 4 runs failed: weak-1x1; 3 not run: weak-1x2, strong-1x1, strong-1x2" in result.stdout
     assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["weak-1x1"]  # no other cell ran
     assert (mine / "summary.json").is_file()  # the run itself went well: its summary is where the script put it

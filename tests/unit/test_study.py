@@ -799,22 +799,66 @@ def test_a_node_without_a_gpu_driver_has_no_gpus_and_torch_is_not_asked(monkeypa
 
 def test_a_self_measured_summary_that_does_not_stand_for_its_cell_says_why(tmp_path):
     """The ranks' probe records say gpuscale.Meter ran: a summary missing from the cell, of another scaling or of
-    another number of ranks is the script's doing (each cell would show it); a script the probe measured is not judged."""
+    another number of ranks is the script's doing (each cell would show it; a script that plans one scaling whatever
+    it is told spares that scaling's cells); a script the probe measured is not judged."""
     cell = Cell("weak", 1, 2)
     records = tmp_path / "probe"
     records.mkdir()
     for rank in range(2):
         (records / f"rank-{rank}.json").write_text(json.dumps({"rank": rank, "meter": True}))
-    assert "wrote no" in missing.self_measured_problem(tmp_path, cell) and "--out" in missing.self_measured_problem(tmp_path, cell)
+    missing_file = missing.self_measured_problem(tmp_path, cell)
+    assert "wrote no" in missing_file.message and "--out" in missing_file.message
+    assert missing_file.stops(Cell("strong", 1, 2)) and missing_file.stops(Cell("weak", 1, 1))
     (tmp_path / "summary.json").write_text(json.dumps(_summary(2, "strong", 200.0, 10.0)))
-    assert missing.self_measured_problem(tmp_path, cell) == (
+    planned_strong = missing.self_measured_problem(tmp_path, cell)
+    assert planned_strong.message == (
         "the script's summary says strong scaling, and this cell is weak: the script must plan its batch from the --scaling "
         "the study passes (gpuscale.plan_batch(..., scaling=args.scaling))")
+    assert planned_strong.stops(Cell("weak", 1, 1)) and not planned_strong.stops(Cell("strong", 1, 2))
     (tmp_path / "summary.json").write_text(json.dumps(_summary(1, "weak", 200.0, 10.0)))
-    assert "counts 1 rank(s), and this cell has 2" in missing.self_measured_problem(tmp_path, cell)
+    assert "counts 1 rank(s), and this cell has 2" in missing.self_measured_problem(tmp_path, cell).message
     (tmp_path / "summary.json").write_text(json.dumps(_summary(2, "weak", 200.0, 10.0)))
     assert missing.self_measured_problem(tmp_path, cell) is None
     for rank in range(2):
         (records / f"rank-{rank}.json").write_text(json.dumps({"rank": rank}))  # the probe measured it: not the script's summary
     (tmp_path / "summary.json").unlink()
     assert missing.self_measured_problem(tmp_path, cell) is None
+
+
+def test_a_study_stopped_by_its_script_keeps_finished_cells_and_runs_the_scaling_it_spares(tmp_path):
+    """A script that plans strong scaling whatever it is told: weak-1x1 fails and shows it; weak-1x2 is not run;
+    strong-1x2, finished before, stays finished; strong-1x1 still runs. The truth: which cells the runner ran."""
+    cells = matrix.cells([1, 2], [1], ["weak", "strong"])
+    runner.record_study(tmp_path, ["t.py"], "local", cells)
+    (tmp_path / "strong-1x2").mkdir()
+    (tmp_path / "strong-1x2" / "summary.json").write_text(json.dumps(_summary(2, "strong", 150.0, 10.0)))
+    ran = []
+
+    class Runner:  # a self-measuring script that writes a strong-scaling summary in every cell
+        def run(self, cell, cell_dir):
+            ran.append(cell.name)
+            (cell_dir / "probe").mkdir()
+            (cell_dir / "probe" / "rank-0.json").write_text(json.dumps({"rank": 0, "meter": True}))
+            (cell_dir / "summary.json").write_text(json.dumps(_summary(cell.world_size, "strong", 100.0 * cell.world_size, 10.0)))
+
+    said = []
+    outcomes = runner.run_cells(tmp_path, cells, Runner(), progress=said.append)
+    assert ran == ["weak-1x1", "strong-1x1"]
+    assert [(o.cell.name, o.status) for o in outcomes] == [("weak-1x1", "failed"), ("weak-1x2", "failed"),
+                                                          ("strong-1x1", "done"), ("strong-1x2", "skipped")]
+    assert outcomes[1].error.startswith("not run: weak-1x1 showed that the script's summary says strong scaling")
+    assert "the study runs no more cells that would fail the same way (the strong scaling cells still run)" in said
+
+
+def test_a_summary_left_unusable_is_named_not_taken_for_missing_records(tmp_path):
+    """A run that left a summary.json with no throughput in it: the cell says so, not "no rank left a probe record"."""
+    cells = [Cell("weak", 1, 1)]
+    runner.record_study(tmp_path, ["t.py"], "local", cells)
+
+    class Runner:
+        def run(self, cell, cell_dir):
+            (cell_dir / "summary.json").write_text(json.dumps({**_summary(1, "weak", 100.0, 10.0), "samples_per_s": 0}))
+
+    [outcome] = runner.run_cells(tmp_path, cells, Runner(), progress=lambda line: None)
+    assert outcome.status == "failed" and outcome.error == (
+        f"the run left {tmp_path / 'weak-1x1' / 'summary.json'}, which is unusable: samples_per_s is 0, not a positive number")

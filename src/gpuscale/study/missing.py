@@ -8,6 +8,7 @@ measured by the probe, whose records may be missing (`missing_summary`).
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from gpuscale.measure.probe import RECORDS as PROBE_RECORDS
@@ -15,14 +16,27 @@ from gpuscale.measure.probe import SUMMARY as SUMMARY_FILE
 from gpuscale.measure.probe import probe_enabled, read_records
 from gpuscale.study.matrix import Cell
 
-__all__ = ["SELF_MEASURED", "missing_summary", "self_measured_problem"]
+__all__ = ["SELF_MEASURED", "ScriptProblem", "missing_summary", "self_measured_problem"]
+
+
+@dataclass(frozen=True)
+class ScriptProblem:
+    """What a script that measures itself does wrong in every cell it runs, not in one run."""
+
+    message: str
+    spares: str | None = None
+    """The scaling its summaries do have (it plans that one whatever it is told): its cells may still run well."""
+
+    def stops(self, cell: Cell) -> bool:
+        """Whether `cell` would fail the same way."""
+        return self.spares is None or cell.scaling != self.spares
 
 
 SELF_MEASURED = ("a script that measures itself must accept --scaling and --out and write the cell's summary with "
                  "gpuscale.Meter.write_summary(args.out)")
 
 
-def self_measured_problem(cell_dir: Path, cell: Cell) -> str | None:
+def self_measured_problem(cell_dir: Path, cell: Cell) -> ScriptProblem | None:
     """Why the summary of a script that measures itself (its ranks' probe records say gpuscale.Meter ran) does not
     stand for `cell`: written elsewhere than the cell's folder, or of another scaling or number of ranks. None where
     the script does not measure itself, or its summary is the cell's. Such a script fails every cell the same way."""
@@ -31,17 +45,19 @@ def self_measured_problem(cell_dir: Path, cell: Cell) -> str | None:
     try:
         summary = json.loads((cell_dir / SUMMARY_FILE).read_text())
     except OSError:
-        return (f"the script measures itself with gpuscale.Meter but wrote no {cell_dir / SUMMARY_FILE}: its "
-                "write_summary must take the cell's folder from --out (the study passes --scaling and --out when the "
-                "arguments hold no template; else write --out {out} --scaling {scaling})")
+        return ScriptProblem(f"the script measures itself with gpuscale.Meter but wrote no {cell_dir / SUMMARY_FILE}: its "
+                             "write_summary must take the cell's folder from --out (the study passes --scaling and --out "
+                             "when the arguments hold no template; else write --out {out} --scaling {scaling})")
     except ValueError:
         return None  # damaged: the run's own problem, not the script's
     if summary.get("scaling") != cell.scaling:
-        return (f"the script's summary says {summary.get('scaling')} scaling, and this cell is {cell.scaling}: the script "
-                "must plan its batch from the --scaling the study passes (gpuscale.plan_batch(..., scaling=args.scaling))")
+        return ScriptProblem(f"the script's summary says {summary.get('scaling')} scaling, and this cell is {cell.scaling}: the "
+                             "script must plan its batch from the --scaling the study passes "
+                             "(gpuscale.plan_batch(..., scaling=args.scaling))", spares=summary.get("scaling"))
     if summary.get("world_size") != cell.world_size:
-        return (f"the script's summary counts {summary.get('world_size')} rank(s), and this cell has {cell.world_size}: "
-                "the script must run on the ranks it is launched with (gpuscale.init()'s world size)")
+        return ScriptProblem(f"the script's summary counts {summary.get('world_size')} rank(s), and this cell has "
+                             f"{cell.world_size}: the script must run on the ranks it is launched with (gpuscale.init()'s "
+                             "world size)")
     return None
 
 

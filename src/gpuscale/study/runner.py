@@ -37,7 +37,7 @@ from gpuscale.slurm.render import render_sbatch
 from gpuscale.slurm.validate import validate_job
 from gpuscale.study import otherload
 from gpuscale.study.matrix import SCALINGS, Cell, cpu_cores_for, local_argv
-from gpuscale.study.missing import SELF_MEASURED, missing_summary, self_measured_problem
+from gpuscale.study.missing import SELF_MEASURED, ScriptProblem, missing_summary, self_measured_problem
 from gpuscale.study.numbers import three_figures
 
 STUDY_FILE = "study.json"
@@ -132,6 +132,22 @@ def read_summary(cell_dir: Path, cell: Cell) -> dict[str, Any] | None:
         return None  # one step only: a cell shares a run that ran
     summary = _summary_of(cell_dir.parent / other, cell.world_size, None)
     return None if summary is None else {**summary, "scaling": cell.scaling, "same_as": other}
+
+
+def unusable_summary(cell_dir: Path, cell: Cell) -> str:
+    """Why the summary a run left in `cell_dir` does not stand for `cell` (`_summary_of` refused it)."""
+    path = cell_dir / SUMMARY_FILE
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        return f"the run left {path}, which cannot be read ({type(exc).__name__}); run the cell again"
+    problem = summary_problem(summary)
+    if problem is not None:
+        return f"the run left {path}, which is unusable: {problem}"
+    if summary.get("complete") is False:
+        return f"the run left {path} from a run that did not complete"
+    return (f"the run left {path} of {summary.get('world_size')} rank(s) and {summary.get('scaling')} scaling, not this "
+            f"cell's {cell.world_size} and {cell.scaling}")
 
 
 def _summary_of(cell_dir: Path, world_size: int, scaling: str | None) -> dict[str, Any] | None:
@@ -333,6 +349,25 @@ class SlurmRunner:
         return None
 
 
+def _after_run(cell: Cell, cell_dir: Path, error: str | None, step_samples: int | None,
+               uses_gpuscale: bool) -> tuple[dict[str, Any] | None, str | None, ScriptProblem | None]:
+    """(the cell's summary, why it failed, what the script does wrong in every cell) once its run ended with `error`:
+    the probe's records merged, the summary read, and where there is none, why in words that name the fix."""
+    merged = _collect_probe(cell, cell_dir, error, step_samples)
+    summary = read_summary(cell_dir, cell) if error is None else None
+    problem = self_measured_problem(cell_dir, cell) if error is None and summary is None else None
+    if problem is not None:
+        error = problem.message
+    elif error is None and summary is None and merged is None and (cell_dir / SUMMARY_FILE).exists():
+        error = unusable_summary(cell_dir, cell)
+    elif error is None and summary is None:
+        error = missing_summary(cell_dir) if merged is None else f"the probe's summary is incomplete: {merged['probe']['why']}" \
+            + (f"; {SELF_MEASURED}" if uses_gpuscale else "")
+    elif error and merged and merged["probe"].get("why"):
+        error += f"\n    the probe: {merged['probe']['why']}"
+    return summary, error, problem
+
+
 def run_cells(out: Path, cells: list[Cell], runner: Any, progress: Callable[[str], None] = print,
               unit: str = "process", step_samples: Callable[[Cell], int | None] = lambda cell: None,
               uses_gpuscale: bool = True, shared: Mapping[str, str] | None = None) -> list[Outcome]:
@@ -341,7 +376,8 @@ def run_cells(out: Path, cells: list[Cell], runner: Any, progress: Callable[[str
     `uses_gpuscale`: the script imports gpuscale, so a summary it should have written is its own to write;
     `shared`: cell name -> an earlier cell that runs the very same experiment (the same command on the same
     devices: weak and strong scaling's baselines often are), whose run it takes instead of running again."""
-    outcomes = []
+    outcomes: list[Outcome] = []
+    stopped: tuple[str, ScriptProblem] | None = None  # the cell that showed what the script does wrong in every cell
     for index, cell in enumerate(cells, 1):
         cell_dir = out / cell.name
         head = f"[{index}/{len(cells)}] {cell.name} ({cell.describe(unit)})"
@@ -360,6 +396,10 @@ def run_cells(out: Path, cells: list[Cell], runner: Any, progress: Callable[[str
             progress(f"{head}: finished before, skipped ({three_figures(summary['samples_per_s'])} samples/s)")
             outcomes.append(Outcome(cell, "skipped", summary=summary))
             continue
+        if stopped is not None and stopped[1].stops(cell):
+            progress(f"{head}: not run: it would fail as {stopped[0]} did")
+            outcomes.append(Outcome(cell, "failed", error=f"not run: {stopped[0]} showed that {stopped[1].message}"))
+            continue
         if cell_dir.exists():
             shutil.rmtree(cell_dir)  # an unfinished run: start it afresh, not from its checkpoints
         cell_dir.mkdir(parents=True)
@@ -367,25 +407,14 @@ def run_cells(out: Path, cells: list[Cell], runner: Any, progress: Callable[[str
         start = time.perf_counter()
         error = runner.run(cell, cell_dir)
         seconds = time.perf_counter() - start
-        merged = _collect_probe(cell, cell_dir, error, step_samples(cell))
-        summary = read_summary(cell_dir, cell) if error is None else None
-        contract = self_measured_problem(cell_dir, cell) if error is None and summary is None else None
-        if contract is not None:
-            error = contract
-        elif error is None and summary is None:
-            error = missing_summary(cell_dir) if merged is None else f"the probe's summary is incomplete: {merged['probe']['why']}" \
-                + (f"; {SELF_MEASURED}" if uses_gpuscale else "")
-        elif error and merged and merged["probe"].get("why"):
-            error += f"\n    the probe: {merged['probe']['why']}"
+        summary, error, problem = _after_run(cell, cell_dir, error, step_samples(cell), uses_gpuscale)
         if error or summary is None:
             progress(f"{head}: FAILED after {seconds:.1f} s: {error}")
             outcomes.append(Outcome(cell, "failed", seconds, error=error))
-            if contract is not None:  # the script, not this run: every other cell would fail the same way
-                rest = cells[index:]
-                if rest:
-                    progress(f"the study stops here: the {len(rest)} other cell(s) run the same script, which would fail the same way")
-                outcomes.extend(Outcome(other, "failed", error=f"not run: {cell.name} showed that {contract}") for other in rest)
-                break
+            if problem is not None and stopped is None:  # the script, not this run: its other cells would fail the same way
+                stopped = (cell.name, problem)
+                progress("the study runs no more cells that would fail the same way"
+                         + (f" (the {problem.spares} scaling cells still run)" if problem.spares else ""))
         else:
             progress(f"{head}: done in {seconds:.1f} s ({three_figures(summary['samples_per_s'])} samples/s)")
             outcomes.append(Outcome(cell, "done", seconds, summary=summary))
