@@ -37,7 +37,7 @@ from gpuscale.slurm.render import render_sbatch
 from gpuscale.slurm.validate import validate_job
 from gpuscale.study import otherload
 from gpuscale.study.matrix import SCALINGS, Cell, cpu_cores_for, local_argv
-from gpuscale.study.missing import SELF_MEASURED, ScriptProblem, missing_summary, self_measured_problem
+from gpuscale.study.missing import SELF_MEASURED, ScriptProblem, missing_summary, self_measured_problem, summary_problem, unusable_summary
 from gpuscale.study.numbers import three_figures
 
 STUDY_FILE = "study.json"
@@ -56,50 +56,6 @@ class Outcome:
     error: str | None = None
 
 
-def _number(value: Any) -> bool:
-    """A JSON number (NaN and infinity too: a diverged run's loss or perplexity is still a finished run)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def summary_problem(summary: Any) -> str | None:
-    """What makes `summary` unusable for the table and the report (a damaged or hand-edited file), or None.
-
-    Checks the fields analysis and report compute with: the two rates must be positive numbers,
-    the optional figures numbers or null, the time split and the utilisation of the right shape.
-    """
-    if not isinstance(summary, dict):
-        return "not a JSON object"
-    for key in ("samples_per_s", "train_time_s"):
-        if not _number(summary.get(key)) or not 0 < summary[key] < math.inf:
-            return f"{key} is {summary.get(key)!r}, not a positive number"
-    for key in ("epochs", "steps", "samples", "step_time_s", "global_batch", "per_device_batch", "grad_accum_steps",
-                "gradient_bytes", "accuracy", "perplexity", "final_loss", "time_to_result_s"):
-        if summary.get(key) is not None and not _number(summary[key]):
-            return f"{key} is {summary[key]!r}, not a number"
-    for key in ("time_split_s", "step_breakdown_s"):
-        split = summary.get(key)
-        if split is not None and not (isinstance(split, dict) and all(v is None or _number(v) for v in split.values())):
-            return f"{key} is not an object of seconds"
-    per_epoch = summary.get("per_epoch")
-    if per_epoch is not None and not (isinstance(per_epoch, list) and all(
-            isinstance(e, dict) and all(e.get(k) is None or _number(e[k]) for k in ("val_accuracy", "val_perplexity"))
-            for e in per_epoch)):
-        return "per_epoch is not a list of objects with numeric val_accuracy/val_perplexity"
-    lr = summary.get("lr")
-    if lr is not None and not (isinstance(lr, dict) and isinstance(lr.get("rule"), str)
-                               and all(lr.get(k) is None or _number(lr[k]) for k in ("factor", "base_lr", "lr"))):
-        return "lr is not an object with a rule and numbers"
-    utilisation = summary.get("utilisation")
-    if utilisation is not None:
-        devices = utilisation.get("devices") if isinstance(utilisation, dict) else None
-        if not isinstance(utilisation, dict) or not isinstance(devices, (list, type(None))) or not all(
-                isinstance(d, dict) and all(d.get(k) is None or _number(d[k]) for k in DEVICE_NUMBERS)
-                for d in devices or []):
-            return "utilisation is not an object with a list of devices"
-    return None
-
-
-DEVICE_NUMBERS = ("util_mean", "util_max", "mem_peak_bytes", "power_mean_w")
 """The figures of one device in a summary's utilisation that the table and report compute with."""
 
 
@@ -132,22 +88,6 @@ def read_summary(cell_dir: Path, cell: Cell) -> dict[str, Any] | None:
         return None  # one step only: a cell shares a run that ran
     summary = _summary_of(cell_dir.parent / other, cell.world_size, None)
     return None if summary is None else {**summary, "scaling": cell.scaling, "same_as": other}
-
-
-def unusable_summary(cell_dir: Path, cell: Cell) -> str:
-    """Why the summary a run left in `cell_dir` does not stand for `cell` (`_summary_of` refused it)."""
-    path = cell_dir / SUMMARY_FILE
-    try:
-        summary = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        return f"the run left {path}, which cannot be read ({type(exc).__name__}); run the cell again"
-    problem = summary_problem(summary)
-    if problem is not None:
-        return f"the run left {path}, which is unusable: {problem}"
-    if summary.get("complete") is False:
-        return f"the run left {path} from a run that did not complete"
-    return (f"the run left {path} of {summary.get('world_size')} rank(s) and {summary.get('scaling')} scaling, not this "
-            f"cell's {cell.world_size} and {cell.scaling}")
 
 
 def _summary_of(cell_dir: Path, world_size: int, scaling: str | None) -> dict[str, Any] | None:
