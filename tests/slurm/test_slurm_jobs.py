@@ -98,6 +98,32 @@ def test_cancel_a_running_job(cluster, tmp_path):
         time.sleep(1)
 
 
+def test_cancel_takes_an_array_whose_listed_task_has_ended_while_others_run(cluster, tmp_path):
+    """scontrol lists an array under its last task first: here the task that ends at once. The array still runs, so
+    cancel must cancel it, not say it has ended."""
+    import time
+
+    script = tmp_path / "array.sh"
+    script.write_text("#!/bin/bash\nsleep $(( (2 - SLURM_ARRAY_TASK_ID) * 120 ))\n")
+    submitted = subprocess.run(["sbatch", "--parsable", "--array=0-2", "--time=5", "-o", str(tmp_path / "a-%A_%a.out"), str(script)],
+                               capture_output=True, text=True, env=cluster.env, cwd=tmp_path)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip().split(";")[0]
+    try:
+        deadline = time.monotonic() + 60
+        while "COMPLETED" not in cluster.gpuscale("slurm", "status", job_id, cwd=tmp_path).stdout:
+            assert time.monotonic() < deadline, "the array's quick task never ended"
+            time.sleep(1)
+        cancelled = cluster.gpuscale("slurm", "cancel", job_id, cwd=tmp_path)
+        assert cancelled.returncode == 0, cancelled.stderr
+        deadline = time.monotonic() + 60
+        while subprocess.run(["squeue", "-h", "-j", job_id], capture_output=True, text=True, env=cluster.env).stdout.strip():
+            assert time.monotonic() < deadline, "the array's other tasks still run"
+            time.sleep(1)
+    finally:  # the shared cluster runs the next tests: leave no task of this array behind
+        subprocess.run(["scancel", job_id], env=cluster.env, capture_output=True)
+
+
 def test_bad_options_are_refused_before_submission(cluster, tmp_path):
     result = cluster.gpuscale("slurm", "submit", "--profile", "local", "--gpus-per-node", "3", "--", PROBE, cwd=tmp_path)
     assert result.returncode == 2 and "more than a local node has (2)" in result.stderr

@@ -162,9 +162,10 @@ def cancel(job_id: str, *, signal: str | None = None) -> JobInfo:
     """Cancel a job (or send it a signal: ``signal='USR1'`` goes to the batch shell and its steps); the job as it was.
 
     SlurmError for a job SLURM does not know or one that has ended: scancel itself returns 0 for both, having done
-    nothing."""
+    nothing. An array job has ended only when none of its tasks is pending or running (the first one listed may
+    have finished while the others wait)."""
     info = job_info(job_id)
-    if info.finished:
+    if info.finished and not _run(["squeue", "-h", "-j", str(job_id), "-o", "%T"]).strip():
         raise SlurmError(f"job {job_id} has already ended ({info.state}): nothing to cancel")
     cmd = ["scancel"] + ([f"--signal={signal}", "--full"] if signal else []) + [str(job_id)]
     _run(cmd)
