@@ -138,6 +138,17 @@ def test_a_what_if_target_of_the_report_does_not_become_the_studys(tmp_path, cap
         saved = json.loads((study / "results.json").read_text())
         targets.append((saved["target_efficiency"], saved["study_target_efficiency"]))
     assert targets == [(0.6, 0.8), (0.8, 0.8)]
+    # results.json deleted (as the damaged-file error asks): the study's own target comes from study.json, which the
+    # study writes it into
+    from gpuscale.study import runner
+    from gpuscale.study.matrix import Cell
+
+    runner.record_study(study, ["train.py"], "local", [Cell("weak", 1, 1), Cell("weak", 1, 2)], target_efficiency=0.8)
+    (study / "results.json").unlink()
+    assert main(["report", str(study), "--target-efficiency", "0.6"]) == 0
+    assert main(["report", str(study)]) == 0
+    capsys.readouterr()
+    assert json.loads((study / "results.json").read_text())["target_efficiency"] == 0.8
 
 
 def test_an_unknown_option_points_to_its_verbs_help_and_a_near_profile_is_named(capsys):

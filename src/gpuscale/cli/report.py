@@ -16,6 +16,7 @@ from gpuscale.cli.verbs import verb_parser
 from gpuscale.study import analysis
 from gpuscale.study.answer import check_target
 from gpuscale.study.report import format_table, write_report
+from gpuscale.study.runner import read_study
 
 EPILOG = """examples:
   gpuscale report runs/study
@@ -42,10 +43,19 @@ def _prediction_ok(prediction: Any) -> bool:
         for c in cells)
 
 
+def _study_target(study_dir: Path) -> float | None:
+    """The target the study was run with, from its study.json (None where it has none: an older study)."""
+    try:
+        value = read_study(study_dir).get("target_efficiency")
+    except (ValueError, OSError):
+        return None  # no study here: analyse says so in words
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
 def run(args: argparse.Namespace) -> int:
     study_dir = Path(args.study_dir)
     saved = study_dir / "results.json"
-    prediction, target, study_target = None, args.target_efficiency, None
+    prediction, target, study_target = None, args.target_efficiency, _study_target(study_dir)
     if saved.is_file():
         try:
             previous = json.loads(saved.read_text())
@@ -53,12 +63,12 @@ def run(args: argparse.Namespace) -> int:
             for key in ("study_target_efficiency", "target_efficiency"):  # the study's own; an older results.json's last
                 if study_target is None and isinstance(previous.get(key), (int, float)) and not isinstance(previous.get(key), bool):
                     study_target = float(previous[key])
-            if target is None:
-                target = study_target
             if not (prediction is None or _prediction_ok(prediction)):
                 raise ValueError("damaged prediction")
         except (ValueError, AttributeError):  # not JSON, not an object, or a prediction of the wrong shape
             raise ValueError(f"{saved} is damaged; delete it and run `gpuscale report {study_dir}` again") from None
+    if target is None:
+        target = study_target
     results = analysis.analyse(study_dir, prediction, check_target(0.75 if target is None else target))
     if study_target is not None:
         results["study_target_efficiency"] = study_target  # a what-if target does not become the study's

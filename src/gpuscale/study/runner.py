@@ -155,8 +155,10 @@ def cell_from_entry(entry: Any) -> Cell:
     return Cell(scaling, nodes, nproc, variant, tuple(variant_args), repeat)
 
 
-def record_study(out: Path, command: list[str], launcher: str, cells: list[Cell], batch: dict[str, Any] | None = None) -> None:
-    """Write (or check) study.json: a study directory holds one command's runs only (and one batch)."""
+def record_study(out: Path, command: list[str], launcher: str, cells: list[Cell], batch: dict[str, Any] | None = None,
+                 target_efficiency: float | None = None) -> None:
+    """Write (or check) study.json: a study directory holds one command's runs only (and one batch); the target the
+    study was last run with (`gpuscale report`'s default) where given."""
     path = out / STUDY_FILE
     known: list[dict[str, Any]] = []
     batch = {k: v for k, v in (batch or {}).items() if v is not None}
@@ -177,8 +179,11 @@ def record_study(out: Path, command: list[str], launcher: str, cells: list[Cell]
             known.append({"name": cell.name, "scaling": cell.scaling, "nodes": cell.nodes, "nproc_per_node": cell.nproc_per_node,
                           "variant": cell.variant, "variant_args": list(cell.variant_args), "repeat": cell.repeat})
     out.mkdir(parents=True, exist_ok=True)
+    if target_efficiency is None and path.exists():
+        target_efficiency = read_study(out).get("target_efficiency")
     atomic_write_json(path, {"version": 1, "command": command, "launcher": launcher, "cells": known,
-                             **({"batch": batch} if batch else {})})
+                             **({"batch": batch} if batch else {}),
+                             **({"target_efficiency": target_efficiency} if target_efficiency is not None else {})})
 
 
 def tail(path: Path, lines: int = 12) -> str:

@@ -241,7 +241,7 @@ def run_study(spec: StudySpec, progress: Callable[[str], None] = print) -> Study
         nproc = [c.nproc_per_node for c in cells]
         run_one = runner.LocalRunner(argv_for, max(nproc), num_gpus, cores, timeout_s=spec.cell_timeout_s)
 
-    runner.record_study(out, list(spec.command), spec.launcher, cells, command.as_record())
+    runner.record_study(out, list(spec.command), spec.launcher, cells, command.as_record(), spec.target_efficiency)
     outcomes = runner.run_cells(out, cells, run_one, progress, unit,
                                 step_samples=lambda cell: command.step_samples(cell, baseline_world_size(cells, cell)),
                                 uses_gpuscale=command.appends_cell_options, shared=shared_runs(cells, command, argv_for, out))
