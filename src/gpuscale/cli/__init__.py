@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import select
 import signal
 import sys
 from collections.abc import Sequence
@@ -58,6 +59,24 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{prog}: error: {one_line(message)} (see '{prog} --help')\n")
 
 
+def _verb_words(argv: Sequence[str]) -> str | None:
+    """The verb typed, with its action for `gpuscale slurm` ("slurm submit"), for an error's pointer to its help."""
+    words = [word for word in argv if not word.startswith("-")]
+    if not words or words[0] not in VERBS:
+        return None
+    return " ".join(words[:2]) if words[0] == "slurm" and len(words) > 1 and words[1].isidentifier() else words[0]
+
+
+def _reader_gone() -> bool:
+    """Whether standard output is a pipe whose reader has closed it (poll says POLLERR on the writing end)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # no poll here, or stdout closed or replaced
+        return False
+
+
 def verb_in(argv: Sequence[str]) -> str | None:
     """The verb of a command line: its first word that is not an option (the top-level parser's only
     options, -h and --version, take no value), or None."""
@@ -87,7 +106,7 @@ def build_parser(verb: str | None = "*") -> Parser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(verb_in(argv))
-    parser.verb = verb_in(argv) if verb_in(argv) in VERBS else None
+    parser.verb = _verb_words(argv)
     args = parser.parse_args(argv)
     if args.verb is None:
         parser.print_help()
@@ -95,7 +114,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     old_umask = tighten_umask()
     try:
         return int(args.func(args) or 0)
-    except BrokenPipeError:  # the reader left (`gpuscale report runs/x | head -1`): end as a Unix tool that SIGPIPE ends
+    except BrokenPipeError as exc:
+        if not _reader_gone():  # another pipe (a socket, a subprocess's): an error like any other
+            print(f"gpuscale {args.verb}: error: {one_line(str(exc))}", file=sys.stderr)
+            return 2
+        # the reader of the output left (`gpuscale report runs/x | head -1`): end as a Unix tool that SIGPIPE ends
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush must not raise again
         return 128 + signal.SIGPIPE
     except (ValueError, OSError, SlurmError, MeasureError) as exc:  # bad input, an unreadable path, SLURM said no

@@ -67,6 +67,8 @@ def _numbers(values: Sequence[float] | torch.Tensor) -> list[float]:
     if isinstance(values, torch.Tensor) and values.dim() > 1:
         raise TypeError(f"expected numbers (a list of floats or a 1-D tensor), got a tensor of shape {tuple(values.shape)}; "
                         "flatten it first (t.flatten())")
+    if isinstance(values, torch.Tensor):  # one copy to the host (a device tensor read element by element waits each time)
+        return [float(v) for v in values.detach().to("cpu", torch.float64).reshape(-1).tolist()]
     try:
         return [float(v) for v in values]
     except (TypeError, ValueError, RuntimeError) as exc:
