@@ -604,10 +604,10 @@ def test_a_part_within_the_noise_reads_about_zero_and_never_negative(tmp_path):
     cells = breakdown_cells(row)
     assert cells[4] == "~0% (±3%)" and cells[1] == "15%" and cells[2] == "4%"  # compute, communication, imbalance
     line = why_not_more(results)[0][1]
-    parts, _, after = line.partition(" (the parts that read ~0% come to ")
+    parts, _, after = line.partition(" (the parts that read ~0% measured ")
     assert "per-device compute ~0% (±3%)" in parts and not re.search(r"-\d", parts)  # no negative share
     hidden = row["loss_breakdown"]["compute"] + row["loss_breakdown"]["data"]  # the parts read ~0%: the rest makes them up
-    assert after.startswith(f"{100 * hidden:.0f}% together, which the rest makes up: with them the parts add up to the 25% lost)")
+    assert after.startswith(f"{100 * hidden:.0f}% together; counted at that, the parts add up to the 25% lost)")
     shown = [row["loss_breakdown"][p] for p in ("exposed_comm", "imbalance", "rest")]
     assert 100 * (sum(shown) + hidden) == pytest.approx(25)  # the arithmetic the clause states
     assert any("to exposed communication" in f for f in row["flags"])

@@ -111,8 +111,8 @@ def why_not_more(results: dict[str, Any]) -> list[tuple[str, str]]:
                 f"lost {pct(1 - row['efficiency'])}: " + ", ".join(parts))
         hidden = hidden_noise(row)
         if hidden is not None:
-            line += (f" (the parts that read ~0% come to {pct(hidden)} together, which the rest makes up: with them the "
-                     f"parts add up to the {pct(1 - row['efficiency'])} lost)")
+            line += (f" (the parts that read ~0% measured {pct(hidden)} together; counted at that, the parts add up to "
+                     f"the {pct(1 - row['efficiency'])} lost)")
         if any(shares.get(p) is None for p in PARTS):
             line += _not_measured(row)
         rests = rests_on(row)
