@@ -54,7 +54,9 @@ DECODER_INPUTS = ("attention_mask", "position_ids", "cache", "past_key_values") 
 def is_all_ones_marker(mask: Any) -> bool:
     """Whether `mask` is `mark_unpadded`'s: a 2-D mask over more than one token made of one value expanded (stride 0
     along every dimension longer than 1: a traced graph may give a dimension of 1 another), known without reading
-    it. A mask of real values, even all ones, is not (reading it costs a device synchronisation)."""
+    it. A mask of real values, even all ones, is not (reading it costs a device synchronisation). A caller's own mask
+    made of one value expanded is taken for the marker too: one False expanded, a batch with no token to attend to,
+    would be misread, which no training batch is."""
     return (isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.shape[-1] > 1
             and all(stride == 0 for stride, size in zip(mask.stride(), mask.shape, strict=True) if size > 1))
 
