@@ -22,7 +22,7 @@ a script's command line ``--channels-last``, ``--fused``, ``--compile`` from
   DDP's compiler splits the graph at its buckets to keep communication overlapped. The first steps
   are slow while it compiles; a string names a backend (``"inductor"`` by default, ``"aot_eager"``
   where no C compiler is at hand). A transformers model on transformers' own SDPA gets a warning
-  (`warn_compiled_sdpa`): compiled, its attention runs with an explicit mask, off the flash kernels.
+  (`warn_compiled_sdpa`): compiled, its attention runs with an explicit mask (on a GPU, off the flash kernels).
 """
 
 from __future__ import annotations
@@ -203,6 +203,6 @@ def warn_compiled_sdpa(model: nn.Module) -> bool:
         return False
     if current_rank()[0] == 0:
         log.warning("%s is compiled on transformers' SDPA: a compiled forward cannot leave out the causal mask, so "
-                    "attention runs with an explicit mask, without FlashAttention; call "
+                    "attention runs with an explicit mask (on a GPU, not FlashAttention's kernel); call "
                     "gpuscale.integrations.hf_sdpa.use_causal_sdpa(model) before compiling (docs/traps.md)", name)
     return True
