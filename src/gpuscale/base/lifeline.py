@@ -25,6 +25,7 @@ grace for such a model.
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import signal
 import sys
@@ -100,7 +101,10 @@ def watch_parent(parent: int) -> None:
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(1.0)
-        time.sleep(orphan_grace_s())
+        grace = orphan_grace_s()
+        if not math.isfinite(grace):  # GPUSCALE_ORPHAN_GRACE_S=inf: never
+            return
+        time.sleep(grace)
         if _armed[0]:
             os.kill(os.getpid(), signal.SIGKILL)
 

@@ -69,10 +69,10 @@ def end_at_exit(pid: int, failed: Callable[[], bool]) -> None:
     EXIT_BARRIER_S (`all_ranks_at_exit`): a barrier is a message to peers, and a peer still inside a
     collective would never answer it (gloo's monitored barrier bounds only rank 0's wait; the others
     waited out the group's whole timeout, minutes, while torchrun waited for them to fail). A rank
-    that raised an uncaught exception (`failed()`) waits for nobody, and says so in the store, which ends its peers'
-    wait; one that ends with ``sys.exit(3)``
-    cannot be told from a finished one and waits at most EXIT_BARRIER_S. A peer that is gone, or still
-    busy when the time is up, only ends the wait: ranks of a script may end at different times. A NCCL
+    that raised an uncaught exception (`failed()`) waits for nobody, and says so in the store, which
+    ends its peers' wait; one that ends with ``sys.exit(3)`` cannot be told from a finished one and
+    waits at most EXIT_BARRIER_S. A peer that is gone, or still busy when the time is up, only ends
+    the wait: ranks of a script may end at different times. A NCCL
     group is left to torch: destroying a communicator whose peers are gone can block, and NCCL has no
     gloo worker threads to race with.
     """
