@@ -41,7 +41,8 @@ building a (batch x sequence x sequence) mask, and it tells the layers whether t
 padding mask costs one check of it per forward (on a GPU a synchronisation, and a graph break when compiled), so the
 example trains on batches from `EndPaddingCollator`, which leaves the mask out where padding is only at row ends. A
 forward with neither mask nor position ids nor cache (such a batch under the Trainer, which turns the cache off) gets
-its all-ones mask from `mark_unpadded`, a hook on the model, and so escapes transformers' search for packed sequences:
+its all-ones mask from `mark_unpadded`, a hook on the model (gpuscale's, from `gpuscale.integrations.hf_sdpa`, which does the
+same for transformers' own SDPA models), and so escapes transformers' search for packed sequences:
 a synchronisation every forward, and compiled a mask that would send every layer to eager attention.
 """
 
@@ -52,6 +53,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from gpuscale.integrations.hf_sdpa import mark_unpadded  # the rows' all-ones mask where a forward gives none
 
 NAME = "gpuscale_sdpa"  # the model config's _attn_implementation once switched, and our mask function's name
 LOCAL_KERNELS = ("chunks", "flex")
@@ -120,30 +123,6 @@ class EndPaddingCollator:
 
     def __call__(self, features: list[Any]) -> dict[str, Any]:
         return drop_end_padding_mask(dict(self.collate(features)))
-
-
-STACK_INPUTS = ("attention_mask", "position_ids", "cache", "past_key_values")  # GPTNeoModel.forward's (cache: 5.24's name)
-
-
-def mark_unpadded(stack: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """A switched GPTNeoModel's forward pre-hook: a forward given no attention mask, no position ids and no cache
-    (training on packed rows or rows without padding, as the example's collator gives them) gets the mask its rows
-    have, all ones: one True expanded over (batch x length), which `padding_only_at_ends` reads from its strides.
-
-    Without it transformers looks for sequences packed by restarting the position ids, which the model has just
-    derived itself from 0 (masking_utils.find_packed_sequence_indices, whenever mask, cache and position ids are all
-    missing, as under the Trainer, which turns ``use_cache`` off): uncompiled, one device synchronisation every
-    forward; compiled, where it cannot look, a mask function made of the packing check, which leaves every layer on
-    eager attention (an explicit softmax over the full score matrix: BENCHMARKS.md, Issue 27). Given position ids
-    (packed sequences) keep transformers' check; a call with more than input_ids by position is left as it is."""
-    if len(args) > 1 or any(kwargs.get(name) is not None for name in STACK_INPUTS):
-        return None
-    tokens = args[0] if args else kwargs.get("input_ids")
-    tokens = tokens if tokens is not None else kwargs.get("inputs_embeds")
-    if not isinstance(tokens, torch.Tensor) or tokens.dim() < 2:
-        return None
-    ones = torch.ones((), dtype=torch.bool, device=tokens.device).expand(tokens.shape[0], tokens.shape[1])
-    return args, {**kwargs, "attention_mask": ones}
 
 
 def register() -> None:
