@@ -77,11 +77,14 @@ def test_a_clean_run_is_clean(study):
     for part in ("data", "imbalance", "rest"):
         assert abs(shares[part]) <= TOLERANCE, (part, shares)
     # a part below zero says only that the baseline's time for it came out larger: within that part's noise the study
-    # shows it as "~0% (±noise)"; beyond it, it would be a gain no clean run has (CI once saw one within its noise).
-    # The noise is the same runs' spread, so it is capped at the test's tolerance: a run too noisy to say fails
+    # shows it as "~0% (±noise)"; far beyond it, it would be a gain no clean run has (CI once saw one within its noise).
+    # The noise is one set of runs' spread, and a part compares two sets (the rest, the loss less every other part,
+    # more): its chance deviation reaches twice the noise often enough to fail a one-noise band on this VM (-5.4% against
+    # a noise of 5.3% on 2026-11-28, 2 runs in 4). So twice the noise, capped at the test's tolerance: a run too noisy
+    # to say fails
     for part, share in shares.items():
         if share is not None:
-            allowed = min(max(0.02, noise_of(row, part) or 0.0), TOLERANCE)
+            allowed = min(max(0.02, 2 * (noise_of(row, part) or 0.0)), TOLERANCE)
             assert share >= -allowed, (part, share, allowed, shares, row.get("other_load_during"))
     # no slow-rank flag (the jitter flag, where jitter passes 10%, says that no rank is slower on average)
     assert not any(re.search(r"rank \d+ is slower on average", f) or "to imbalance" in f for f in row["flags"]), row["flags"]
