@@ -53,26 +53,33 @@ def llama(block: int, layers: int, vocab: int, device: Any) -> Any:
     return LlamaForCausalLM(config).to(device).train()
 
 
-def sdpa_calls_in_graphs(module: Any, **inputs: Any) -> list[tuple[bool, bool]]:
-    """(has a mask, is causal) of each SDPA call in the graphs Dynamo captures of one ``module(**inputs)``: captured
-    only, not compiled. Dynamo is reset before and after."""
-    import torch
+class SdpaCalls:
+    """A Dynamo backend that notes each SDPA call of the graphs it gets, as (has a mask, is causal), and runs them
+    uncompiled (the graphs are what Inductor would be given)."""
 
-    calls: list[tuple[bool, bool]] = []
+    def __init__(self) -> None:
+        self.calls: list[tuple[bool, bool]] = []
 
-    def capture(gm: Any, example_inputs: Any) -> Any:
+    def __call__(self, gm: Any, example_inputs: Any) -> Any:
         for node in gm.graph.nodes:
             if node.op == "call_function" and "scaled_dot_product_attention" in str(node.target):
                 mask = node.kwargs.get("attn_mask", node.args[3] if len(node.args) > 3 else None)
-                calls.append((mask is not None, bool(node.kwargs.get("is_causal", False))))
+                self.calls.append((mask is not None, bool(node.kwargs.get("is_causal", False))))
         return gm.forward
 
+
+def sdpa_calls_in_graphs(module: Any, **inputs: Any) -> list[tuple[bool, bool]]:
+    """(has a mask, is causal) of each SDPA call in the graphs Dynamo captures of one ``module(**inputs)`` (`SdpaCalls`).
+    Dynamo is reset before and after."""
+    import torch
+
+    seen = SdpaCalls()
     torch._dynamo.reset()
     try:
-        torch.compile(module, backend=capture, dynamic=False)(**inputs)
+        torch.compile(module, backend=seen, dynamic=False)(**inputs)
     finally:
         torch._dynamo.reset()
-    return calls
+    return seen.calls
 
 
 class Trained:

@@ -8,7 +8,9 @@ uncompiled. Tiny Llama and GPT-2 models on the CPU (backend ``eager``: the graph
 from __future__ import annotations
 
 import logging
+import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -29,6 +31,9 @@ from transformers import (  # noqa: E402
 from gpuscale.integrations.hf import check_trainer  # noqa: E402
 from gpuscale.integrations.hf_sdpa import NAME, UnmaskedCollator, drop_all_ones_mask, mark_unpadded, use_causal_sdpa  # noqa: E402
 from gpuscale.runtime.speed import compile_model, masked_sdpa_model  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench
+from bench.hf_sdpa import SdpaCalls  # noqa: E402  (a Dynamo backend that notes each SDPA call's mask and is_causal)
 
 VOCAB, SEQ, BATCH, LAYERS = 61, 12, 3, 2
 
@@ -52,20 +57,6 @@ MODELS = {"llama": llama, "gpt2": gpt2}
 
 def tokens(seed: int = 1, batch: int = BATCH) -> torch.Tensor:
     return torch.randint(1, VOCAB, (batch, SEQ), generator=torch.Generator().manual_seed(seed))
-
-
-class SdpaCalls:
-    """A Dynamo backend that notes each SDPA call of the graphs it gets, (has a mask, is_causal), and runs them."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[bool, bool]] = []
-
-    def __call__(self, gm: torch.fx.GraphModule, inputs: list[torch.Tensor]):
-        for node in gm.graph.nodes:
-            if node.op == "call_function" and "scaled_dot_product_attention" in str(node.target):
-                mask = node.kwargs.get("attn_mask", node.args[3] if len(node.args) > 3 else None)
-                self.calls.append((mask is not None, bool(node.kwargs.get("is_causal", False))))
-        return gm.forward
 
 
 @pytest.fixture(autouse=True)
