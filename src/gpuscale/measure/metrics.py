@@ -68,7 +68,7 @@ def _numbers(values: Sequence[float] | torch.Tensor) -> list[float]:
         raise TypeError(f"expected numbers (a list of floats or a 1-D tensor), got a tensor of shape {tuple(values.shape)}; "
                         "flatten it first (t.flatten())")
     if isinstance(values, torch.Tensor):  # one copy to the host (a device tensor read element by element waits each time)
-        return [float(v) for v in values.detach().to("cpu", torch.float64).reshape(-1).tolist()]
+        return values.detach().to("cpu", torch.float64).reshape(-1).tolist()  # float64 items: Python floats
     try:
         return [float(v) for v in values]
     except (TypeError, ValueError, RuntimeError) as exc:
