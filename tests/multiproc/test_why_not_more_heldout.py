@@ -78,10 +78,10 @@ def test_a_clean_run_is_clean(study):
         assert abs(shares[part]) <= TOLERANCE, (part, shares)
     # a part below zero says only that the baseline's time for it came out larger: within that part's noise the study
     # shows it as "~0% (±noise)"; far beyond it, it would be a gain no clean run has (CI once saw one within its noise).
-    # The noise is one set of runs' spread, and a part compares two sets (the rest, the loss less every other part,
-    # more): its chance deviation reaches twice the noise often enough to fail a one-noise band on this VM (-5.4% against
-    # a noise of 5.3% on 2026-11-28, 2 runs in 4). So twice the noise, capped at the test's tolerance: a run too noisy
-    # to say fails
+    # A part's noise is how far it ranged over the 3 runs of each side (at least the throughput's spread, and 3%); the
+    # part shown compares one run of each side, so its chance deviation reaches beyond one such range now and then
+    # (-5.4% against 5.3% on 2026-11-28, when the rest had the throughput's spread for noise). So twice the noise,
+    # capped at the test's tolerance: a run too noisy to say fails
     for part, share in shares.items():
         if share is not None:
             allowed = min(max(0.02, 2 * (noise_of(row, part) or 0.0)), TOLERANCE)

@@ -639,6 +639,54 @@ def test_a_part_the_baseline_has_too_takes_the_comparisons_noise():
                                                "jitter": 0.03, "compute": pytest.approx(0.2), "rest": pytest.approx(0.2)}
 
 
+def _write_repeats(tmp_path, summaries_per_cell):
+    """A study whose cells ran several times: [[run 1, run 2, ...] per cell], each run's summary."""
+    cells = [Cell(runs[0]["scaling"], 1, runs[0]["world_size"], repeat=i + 1) for runs in summaries_per_cell
+             for i in range(len(runs))]
+    runner.record_study(tmp_path, ["train.py"], "local", cells)
+    for cell, summary in zip(cells, [s for runs in summaries_per_cell for s in runs], strict=True):
+        (tmp_path / cell.name).mkdir()
+        (tmp_path / cell.name / "summary.json").write_text(json.dumps(summary))
+
+
+def test_a_part_that_ranges_over_the_repeats_takes_that_range_as_its_noise(tmp_path):
+    """Three runs of 2 processes at the same throughput (their spread: 0) whose jitter differs: 0.016, 0.024 and 0.048
+    s per step of 16 samples, over 2 / 150 s per sample = 7.5%, 11.25% and 22.5% of ideal. Jitter, measured within the
+    run, ranged 15 points, and the rest (the loss less the parts) with it, the other way: both have a noise of 15%,
+    not the 3% floor the throughput's spread alone gives. The median run (the second) is shown: jitter 11%, within
+    its noise."""
+    from gpuscale.study.explain import breakdown_cells
+
+    base = _summary(1, "strong", 100.0, 10.0)
+    base["step_breakdown_s"] = _split(0.32, data=0.032, compute=0.272, comm=0.0, imbalance=0.0) | {"jitter": 0.0}
+    runs = []
+    for jitter in (0.016, 0.024, 0.048):
+        run = _summary(2, "strong", 150.0, 10.0)
+        run["step_breakdown_s"] = _split(2 / 150 * 16, data=0.016, compute=0.136, comm=0.032, imbalance=0.0) | {"jitter": jitter}
+        runs.append(run)
+    _write_repeats(tmp_path, [[base], runs])
+    row = analysis.analyse(tmp_path)["rows"][1]
+    assert row["noise"] == analysis.NOISE_FLOOR  # the runs' throughput did not spread
+    assert row["loss_breakdown"]["jitter"] == pytest.approx(0.1125)
+    assert row["part_noise"]["jitter"] == pytest.approx(0.15) and row["part_noise"]["rest"] == pytest.approx(0.15)
+    assert row["part_noise"]["exposed_comm"] == analysis.NOISE_FLOOR  # the same in every run: the floor
+    assert row["part_noise"]["data"] == analysis.NOISE_FLOOR
+    assert breakdown_cells(row)[3] == "~0% (±15%)"
+    assert not any("to jitter" in f for f in row["flags"])  # within its noise: no flag
+
+    # the baseline's two runs, alike in throughput and step, waited 0.032 and 0.064 s per step of 32 for data and
+    # computed the rest of it: 0.001 s per sample apart, over the row's t, the row's data and compute move 7.5 points
+    # with the run taken for baseline, the other way; the rest, the loss less both, does not move
+    slow_loader = {**base, "step_breakdown_s": base["step_breakdown_s"] | {"data_wait": 0.064, "compute": 0.24}}
+    (tmp_path / "b").mkdir()
+    _write_repeats(tmp_path / "b", [[base, slow_loader], [runs[1]]])
+    row = analysis.analyse(tmp_path / "b")["rows"][1]
+    assert row["part_noise"]["data"] == pytest.approx(0.001 / (2 / 150))
+    assert row["part_noise"]["compute"] == pytest.approx(0.001 / (2 / 150))
+    assert row["part_noise"]["rest"] == analysis.NOISE_FLOOR
+    assert row["part_noise"]["jitter"] == analysis.NOISE_FLOOR  # one run of 2 processes: nothing ranged
+
+
 def test_one_flag_per_cause_lists_its_runs_and_the_advice_fits_the_scaling(tmp_path):
     """Three runs starving for data: one flag naming all three; per-device compute grew under both scalings: the
     weak row's advice does not blame a shrinking per-device batch."""

@@ -48,7 +48,9 @@ results.json, the contract between analysis and report (version 2):
         "loss_breakdown": {"data": .03, "exposed_comm": .12, "imbalance": .01, "compute": .06, "rest": .02},
                                          # fractions of ideal throughput; they sum to 1 - efficiency
         "noise": 0.05,                   # the comparison's: the spread of the run's or its baseline's repeats, >= 3%
-        "part_noise": {"data": .05, "exposed_comm": .03, ...},   # each part's (within-run parts: 3%)
+        "part_noise": {"data": .05, "exposed_comm": .03, ...},   # each part's: the noise (within-run parts: 3%), or
+                                         # how far the part ranged over the repeats, the larger
+        "step_breakdown_s_runs": [{...}|None, ...],   # each repeated run's step_breakdown_s, in samples_per_s_runs' order
         "metric": "accuracy"|"perplexity"|None, "metric_value": 0.93|None, "final_loss": 0.2|None,
         "lr": {"rule": "linear", "factor": 2.0, ...}|None, "per_epoch": [{"epoch": 1, "phase": .., "val_accuracy": ..}]|None,
         "predicted_samples_per_s": float|None, "predicted_efficiency": float|None,

@@ -66,8 +66,8 @@ def _metric(summary: dict[str, Any]) -> tuple[str | None, float | None]:
     return None, None
 
 
-def median_runs(finished: list[tuple[Cell, dict[str, Any]]]) -> list[tuple[Cell, dict[str, Any], list[float]]]:
-    """One entry per cell over its repeats: the run with the median throughput, and every run's throughput.
+def median_runs(finished: list[tuple[Cell, dict[str, Any]]]) -> list[tuple[Cell, dict[str, Any], list[dict[str, Any]]]]:
+    """One entry per cell over its repeats: the run with the median throughput, and every run's summary, slowest first.
 
     The median run stands for the cell whole (its time split, accuracy and timeline belong to one
     real run); with an even count the slower of the two middle runs is taken.
@@ -79,7 +79,7 @@ def median_runs(finished: list[tuple[Cell, dict[str, Any]]]) -> list[tuple[Cell,
     for runs in groups.values():
         ordered = sorted(runs, key=lambda run: run[1]["samples_per_s"])
         cell, summary = ordered[(len(ordered) - 1) // 2]
-        chosen.append((cell, summary, [run[1]["samples_per_s"] for run in ordered]))
+        chosen.append((cell, summary, [run[1] for run in ordered]))
     return chosen
 
 
@@ -97,13 +97,16 @@ def _lr(summary: dict[str, Any]) -> dict[str, Any] | None:
     return lr if isinstance(lr, dict) and isinstance(lr.get("rule"), str) else None
 
 
-def row_from_summary(cell: Cell, summary: dict[str, Any], study_dir: Path, runs: list[float] | None = None) -> dict[str, Any]:
-    """One table row from a run's summary (speed-up, efficiency, breakdown and flags filled in later)."""
+def row_from_summary(cell: Cell, summary: dict[str, Any], study_dir: Path, runs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """One table row from a run's summary (speed-up, efficiency, breakdown and flags filled in later); `runs`: the
+    summaries of all its repeats (`median_runs`), the run's alone where None."""
     metric, value = _metric(summary)
+    runs = runs or [summary]
     timeline = Path(cell.name) / "timeline.json"
     return {
-        "name": cell.base_name, "run": cell.name, "repeats": len(runs or [0]),
-        "samples_per_s_runs": runs or [summary["samples_per_s"]], "variant": cell.variant, "scaling": cell.scaling,
+        "name": cell.base_name, "run": cell.name, "repeats": len(runs),
+        "samples_per_s_runs": [run["samples_per_s"] for run in runs],
+        "step_breakdown_s_runs": [run.get("step_breakdown_s") for run in runs], "variant": cell.variant, "scaling": cell.scaling,
         "nodes": cell.nodes, "nproc_per_node": cell.nproc_per_node,
         "world_size": summary["world_size"], "device": summary.get("device"), "strategy": summary.get("strategy"),
         "global_batch": summary.get("global_batch"), "per_device_batch": summary.get("per_device_batch"),
@@ -178,12 +181,39 @@ def noise(row: dict[str, Any], base: dict[str, Any]) -> float:
 
 
 def part_noises(row: dict[str, Any], base: dict[str, Any]) -> dict[str, float]:
-    """Each part's noise. A part the baseline has none of (one device: no communication, imbalance or jitter) is
-    measured within the run, against the run's own time per sample (both from its median run): the spread of the
-    repeated runs' throughput does not make it zero by chance, so it takes NOISE_FLOOR. A part that is a difference
-    against the baseline (data, compute, and so the rest) takes the comparison's `noise`."""
-    across, theirs = noise(row, base), _parts_per_sample(base)
-    return {part: NOISE_FLOOR if part != "rest" and theirs.get(part) == 0 else across for part in PARTS}
+    """Each part's noise: how far it ranged over the repeated runs (`part_ranges`), and at least this floor. A part the
+    baseline has none of (one device: no communication, imbalance or jitter) is measured within the run, against the
+    run's own time per sample: the spread of the repeated runs' throughput does not make it zero by chance, so its
+    floor is NOISE_FLOOR. A part that is a difference against the baseline (data, compute, and so the rest) has the
+    comparison's `noise` for floor."""
+    across, theirs, ranged = noise(row, base), _parts_per_sample(base), part_ranges(row, base)
+    return {part: max(NOISE_FLOOR if part != "rest" and theirs.get(part) == 0 else across, ranged.get(part, 0.0))
+            for part in PARTS}
+
+
+def _repeats(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each repeated run of `row` as a row of its own (its throughput and step split); none for a single run, or a
+    results.json written before the runs' splits were kept."""
+    splits = row.get("step_breakdown_s_runs") or []
+    throughputs = row.get("samples_per_s_runs") or []
+    if len(throughputs) < 2 or len(splits) != len(throughputs):
+        return []
+    return [{**row, "samples_per_s": rate, "step_breakdown_s": split} for rate, split in zip(throughputs, splits, strict=True)]
+
+
+def part_ranges(row: dict[str, Any], base: dict[str, Any]) -> dict[str, float]:
+    """How far each part of `row`'s lost efficiency ranged over the repeated runs (--repeat), in shares of ideal:
+    each of the row's runs against the baseline's median run, and the row's median run against each of the
+    baseline's runs; the larger of the two ranges (max - min). The rest's range is measured as the parts' are: it
+    takes the loss's chance and every measured part's at once. Empty without repeats."""
+    sides = [[breakdown(run, base) for run in _repeats(row)], [breakdown(row, run) for run in _repeats(base)]]
+    ranges: dict[str, float] = {}
+    for side in sides:
+        for part in PARTS:
+            values = [share for shares in side if (share := shares[part]) is not None]
+            if len(values) > 1:
+                ranges[part] = max(ranges.get(part, 0.0), max(values) - min(values))
+    return ranges
 
 
 def predicted_breakdown(cell: dict[str, Any] | None, row: dict[str, Any] | None = None) -> dict[str, float | None] | None:

@@ -13,8 +13,8 @@ PART_LABELS = {"data": "data", "exposed_comm": "exposed communication", "imbalan
                "jitter": "jitter", "compute": "per-device compute", "rest": "rest (unexplained)"}
 NOISE_FLOOR = 0.03
 """The least noise a part of lost efficiency is taken to have, as a share of ideal throughput: a part within the
-noise reads "~0%". With --repeat, the spread of the runs' throughput raises it for the parts that compare two runs
-(`gpuscale.study.analysis.part_noises`)."""
+noise reads "~0%". With --repeat, the spread of the runs' throughput raises it for the parts that compare two runs,
+and how far a part itself ranged over the runs raises that part's (`gpuscale.study.analysis.part_noises`)."""
 
 
 def noise_of(row: dict[str, Any], part: str) -> float | None:
