@@ -91,3 +91,23 @@ def test_study_spec_checks_before_anything_runs(tmp_path):
         plan_cells(StudySpec(command=(str(script), "{global_batch}"), out=tmp_path, nproc=(1, 2, 3), global_batch=64), 3)
     with pytest.raises(ValueError, match="unknown template"):
         StudySpec(command=(str(script),), out=tmp_path, variants=(("v", ("{bogus}",)),))
+
+
+@pytest.mark.parametrize("source", [FOREIGN, "import gpuscale\n"])
+def test_a_batch_the_script_would_never_see_is_refused(tmp_path, source):
+    """The study passes its batch only through a batch template: without one, a plain script (probe-measured) and a
+    gpuscale script (given --scaling and --out) alike train their own batch, and --global-batch 64 would be a number no
+    run used. Each cell's command counts: the script's arguments with each variant's."""
+    script = tmp_path / "t.py"
+    script.write_text(source)
+    for batch in ({"global_batch": 64}, {"per_device_batch": 16}, {"max_device_batch": 8}):
+        option = next(iter(batch)).replace("_", "-")
+        with pytest.raises(ValueError, match=rf"^--{option} \d+ reaches the script only through a batch template, and the "
+                                             rf"script's arguments hold none: .* or leave --{option} out"):
+            StudySpec(command=(str(script), "--batch-size", "32"), out=tmp_path / "s", **batch)
+    # a variant without one, beside another that has one: the first cell's command would drop the batch
+    variants = (("big", ("--batch-size", "{per_device_batch}")), ("small", ("--layers", "2")))
+    with pytest.raises(ValueError, match="variant 'small'"):
+        StudySpec(command=(str(script),), out=tmp_path / "s", variants=variants, global_batch=64)
+    StudySpec(command=(str(script), "--batch-size", "{per_device_batch}"), out=tmp_path / "s", variants=variants, global_batch=64)
+    StudySpec(command=(str(script), "--batch-size", "32"), out=tmp_path / "s")  # no batch asked: the script's own

@@ -33,7 +33,7 @@ from typing import Any
 from gpuscale.base.batchplan import BatchPlan, plan_batch
 from gpuscale.study.matrix import Cell
 
-__all__ = ["TEMPLATES", "BATCH_TEMPLATES", "StudyCommand", "uses_gpuscale"]
+__all__ = ["TEMPLATES", "BATCH_TEMPLATES", "StudyCommand", "check_batch_reaches_script", "uses_gpuscale"]
 
 TEMPLATES = ("out", "scaling", "world_size", "nproc_per_node", "nodes", "per_device_batch", "global_batch", "grad_accum_steps")
 BATCH_TEMPLATES = ("per_device_batch", "global_batch", "grad_accum_steps")
@@ -165,6 +165,19 @@ class StudyCommand:
         """What study.json keeps of the batch options (a rerun with other ones is another experiment)."""
         return {"global_batch": self.global_batch, "per_device_batch": self.per_device_batch,
                 "max_device_batch": self.max_device_batch}
+
+
+def check_batch_reaches_script(argv: tuple[str, ...], variants: tuple[tuple[str, tuple[str, ...]], ...], option: str) -> None:
+    """Refuse a batch option (`option`, e.g. "--global-batch 64") that some cell's command would never pass on: the
+    study hands its batch to a script only through a batch template in the script's arguments (or a variant's). A
+    script without one trains its own batch, and the study's batch would be a number in study.json that no run used."""
+    for name, extra in variants or (("", ()),):
+        if not _templates_in((*argv, *extra)) & set(BATCH_TEMPLATES):
+            whose = f"variant {name!r}'s arguments and the script's" if name else "the script's arguments"
+            raise ValueError(f"{option} reaches the script only through a batch template, and {whose} hold none: write it "
+                             "where the script reads its batch, e.g. -- train.py --batch-size {per_device_batch} (a gpuscale "
+                             f"script then takes --scaling {{scaling}} --out {{out}} too), or leave {option.split()[0]} out "
+                             "to train the script's own batch")
 
 
 def check_no_cell_options(args: tuple[str, ...] | list[str]) -> None:

@@ -29,7 +29,7 @@ from gpuscale.runtime.pinning import node_gpu_count
 from gpuscale.slurm.cluster import ClusterOptions, cluster_job, load_cluster_profile
 from gpuscale.study import analysis, calibrate, linkmeasure, matrix, predict, runner
 from gpuscale.study.answer import TARGET_EFFICIENCY, check_target
-from gpuscale.study.command import StudyCommand, baseline_world_size, check_no_cell_options
+from gpuscale.study.command import StudyCommand, baseline_world_size, check_batch_reaches_script, check_no_cell_options
 from gpuscale.study.linkmeasure import MeasureError
 from gpuscale.study.report import format_table, write_report
 
@@ -95,6 +95,10 @@ class StudySpec:
                 raise ValueError(f"script {self.command[0]!r} does not exist; give the path of a Python file") from None
             object.__setattr__(self, "script_source", source)
         study_command = self.study_command  # checks templates and batch options
+        given = [f"{flag} {value}" for flag, value in (("--global-batch", self.global_batch), ("--per-device-batch", self.per_device_batch),
+                                                       ("--max-device-batch", self.max_device_batch)) if value is not None]
+        if given:
+            check_batch_reaches_script(self.command, self.variants, given[0])
         for _, extra in self.variants:
             if study_command.appends_cell_options:
                 check_no_cell_options(extra)
