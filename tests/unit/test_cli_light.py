@@ -155,7 +155,9 @@ def test_an_unknown_option_points_to_its_verbs_help_and_a_near_profile_is_named(
     from gpuscale.cli import main
 
     for argv, said in ((["demo", "--bogus"], "gpuscale demo: error: unrecognized arguments: --bogus (see 'gpuscale demo --help')"),
-                       (["--bogus"], "gpuscale: error: unrecognized arguments: --bogus (see 'gpuscale --help')")):
+                       (["--bogus"], "gpuscale: error: unrecognized arguments: --bogus (see 'gpuscale --help')"),
+                       (["slurm", "status", "1", "--bogus"],
+                        "gpuscale slurm status: error: unrecognized arguments: --bogus (see 'gpuscale slurm status --help')")):
         with pytest.raises(SystemExit) as ended:
             main(argv)
         assert ended.value.code == 2 and capsys.readouterr().err.strip() == said

@@ -61,10 +61,11 @@ class Parser(argparse.ArgumentParser):
 
 def _verb_words(argv: Sequence[str]) -> str | None:
     """The verb typed, with its action for `gpuscale slurm` ("slurm submit"), for an error's pointer to its help."""
-    words = [word for word in argv if not word.startswith("-")]
-    if not words or words[0] not in VERBS:
+    verb = verb_in(argv)
+    if verb not in VERBS:
         return None
-    return " ".join(words[:2]) if words[0] == "slurm" and len(words) > 1 and words[1].isidentifier() else words[0]
+    action = verb_in(argv[list(argv).index(verb) + 1:]) if verb == "slurm" else None
+    return f"{verb} {action}" if action and action.isidentifier() else verb
 
 
 def _reader_gone() -> bool:
