@@ -1,5 +1,6 @@
 """Fixtures of the unit tests."""
 
+import logging
 import os
 
 import pytest
@@ -31,3 +32,15 @@ def single_process(monkeypatch):
     os.sched_setaffinity(0, affinity)
     torch.set_num_threads(threads)
     gpuscale.detect.log._placement = None
+
+
+@pytest.fixture
+def warnings_seen():
+    """gpuscale's warnings, as messages (its logger does not propagate to pytest's caplog)."""
+    seen: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("gpuscale")
+    logger.addHandler(handler)
+    yield seen
+    logger.removeHandler(handler)

@@ -276,7 +276,7 @@ def test_loader_state_dict_after_k_batches_resumes_with_the_next_batches():
             taken = [b.tolist() for b in itertools.islice(first, k)]
             assert taken == reference[epoch][:k]
             state = first.state_dict()
-            assert state == {"epoch": epoch, "batches_done": k, "per_device_batch": first.plan.per_device_batch}
+            assert state == {"epoch": epoch, "batches_done": k, "per_device_batch": first.plan.per_device_batch, "world_size": 2}
 
             resumed = make_loader(Indices(50), plan, rt=rt(rank, 2), seed=11)
             resumed.load_state_dict(state)
@@ -300,7 +300,7 @@ def test_loader_state_dict_after_the_last_batch_resumes_with_the_next_epoch():
 def test_loader_full_pass_state_points_at_next_epoch():
     loader = make_loader(Indices(16), plan_batch(4, 1), rt=rt())
     list(loader)
-    assert loader.state_dict() == {"epoch": 1, "batches_done": 0, "per_device_batch": 4}
+    assert loader.state_dict() == {"epoch": 1, "batches_done": 0, "per_device_batch": 4, "world_size": 1}
 
 
 def test_loader_set_epoch():
@@ -385,8 +385,45 @@ def test_resume_with_another_batch_size_keeps_the_sample_position():
         next(it)
     new = make_loader(Indices(64), plan_batch(8, 1), rt=rt())
     new.load_state_dict(old.state_dict())
-    assert new.state_dict() == {"epoch": 0, "batches_done": 3, "per_device_batch": 8}
+    assert new.state_dict() == {"epoch": 0, "batches_done": 3, "per_device_batch": 8, "world_size": 1}
     assert len(list(new)) == 8 - 3
+
+
+@pytest.mark.parametrize(("before", "after", "batch", "steps"), [(2, 1, 16, 6), (1, 2, 16, 6), (2, 4, 8, 4), (4, 2, 8, 3)])
+def test_resume_on_another_number_of_ranks_trains_the_rest_of_the_epoch_once(before, after, batch, steps):
+    """A checkpoint `steps` global batches (of `batch` samples) into an epoch of 256 samples, written by `before` ranks and
+    resumed by `after` (strong scaling: the same global batch): the samples trained after the resume are exactly the
+    epoch's samples not trained before it, none twice, none left out; the next epoch is whole again."""
+    def loaders(world):
+        return [make_loader(Indices(256), plan_batch(batch, world, scaling="strong"), rt=rt(r, world), seed=5) for r in range(world)]
+
+    first = loaders(before)
+    iters = [iter(loader) for loader in first]
+    trained = [i for _ in range(steps) for it in iters for i in next(it).tolist()]
+    assert len(trained) == steps * batch
+    resumed = loaders(after)
+    for loader in resumed:
+        loader.load_state_dict(first[0].state_dict())
+    rest = [[i for b in loader for i in b.tolist()] for loader in resumed]
+    assert sorted(trained + [i for shard in rest for i in shard]) == list(range(256))
+    assert len({len(shard) for shard in rest}) == 1  # every rank the same number of batches: no rank waits at the end
+    assert sorted(i for loader in resumed for b in loader for i in b.tolist()) == list(range(256))  # the next epoch: whole
+
+
+def test_resume_between_batches_of_this_job_retrains_the_batch_that_holds_the_position_and_says_so(warnings_seen):
+    """3 global batches of 8 on 2 ranks (24 samples) resumed on 4 ranks with batches of 16 over all: the position lies in
+    this job's second batch, which is trained whole: 8 samples twice, none skipped, and a warning says so."""
+    first = [make_loader(Indices(64), plan_batch(8, 2, scaling="strong"), rt=rt(r, 2), seed=5) for r in range(2)]
+    iters = [iter(loader) for loader in first]
+    trained = [i for _ in range(3) for it in iters for i in next(it).tolist()]
+    resumed = [make_loader(Indices(64), plan_batch(16, 4, scaling="strong"), rt=rt(r, 4), seed=5) for r in range(4)]
+    for loader in resumed:
+        loader.load_state_dict(first[0].state_dict())
+    rest = [i for loader in resumed for b in loader for i in b.tolist()]
+    assert len(rest) == 64 - 16 and set(trained + rest) == set(range(64))
+    assert len(set(trained) & set(rest)) == 8
+    assert warnings_seen == ["resuming epoch 0 after 24 samples, not a whole number of this job's batches (4 "
+                             "samples on each of 4 rank(s)): its last 8 are trained again"]  # rank 0's, not one per rank
 
 
 # --------------------------------------------------------------------------------------------------

@@ -7,7 +7,6 @@ uncompiled. Tiny Llama and GPT-2 models on the CPU (backend ``eager``: the graph
 
 from __future__ import annotations
 
-import logging
 import sys
 import tempfile
 from pathlib import Path
@@ -198,18 +197,6 @@ def test_the_hf_trainer_compiled_with_the_collator_runs_every_layer_causal(monke
         losses[switched] = result.training_loss
         assert seen.calls == ([(False, True)] if switched else [(True, False)]) * LAYERS, (switched, seen.calls)
     assert losses[True] == pytest.approx(losses[False], rel=1e-5)
-
-
-@pytest.fixture
-def warnings_seen():
-    """gpuscale's warnings (its logger does not propagate to pytest's caplog)."""
-    seen: list[str] = []
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
-    logger = logging.getLogger("gpuscale")
-    logger.addHandler(handler)
-    yield seen
-    logger.removeHandler(handler)
 
 
 def test_compiling_a_model_on_transformers_sdpa_warns_and_a_switched_one_does_not(warnings_seen):

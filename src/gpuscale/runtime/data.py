@@ -25,10 +25,14 @@ from gpuscale.base import wrapped
 from gpuscale.base.batches import batch_len
 from gpuscale.base.batches import to_device as move_to_device
 from gpuscale.base.batchplan import BatchPlan, plan_batch
+from gpuscale.detect.log import get_logger
 from gpuscale.runtime.init import Runtime, current
 from gpuscale.runtime.sample_seeds import SeededSamples
 
+log = get_logger("data")
+
 __all__ = ["BatchPlan", "plan_batch", "make_loader", "ShardedLoader", "ResumableDistributedSampler", "EvalShardSampler"]
+
 
 class ResumableDistributedSampler(DistributedSampler):
     """A DistributedSampler that can start an epoch part-way, at `start_index` of this rank's share.
@@ -140,14 +144,28 @@ class ShardedLoader:
         self.batches_done = 0
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "batches_done": self.batches_done, "per_device_batch": self.plan.per_device_batch}
+        return {"epoch": self.epoch, "batches_done": self.batches_done, "per_device_batch": self.plan.per_device_batch,
+                "world_size": self.plan.world_size}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
+        """Resume at the saved position, kept in samples over all ranks: a job with another batch or another number of
+        ranks continues the interrupted epoch after the samples it had trained. A training sampler deals the epoch's
+        one shuffled order out rank by rank, so the samples trained first are its first ones whatever the number of
+        ranks, and the rest of the epoch is the samples not yet trained (but for the few a sampler repeats to even out the
+        ranks' shares). Where that position is not a whole
+        number of this job's batches over all ranks, it resumes at the batch that holds it (and says how many samples
+        are trained twice). A state from before the world size was saved is taken as this job's."""
         self.epoch, self.batches_done = int(state["epoch"]), int(state["batches_done"])
         saved_batch = int(state.get("per_device_batch", self.plan.per_device_batch))
-        if saved_batch != self.plan.per_device_batch:
-            # Another batch size than the interrupted run: keep the position in samples, as near as it goes.
-            self.batches_done = self.batches_done * saved_batch // self.plan.per_device_batch
+        saved_world = int(state.get("world_size", self.plan.world_size))
+        if (saved_batch, saved_world) != (self.plan.per_device_batch, self.plan.world_size):
+            trained = self.batches_done * saved_batch * saved_world
+            per_pass = self.plan.per_device_batch * self.plan.world_size
+            self.batches_done, again = divmod(trained, per_pass)
+            if again and getattr(self.sampler, "rank", 0) == 0:
+                log.warning("resuming epoch %d after %d samples, not a whole number of this job's batches (%d "
+                            "samples on each of %d rank(s)): its last %d are trained again", self.epoch, trained, self.plan.per_device_batch,
+                            self.plan.world_size, again)
         self.batches_done = min(self.batches_done, len(self.loader))
 
 

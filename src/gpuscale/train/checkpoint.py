@@ -319,8 +319,9 @@ class Checkpointer:
             restore_rng(payload["rng"][rt.rank], rt.device)
         elif rt.is_main:
             log.warning(
-                "checkpoint %s was written by %d ranks, this job has %d: model and optimizer are restored, "
-                "but random states and the data order of the interrupted epoch are not reproduced",
+                "checkpoint %s was written by %d ranks, this job has %d: model and optimizer are restored, and a "
+                "gpuscale loader continues the interrupted epoch after the samples it had trained; the random states "
+                "(dropout, augmentation) are not reproduced",
                 source.name, payload["world_size"], rt.world_size,
             )
         if rt.is_main:
