@@ -10,6 +10,7 @@ import re
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 
 import pytest
@@ -153,3 +154,25 @@ def test_the_batch_scripts_node_agent_notes_the_first_failing_rank_and_leaves_to
     lines = killed.stderr.splitlines()
     assert f"[gpuscale] rank 1/2 on {HOST} was killed by SIGKILL (exit code 137)" in lines, killed.stderr
     assert lines[-1].startswith(f"gpuscale: rank 1 on {HOST} failed first (signal SIGKILL)"), killed.stderr
+
+
+def test_an_error_file_cut_short_still_ends_in_the_failing_ranks_line(tmp_path):
+    """torch's @record (or a rank stopped mid-write) can leave torchrun's error file empty, on which torch's launcher
+    fails parsing it: `gpuscale run` still ends with its own last line naming the rank that raised, and a failure's
+    exit code, not a usage error (exit 2) with torch's traceback. Every rank's error file is empty; rank 1 raises."""
+    script = tmp_path / "cut_error_file.py"
+    script.write_text(textwrap.dedent("""\
+        import os, time
+        open(os.environ["TORCHELASTIC_ERROR_FILE"], "w").close()
+        if os.environ["RANK"] == "1":
+            raise RuntimeError("the cause")
+        time.sleep(30)
+    """))
+    start = time.monotonic()
+    result = run(gpuscale_cmd("run", "--nproc-per-node", "2", str(script)), timeout=BOUND_S)
+    assert time.monotonic() - start < BOUND_S
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.count("RuntimeError: the cause") == 1  # rank 1's own traceback, once
+    assert "JSONDecodeError" not in result.stderr and "Failed to parse reply file" not in result.stderr
+    assert result.stderr.splitlines()[-1] == (f"gpuscale run: rank 1 on {HOST} failed first (its error is above; its exit "
+                                              "code is unknown: torchrun could not read a rank's error file)")

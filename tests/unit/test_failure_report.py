@@ -8,6 +8,7 @@ go on uncaught, and read what that process printed.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -166,3 +167,35 @@ def test_a_lost_peers_long_message_is_cut_at_a_word_not_mid_word():
     inside = line.split("first (", 1)[1].rsplit("); its report", 1)[0]
     assert inside.endswith("...") and len(inside) <= 160 and long.args[0].split("] ", 1)[1].startswith(inside[:-3])
     assert inside[:-3].split()[-1] in long.args[0].split()  # the last word shown is a whole word
+
+
+def test_torchruns_error_file_is_written_whole_or_not_at_all(tmp_path, monkeypatch, capsys):
+    """torchrun's launcher parses a failed rank's error file and fails on an empty one: a rank stopped while writing
+    it (its peer failed first, and the launcher sends TERM) must leave no file rather than a cut one."""
+    import json as json_module
+
+    target = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(target))
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)
+    try:
+        raise RuntimeError("planted")
+    except RuntimeError as exc:
+        report_failure(rank_env(1), exc)
+    assert json.loads(target.read_text())["message"]["message"] == "RuntimeError: planted"  # torch's own format, whole
+    assert [p.name for p in tmp_path.iterdir()] == ["error.json"]
+
+    target.unlink()
+
+    def stopped_mid_write(data, fp, **kwargs):  # the launcher's TERM, as the Python exception a TERM handler raises
+        fp.write('{"message": {')
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(json_module, "dump", stopped_mid_write)
+    try:
+        raise RuntimeError("planted again")
+    except RuntimeError as exc:
+        with pytest.raises(KeyboardInterrupt):
+            report_failure(rank_env(1), exc)
+    assert not target.exists()  # nothing for the launcher to choke on; the rank's own note and report still count
+    assert os.environ["TORCHELASTIC_ERROR_FILE"] == str(target)  # put back
+    capsys.readouterr()

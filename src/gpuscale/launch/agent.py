@@ -17,6 +17,7 @@ killed by a signal (SIGKILL: the out-of-memory killer), which could not say so i
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -83,13 +84,29 @@ def launch(argv: list[str], nproc: int, records: Path | None = None, *, pass_usr
         when = float(notes.get(rank, {}).get("time") or exc.failures[rank].timestamp)
         killed = "".join(killed_rank_line(r, f.exitcode, world_size, host) for r, f in sorted(exc.failures.items()))
         return Outcome(code, line, rank, when, unseen_tracebacks(exc.failures, notes, host), killed)
+    except json.JSONDecodeError:  # a rank's error file, cut short by the signal that stopped the rank (torch's @record)
+        return _unreadable_error_file(directory, records)
     finally:
         if own is not None:
             own.cleanup()
     return Outcome(0)
 
 
-def _notes(directory: str, records: Path | None, failures: Mapping[int, Any]) -> dict[int, dict[str, Any]]:
+def _unreadable_error_file(directory: str, records: Path | None) -> Outcome:
+    """The outcome of a run whose failure torchrun could not take in, since a rank's error file was empty or cut
+    short (written in place by torch's ``@record``, the rank stopped mid-write): the agent has stopped the workers,
+    and the ranks' own notes say which failed first; the exit codes are unknown (1)."""
+    notes = _notes(directory, records, None)
+    host = socket.gethostname()
+    if not notes:
+        return Outcome(1, "gpuscale run: a rank failed, and torchrun could not read its error file (empty or cut short); "
+                          "the ranks' output above says why", when=time.time())
+    rank = min(notes, key=lambda r: (bool(notes[r].get("symptom")), float(notes[r].get("time") or 0.0)))  # a cause, not a victim
+    return Outcome(1, f"gpuscale run: rank {rank} on {host} failed first (its error is above; its exit code is unknown: "
+                      "torchrun could not read a rank's error file)", rank, float(notes[rank].get("time") or time.time()))
+
+
+def _notes(directory: str, records: Path | None, failures: Mapping[int, Any] | None) -> dict[int, dict[str, Any]]:
     """What the failed ranks of this node said of their failure: gpuscale's notes, else the probe's record of an exception."""
     notes = {}
     for record in read_records(records) if records else []:
@@ -97,7 +114,7 @@ def _notes(directory: str, records: Path | None, failures: Mapping[int, Any]) ->
         if note is not None:
             notes[note["rank"]] = note
     notes.update(read_notes(directory))
-    return {rank: note for rank, note in notes.items() if rank in failures}
+    return {rank: note for rank, note in notes.items() if failures is None or rank in failures}
 
 
 @contextmanager

@@ -170,14 +170,16 @@ def quiet_torchrun_logs() -> Iterator[None]:
             logger.removeFilter(routine)
 
 
-_ROUTINE_LOGGERS = ("torch.distributed.elastic.multiprocessing.api", "torch.distributed.elastic.agent.server.api")
+_ROUTINE_LOGGERS = ("torch.distributed.elastic.multiprocessing.api", "torch.distributed.elastic.agent.server.api",
+                    "torch.distributed.elastic.multiprocessing.errors")
 
 
 class _RoutineLines(logging.Filter):
-    """Passes every record but the routine ones on a worker's end (matched on torchrun's message formats)."""
+    """Passes every record but the routine ones on a worker's end (matched on torchrun's message formats), and the
+    traceback of an error file torch could not parse, which `gpuscale.launch.agent` says in its last line instead."""
 
     ROUTINE = ("failed (exitcode: ", "Sending process %s closing signal", "Closing process %s via signal",
-               "Received %s death signal, shutting down workers")
+               "Received %s death signal, shutting down workers", "Failed to parse reply file")
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not (isinstance(record.msg, str) and record.msg.startswith(self.ROUTINE))

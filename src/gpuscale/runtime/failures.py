@@ -58,13 +58,7 @@ def report_failure(env: DistEnv, exc: BaseException) -> None:
     """
     repeat_of = None if is_peer_symptom(exc) else _said_before(env.rank, exc)
     note_failure(env, exc, repeat_of)
-    if os.environ.get("TORCHELASTIC_ERROR_FILE"):
-        try:
-            from torch.distributed.elastic.multiprocessing.errors import get_error_handler
-
-            get_error_handler().record_exception(exc)
-        except Exception:  # the report below is what counts; the error file is a courtesy
-            pass
+    _record_for_torchrun(exc)
     who = f"[gpuscale] rank {env.rank}/{env.world_size} on {socket.gethostname()}"
     if is_peer_symptom(exc):
         text, reported = lost_peer_report(who, exc, env.rank), True
@@ -76,6 +70,27 @@ def report_failure(env: DistEnv, exc: BaseException) -> None:
         sys.stderr.flush()
     if reported:
         _mark_reported(exc)
+
+
+def _record_for_torchrun(exc: BaseException) -> None:
+    """torchrun's error file for `exc` (its summary's source), written whole or not at all: torch writes it in place,
+    and a rank its launcher stops mid-write (its peer failed first) would leave an empty file, on which torch's launcher
+    fails. So torch writes it beside, and a rename puts it in place. A courtesy: the report is what counts."""
+    target = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not target:
+        return
+    partial = f"{target}.{os.getpid()}.partial"
+    try:
+        from torch.distributed.elastic.multiprocessing.errors import get_error_handler
+
+        os.environ["TORCHELASTIC_ERROR_FILE"] = partial
+        try:
+            get_error_handler().record_exception(exc)
+        finally:
+            os.environ["TORCHELASTIC_ERROR_FILE"] = target
+        os.replace(partial, target)
+    except Exception:
+        pass
 
 
 def _report_text(who: str, world_size: int, exc: BaseException) -> str:
