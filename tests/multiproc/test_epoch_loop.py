@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -38,8 +40,12 @@ def test_a_finished_run_trains_nothing_again(tmp_path):
     out = tmp_path / "run"
     assert _run(out).returncode == 0
     before = torch.load(out / "final.pt", weights_only=True)
+    measured = json.loads((out / "summary.json").read_text())
     again = _run(out)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "holds a finished run of 3 epochs" in again.stderr
+    assert "holds a finished run of 3 epoch(s)" in again.stderr
     after = torch.load(out / "final.pt", weights_only=True)
     assert after["history"] == before["history"] and after["steps"] == before["steps"]
+    # the run that trained nothing keeps the measurement of the one that trained, and says so
+    assert json.loads((out / "summary.json").read_text()) == measured and measured["steps"] == 18
+    assert f"took no optimizer step (nothing was left to train): kept {out / 'summary.json'}" in again.stderr

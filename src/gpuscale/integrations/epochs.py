@@ -95,7 +95,7 @@ class EpochLoop:
         self.state = restored.extra.get("state", self.state)
         self._partial = restored.extra.get("partial_epoch") or {}
         if self.start_epoch >= self.epochs and not self._partial:
-            log.warning("%s holds a finished run of %d epochs; nothing is trained (resume=False, or another "
+            log.warning("%s holds a finished run of %d epoch(s); nothing is trained (resume=False, or another "
                         "checkpoint folder, trains anew)", restored.path, self.start_epoch)
 
     def average(self, name: str) -> Average:

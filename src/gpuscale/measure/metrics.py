@@ -379,13 +379,18 @@ class Meter:
     def write_summary(self, out_dir: str | Path, **metrics: Any) -> dict[str, Any]:
         """Stop the monitor, compute the summary (collective), and write on rank 0 ``out_dir/summary.json``
         and ``out_dir/timeline.json`` (removed, when the monitor is off, so that it never describes
-        another run than the summary), saying where in one line (INFO). Call `summary` for numbers mid-run: it keeps
+        another run than the summary), saying where in one line (INFO). A run that took no optimizer step (a finished
+        run started again) keeps the summary already there, of the run that trained. Call `summary` for numbers mid-run: it keeps
         the monitor going."""
         if self.monitor is not None:
             self.monitor.stop()
         summary = self.summary(**metrics)
         timeline = self._timeline()
-        if self.rt.is_main:
+        kept = Path(out_dir) / "summary.json"
+        if self.rt.is_main and not summary.get("steps") and kept.is_file():
+            log.info("this run took no optimizer step (nothing was left to train): kept %s, the summary of the run that "
+                     "trained", kept)
+        elif self.rt.is_main:
             write_run_files(out_dir, summary, timeline)
             rate = summary.get("samples_per_s") or 0.0
             log.info("wrote %s: %s train samples/s over %d optimizer steps", Path(out_dir) / "summary.json",
