@@ -119,18 +119,38 @@ def test_usr1_to_gpuscale_run_reaches_every_worker(tmp_path, torchrun):
     """
     args = ["run", "--nproc-per-node", "2", str(SCRIPTS / "signal_wait.py"), str(tmp_path)]
     cmd = gpuscale_cmd(*args) if torchrun == "installed" else [sys.executable, str(SCRIPTS / "old_torchrun_launcher.py"), *args]
+    launcher, err = _signalled_when_ready(cmd, tmp_path, signal.SIGUSR1)
+    assert [(tmp_path / f"got-{rank}").read_text() for rank in (0, 1)] == ["SIGUSR1", "SIGUSR1"], err
+    assert launcher.returncode == 128 + signal.SIGUSR1, err  # no gpuscale.StopSignal stopped at a checkpoint
+    assert err.splitlines()[-1] == ("gpuscale run: got SIGUSR1; passed it on to the workers, which ended without stopping "
+                                    "at a checkpoint (a script with gpuscale.StopSignal writes one)"), err
+
+
+def _signalled_when_ready(cmd: list[str], out, signum: int) -> tuple[subprocess.Popen, str]:
+    """Start `cmd`, send the launcher `signum` once both ranks wrote OUT/ready-RANK; the launcher and its stderr."""
     launcher = subprocess.Popen(cmd, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         deadline = time.monotonic() + 60
-        while not all((tmp_path / f"ready-{rank}").exists() for rank in (0, 1)):
+        while not all((out / f"ready-{rank}").exists() for rank in (0, 1)):
             assert time.monotonic() < deadline and launcher.poll() is None, "the workers did not start"
             time.sleep(0.1)
-        launcher.send_signal(signal.SIGUSR1)
+        launcher.send_signal(signum)
         _, err = launcher.communicate(timeout=60)
     finally:
         if launcher.poll() is None:
             launcher.kill()
             launcher.wait()
-    assert [(tmp_path / f"got-{rank}").read_text() for rank in (0, 1)] == ["SIGUSR1", "SIGUSR1"], err
-    assert launcher.returncode == 128 + signal.SIGUSR1, err
-    assert err.splitlines()[-1].startswith("gpuscale run: got SIGUSR1; passed it on to the workers"), err
+    return launcher, err
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1])
+def test_a_signal_to_gpuscale_run_that_stops_the_ranks_at_a_checkpoint_ends_it_with_75(tmp_path, signum):
+    """A loop around the command must tell "run me again" from a death: where gpuscale.StopSignal stopped the ranks at
+    a checkpoint, `gpuscale run` exits 75 (EX_TEMPFAIL), as the ranks did, not 128 + the signal it got."""
+    cmd = gpuscale_cmd("run", "--nproc-per-node", "2", str(SCRIPTS / "stop_signal_wait.py"), str(tmp_path))
+    launcher, err = _signalled_when_ready(cmd, tmp_path, signum)
+    assert all((tmp_path / f"checkpoint-{rank}").exists() for rank in (0, 1)), err
+    assert launcher.returncode == 75, err
+    name = signal.Signals(signum).name
+    assert err.splitlines()[-1] == (f"gpuscale run: got {name}; passed it on to the workers, which stopped at a checkpoint "
+                                    "(exit code 75): run the same command again to resume"), err

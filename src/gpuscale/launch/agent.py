@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuscale.base.exits import EXIT_STOPPED, STOP_MARKER, stopped_marker
 from gpuscale.base.quickexit import skip_final_collection
 from gpuscale.base.tempdirs import launcher_temp_dir
 from gpuscale.launch.verdicts import first_failure, killed_rank_line, note_from_record, quiet_torchrun_logs, read_notes, unseen_tracebacks, verdict
@@ -67,15 +68,15 @@ def launch(argv: list[str], nproc: int, records: Path | None = None, *, pass_usr
     own = launcher_temp_dir("failures") if notes_dir is None else None
     directory = own.name if own is not None else str(notes_dir)
     os.environ[FAILURE_DIR] = directory
+    own_marker = STOP_MARKER not in os.environ  # a batch script names its own; `gpuscale run` learns of a stop by it too
+    if own_marker:
+        os.environ[STOP_MARKER] = str(Path(directory) / "stop")
     handles_usr1 = any(arg.split("=", 1)[0] == SIGNALS_OPTION for arg in argv)
     try:
         with quiet_torchrun_logs(), _usr1_like_torchrun(pass_usr1 and not handles_usr1, SignalException):
             torchrun.run(torchrun.parse_args(argv))
     except SignalException as exc:  # also one raised again while torchrun stopped its workers for the first
-        name = signal.Signals(exc.sigval).name
-        return Outcome(128 + int(exc.sigval), when=time.time(),
-                       line=(f"gpuscale run: got {name}; passed it on to the workers (a script using gpuscale.StopSignal "
-                             "wrote a checkpoint: run the same command again to resume)"))
+        return _ended_by_signal(signal.Signals(exc.sigval), stopped_seen=own_marker)
     except ChildFailedError as exc:
         host = socket.gethostname()
         notes = _notes(directory, records, exc.failures)
@@ -87,9 +88,26 @@ def launch(argv: list[str], nproc: int, records: Path | None = None, *, pass_usr
     except json.JSONDecodeError:  # a rank's error file, cut short by the signal that stopped the rank (torch's @record)
         return _unreadable_error_file(directory, records)
     finally:
+        if own_marker:
+            os.environ.pop(STOP_MARKER, None)
         if own is not None:
             own.cleanup()
     return Outcome(0)
+
+
+def _ended_by_signal(received: signal.Signals, stopped_seen: bool) -> Outcome:
+    """The outcome of an agent a signal ended, after it passed the signal on to its workers: EXIT_STOPPED where a rank
+    stopped at a checkpoint (`gpuscale.StopSignal` leaves the stopped marker: the checkpoint, collective, was written
+    by every rank), so that a loop around `gpuscale run` can tell "run me again" from a death; else 128 + the signal.
+    `stopped_seen`: the marker is this agent's own (in a batch script, the script reads its own marker instead)."""
+    marker = os.environ.get(STOP_MARKER)
+    if stopped_seen and marker and os.path.exists(stopped_marker(marker)):
+        return Outcome(EXIT_STOPPED, when=time.time(),
+                       line=(f"gpuscale run: got {received.name}; passed it on to the workers, which stopped at a checkpoint "
+                             f"(exit code {EXIT_STOPPED}): run the same command again to resume"))
+    return Outcome(128 + int(received), when=time.time(),
+                   line=(f"gpuscale run: got {received.name}; passed it on to the workers, which ended without stopping "
+                         "at a checkpoint (a script with gpuscale.StopSignal writes one)"))
 
 
 def _unreadable_error_file(directory: str, records: Path | None) -> Outcome:
