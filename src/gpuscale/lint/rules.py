@@ -97,6 +97,13 @@ RULES: tuple[Rule, ...] = (
          "pass the value in: mp.spawn(worker, args=(args,)); or assign it at module level; or launch with "
          "`gpuscale run` / torchrun and `with gpuscale.init() as rt:` instead of mp.spawn",
          rules_spawn.check_main_only_globals),
+    Rule("GS116", "every rank on the current GPU, never chosen",
+         "`.cuda()`, `.to('cuda')` and `device='cuda'` mean the current GPU, which is cuda:0 until the rank chooses "
+         "another: every rank of the node computes on GPU 0 (out of memory, or slow and serialised) while the other "
+         "GPUs idle",
+         "choose each rank's GPU first: `with gpuscale.init() as rt:` and rt.device; or "
+         "torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) before any tensor goes to the GPU",
+         rules_setup.check_current_gpu),
 )
 
 RULE_IDS = tuple(rule.id for rule in RULES)

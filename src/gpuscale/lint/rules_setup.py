@@ -1,7 +1,8 @@
 """Rules about setting up processes, devices and models.
 
 GS108 parameters unfrozen after the model was wrapped, GS110 a hard-coded rendezvous port,
-GS111 a hard-coded GPU index, GS112 a process group that is never destroyed.
+GS111 a hard-coded GPU index, GS112 a process group that is never destroyed, GS116 the current GPU used and never
+chosen per rank.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import re
 from collections.abc import Iterator
 
 from gpuscale.lint.findings import Hit
-from gpuscale.lint.script import Script, int_constant, keyword, last_name, names_in
+from gpuscale.lint.script import Script, environ_key, int_constant, keyword, last_name, names_in
 
 PARAMETER_WORDS = re.compile(r"param|weight|bias|model|module|layer|net|encoder|decoder|backbone|head|block|embed|"
                              r"features|classifier|fc|lm_head|transformer", re.IGNORECASE)
@@ -34,6 +35,8 @@ MODULE_NAMES = ("model", "net", "module", "encoder", "decoder", "backbone", "emb
 PARAMETER_SOURCES = ("parameters", "named_parameters", "modules", "children", "named_modules", "named_children")
 TCP_PORT = re.compile(r"^tcp://.*:\d+/?$")
 CUDA_INDEX = re.compile(r"^cuda:\d+$")
+VISIBLE_DEVICES = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+DEVICE_CHOOSERS = ("set_device", "set_device_index")  # torch.cuda.set_device, torch.accelerator.set_device_index
 
 
 def _unfreezes(node: ast.AST) -> ast.AST | None:
@@ -210,3 +213,36 @@ def check_destroy(script: Script) -> Iterator[Hit]:
     for call in script.calls_named("init_process_group"):
         yield Hit(call, "init_process_group() without destroy_process_group()")
         return
+
+
+def _current_gpu(script: Script, node: ast.AST) -> str | None:
+    """What in `node` means "the current GPU" (cuda:0 until a rank chooses another): `.cuda()` without an index,
+    `.to("cuda")`, `torch.device("cuda")`, `device="cuda"`; None for anything else."""
+    if isinstance(node, ast.Call):
+        name = last_name(node.func)
+        if name == "cuda" and isinstance(node.func, ast.Attribute) and not node.args and keyword(node, "device") is None:
+            return ast.unparse(node)
+        if name == "device" and len(node.args) == 1 and isinstance(node.args[0], ast.Constant) and node.args[0].value == "cuda":
+            return ast.unparse(node)
+        if name == "to" and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value == "cuda":
+            return ast.unparse(node)
+        device = keyword(node, "device")
+        if isinstance(device, ast.Constant) and device.value == "cuda":
+            return f'device="cuda" in {last_name(node.func)}(...)'
+    return None
+
+
+def check_current_gpu(script: Script) -> Iterator[Hit]:
+    """GS116: a script that starts its own process group and puts tensors on the current GPU (`.cuda()`, "cuda"),
+    but never chooses each rank's (torch.cuda.set_device) nor gives each rank its own visible devices: the
+    current GPU is cuda:0 on every rank of the node. gpuscale.init() chooses it; Accelerate, Lightning and HF's
+    Trainer start the group themselves and choose it too."""
+    if script.uses_gpuscale_init or not script.calls_named("init_process_group"):
+        return
+    if script.calls_named(*DEVICE_CHOOSERS) or any(script.qualname(c) == "torch.cuda.device" for c in script.calls) \
+            or any(environ_key(script, n) in VISIBLE_DEVICES for n in script.nodes if isinstance(n, (ast.Subscript, ast.Call))):
+        return  # chosen (set_device, `with torch.cuda.device(rank):`), or each rank sees only its own GPU
+    uses = [(node, what) for node in script.nodes if (what := _current_gpu(script, node)) is not None]
+    if uses:  # one finding, at the first use: one fix mends them all
+        node, what = min(uses, key=lambda use: (use[0].lineno, use[0].col_offset))  # type: ignore[attr-defined]
+        yield Hit(node, f"{what} with no torch.cuda.set_device(local_rank) anywhere: every rank of the node uses cuda:0")
