@@ -437,3 +437,21 @@ def test_a_rank_stopped_on_its_way_out_after_raising_is_still_the_cause():
                                                    "the other ranks were stopped")
     # without its note it is just a survivor the agent stopped
     assert first_failure(failures, {0: notes[0]}) == 0
+
+
+def test_a_collective_that_timed_out_names_the_ranks_it_waited_for():
+    """Rank 0 waited out gloo's timeout in an all_reduce that rank 1, alive but stuck elsewhere, never joined: rank 0
+    failed first, and the line says which rank it waited for. A real error of rank 0 keeps the plain line."""
+    from types import SimpleNamespace
+
+    from gpuscale.launch.verdicts import verdict
+
+    failures = {0: SimpleNamespace(timestamp=100, exitcode=1), 1: SimpleNamespace(timestamp=100, exitcode=-15),
+                2: SimpleNamespace(timestamp=100, exitcode=-15)}
+    gloo = "[/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 8000ms for recv operation"
+    notes = {0: {"time": 100.0, "symptom": False, "message": gloo}}
+    assert verdict(failures, notes, 3, "h") == (1, "gpuscale run: rank 0 on h failed first (exit code 1; its error is above); "
+                                                   "it timed out waiting in a collective, while ranks 1, 2 still ran (stuck "
+                                                   "elsewhere, or slower than the timeout) and were stopped")
+    notes[0]["message"] = "CUDA out of memory"
+    assert verdict(failures, notes, 3, "h")[1].endswith("; the other ranks were stopped")

@@ -96,9 +96,24 @@ def verdict(failures: Mapping[int, Any], notes: Mapping[int, Mapping[str, Any]],
     line = f"gpuscale run: rank {rank} on {host} failed first ({where}{'; its error is above' if rank in notes else ''})"
     if same:
         line += f", and rank{'s' if len(same) > 1 else ''} {', '.join(map(str, same))} with the same error"
-    if set(failures) - {rank, *same}:
+    others = set(failures) - {rank, *same}
+    absent = sorted(r for r in others if r not in notes and failures[r].exitcode == -signal.SIGTERM)
+    if absent and _timed_out(notes.get(rank)):
+        # a collective that timed out waited for ranks that never joined it: still running, with nothing to say
+        line += (f"; it timed out waiting in a collective, while rank{'s' if len(absent) > 1 else ''} "
+                 f"{', '.join(map(str, absent))} still ran (stuck elsewhere, or slower than the timeout) and "
+                 f"{'were' if len(absent) > 1 else 'was'} stopped")
+    elif others:
         line += "; the other ranks were stopped"
     return (128 - code if code < 0 else (code or 1)), line
+
+
+TIMEOUT_SYMPTOMS = ("Timed out waiting", "timed out", "Watchdog caught collective operation timeout")
+"""Error texts of a collective that waited out its timeout (gloo's, NCCL's watchdog): its peers never joined it."""
+
+
+def _timed_out(note: Mapping[str, Any] | None) -> bool:
+    return note is not None and any(text in str(note.get("message") or "") for text in TIMEOUT_SYMPTOMS)
 
 
 def _story_code(failures: Mapping[int, Any], notes: Mapping[int, Mapping[str, Any]], ranks: tuple[int, ...]) -> int:
