@@ -299,6 +299,35 @@ def test_cli_missing_script(clean_environ, capsys, tmp_path):
     assert_one_line_error(capsys, "nope.py", "does not exist")
 
 
+def test_cli_a_folder_or_a_data_file_is_no_script(clean_environ, capsys, tmp_path):
+    """A folder, or a summary.json given where the script goes, is refused before any rank runs it as Python; a file
+    with another suffix whose first line says python is a script."""
+    assert gpuscale.cli.main(["run", "--nproc-per-node", "1", str(tmp_path)]) == 2
+    assert_one_line_error(capsys, "is a folder; give the path of a Python file in it")
+    (tmp_path / "summary.json").write_text("{}")
+    assert gpuscale.cli.main(["run", "--nproc-per-node", "1", str(tmp_path / "summary.json")]) == 2
+    assert_one_line_error(capsys, "is not a Python file (a .json file, no python #! line)")
+    from gpuscale.cli.run import check_script_path
+
+    (tmp_path / "train.job").write_text("#!/usr/bin/env python3\nprint('hi')\n")
+    check_script_path(str(tmp_path / "train.job"))
+    (tmp_path / "train").write_text("print('hi')\n")
+    check_script_path(str(tmp_path / "train"))
+
+
+def test_cli_a_module_no_rank_could_import_is_refused(clean_environ, capsys, tmp_path):
+    """-m of a module that exists neither in this folder nor on the path: one line before any rank starts (each rank
+    would print its own ModuleNotFoundError); one in this folder is found as the ranks would find it."""
+    clean_environ.chdir(tmp_path)
+    assert gpuscale.cli.main(["run", "--nproc-per-node", "1", "-m", "nonexistent_mod.train"]) == 2
+    assert_one_line_error(capsys, "no module named 'nonexistent_mod' here or on the path")
+    from gpuscale.cli.run import check_module_name
+
+    (tmp_path / "mytrain_here.py").write_text("")
+    check_module_name("mytrain_here")
+    check_module_name("gpuscale.study.linkbench")
+
+
 def test_cli_missing_script_checked_before_nproc(clean_environ, capsys, tmp_path):
     clean_environ.chdir(tmp_path)
     assert gpuscale.cli.main(["run", "--nproc-per-node", "zero", "x.py"]) == 2

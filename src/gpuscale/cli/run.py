@@ -24,6 +24,8 @@ throughput and the split of the time (and writes summary.json and timeline.json 
 from __future__ import annotations
 
 import argparse
+import importlib.machinery
+import importlib.util
 import os
 import sys
 import tempfile
@@ -173,6 +175,37 @@ def handles_signals_option(parser: argparse.ArgumentParser | None = None) -> boo
     return not unknown
 
 
+
+def check_module_name(module: str) -> None:
+    """Refuse, before any rank starts, a -m module whose top-level package no rank could import (each rank runs
+    `python -m MODULE` from this folder: the folder, then the path)."""
+    top = module.split(".")[0]
+    if not top.isidentifier():
+        raise ValueError(f"-m {module!r} is not a module name; give a dotted name such as mypkg.train (or a script's path without -m)")
+    if importlib.util.find_spec(top) is None and importlib.machinery.PathFinder.find_spec(top, [os.getcwd()]) is None:
+        raise ValueError(f"-m {module}: no module named {top!r} here or on the path; run from the folder that holds it, or "
+                         "give a script's path without -m")
+
+
+def check_script_path(script: str) -> None:
+    """Refuse, before any rank starts, a script that is missing, a folder, or a file of another kind (a summary.json,
+    a shell script: every rank would fail on it as Python). A file with no suffix may be Python; so may one whose first
+    line says python."""
+    path = Path(script)
+    if path.is_dir():
+        raise ValueError(f"script {script!r} is a folder; give the path of a Python file in it (or -m for a module)")
+    if not path.is_file():
+        raise ValueError(f"script {script!r} does not exist; give the path of a Python file (or -m for a module)")
+    if path.suffix not in ("", ".py", ".pyw"):
+        try:
+            with path.open("rb") as f:
+                first = f.readline(200)
+        except OSError:
+            first = b""
+        if not (first.startswith(b"#!") and b"python" in first):
+            raise ValueError(f"script {script!r} is not a Python file (a {path.suffix} file, no python #! line); give the "
+                             "training script (or -m for a module)")
+
 def run(args: argparse.Namespace) -> int:
     """Launch SCRIPT on this node's processes through torchrun; the exit code of the job, then its last line."""
     if args.script is None:
@@ -184,8 +217,10 @@ def run(args: argparse.Namespace) -> int:
         check_cpu_processes(nproc, cores, "--nproc-per-node",
                             " (or --bind none to share them anyway, one thread each, as torchrun does)")
     argv = torchrun_argv(args, nproc, dict(os.environ))
-    if not args.module and not os.path.isfile(args.script):
-        raise ValueError(f"script {args.script!r} does not exist; give the path of a Python file (or -m for a module)")
+    if args.module:
+        check_module_name(args.script)
+    else:
+        check_script_path(args.script)
     if args.timeout is not None and not 0 < args.timeout < 1e7:
         raise ValueError(f"--timeout {args.timeout} must be a positive number of seconds")
     if args.summary is not None:

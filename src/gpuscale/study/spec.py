@@ -91,8 +91,10 @@ class StudySpec:
         if self.script_source is None:
             try:
                 source = Path(self.command[0]).read_text(errors="replace")
-            except (FileNotFoundError, IsADirectoryError):
+            except FileNotFoundError:
                 raise ValueError(f"script {self.command[0]!r} does not exist; give the path of a Python file") from None
+            except IsADirectoryError:
+                raise ValueError(f"script {self.command[0]!r} is a folder; give the path of a Python file in it") from None
             object.__setattr__(self, "script_source", source)
         study_command = self.study_command  # checks templates and batch options
         given = [f"{flag} {value}" for flag, value in (("--global-batch", self.global_batch), ("--per-device-batch", self.per_device_batch),
