@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import os
 import pickle
+from pathlib import Path
 
 import pytest
 import torch
@@ -189,6 +190,8 @@ def test_consolidate_refuses_missing_and_incomplete_checkpoints(tmp_path):
         path = gpuscale.Checkpointer(tmp_path / "ck").save(step=1, model=model)
     consolidate(path, tmp_path / "m.pt")
     assert sorted(torch.load(tmp_path / "m.pt", weights_only=True)) == ["bias", "weight"]
+    with pytest.raises(ValueError, match=f"holds the SHA-256 sums of a checkpoint, not the checkpoint; give {path}$"):
+        consolidate(Path(f"{path}.sha256"), tmp_path / "m2.pt")  # its sums file, beside it
     with pytest.raises(ValueError, match=f"is not a checkpoint but holds 1: give one, e.g. the latest, {path}$"):
         consolidate(path.parent, tmp_path / "m2.pt")  # the checkpoints' folder, not one of them
     (tmp_path / "run").mkdir()
