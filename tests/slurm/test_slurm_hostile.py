@@ -37,7 +37,7 @@ def test_a_hostile_job_name_is_refused_and_nothing_is_submitted(cluster, tmp_pat
     result = cluster.gpuscale("slurm", "submit", "--profile", "local", "--gpus-per-node", "1", "--mode", "srun", "--time", "5",
                               "--job-name", name, "--", str(tmp_path / "dump.py"), cwd=tmp_path, timeout=60)
     assert result.returncode == 2, result.stderr
-    assert result.stderr.startswith("gpuscale slurm: error: --job-name") and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith("gpuscale slurm submit: error: --job-name") and result.stderr.count("\n") == 1, result.stderr
     assert result.stdout == ""  # no job id: sbatch never ran
     assert _job_names(cluster) == before and not (tmp_path / "PAYLOAD").exists()
 

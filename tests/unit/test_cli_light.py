@@ -161,5 +161,7 @@ def test_an_unknown_option_points_to_its_verbs_help_and_a_near_profile_is_named(
         with pytest.raises(SystemExit) as ended:
             main(argv)
         assert ended.value.code == 2 and capsys.readouterr().err.strip() == said
+    assert main(["slurm", "script", "--profile", "local", "--", "no-such-train.py"]) == 2  # an error of the action's own
+    assert capsys.readouterr().err.startswith("gpuscale slurm script: error: script 'no-such-train.py' does not exist")
     assert main(["profiles", "lumi"]) == 2
     assert "unknown profile 'lumi'; did you mean lumi-g? available:" in capsys.readouterr().err

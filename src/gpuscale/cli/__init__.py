@@ -117,13 +117,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except BrokenPipeError as exc:
         if not _reader_gone():  # another pipe (a socket, a subprocess's): an error like any other
-            print(f"gpuscale {args.verb}: error: {one_line(str(exc))}", file=sys.stderr)
+            print(f"gpuscale {parser.verb or args.verb}: error: {one_line(str(exc))}", file=sys.stderr)
             return 2
         # the reader of the output left (`gpuscale report runs/x | head -1`): end as a Unix tool that SIGPIPE ends
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush must not raise again
         return 128 + signal.SIGPIPE
     except (ValueError, OSError, SlurmError, MeasureError) as exc:  # bad input, an unreadable path, SLURM said no
-        print(f"gpuscale {args.verb}: error: {one_line(str(exc))}", file=sys.stderr)
+        print(f"gpuscale {parser.verb or args.verb}: error: {one_line(str(exc))}", file=sys.stderr)  # "slurm submit": the action too
         return 2
     finally:
         os.umask(old_umask)  # main() is also called in-process (tests, scripts)
