@@ -59,6 +59,16 @@ def test_a_truncated_newest_checkpoint_falls_back_to_the_previous_one(tmp_path):
         # caught by its SHA-256 sum (without sums, torch.load's error would say "may be truncated")
         assert any("skipping step-000000002.pt" in line and "does not match its SHA-256 sum" in line for line in warned.lines), warned.lines
         assert any("resuming from step-000000001.pt, the newest readable checkpoint" in line for line in warned.lines)
+        # the node's other ranks find the same and say nothing: one pair of lines per node, not per rank
+        other_rank = gpuscale.Checkpointer(tmp_path / "ckpt", keep=3)
+        other_rank.rt = type("Rank", (), {"local_rank": 1})()
+        warned.lines.clear()
+        logger.addHandler(warned)
+        try:
+            assert other_rank.peek().step == 1
+        finally:
+            logger.removeHandler(warned)
+        assert warned.lines == []
         del opt
 
         for path in ckpt.checkpoints():

@@ -166,9 +166,10 @@ class Checkpointer:
                 state = _resume_state(source, self._load(source))
             except ValueError as exc:
                 first_error = first_error or exc
-                log.warning("skipping %s: %s", source.name, exc)
+                if self.rt.local_rank == 0:  # once per node (a node-local disk may differ), not once per rank
+                    log.warning("skipping %s: %s", source.name, exc)
                 continue
-            if first_error is not None:
+            if first_error is not None and self.rt.local_rank == 0:
                 log.warning("resuming from %s, the newest readable checkpoint", source.name)
             return state
         if first_error is not None:
