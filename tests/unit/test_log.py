@@ -89,6 +89,13 @@ def test_progress_in_a_log_file_writes_one_line_for_a_quick_pass():
     assert stream.getvalue().count("\n") == 1
 
 
+def test_progress_of_a_pass_resumed_part_way_counts_the_batches_before_it():
+    """An epoch resumed after 12 of its 16 batches: the line ends at 16/16, not 4/16 (as if it stopped early)."""
+    stream = io.StringIO()
+    list(progress(range(4), desc="epoch 2/4", total=16, stream=stream, initial=12))
+    assert stream.getvalue().startswith("epoch 2/4 16/16 ")
+
+
 def test_progress_rank1_is_silent_but_iterates(clean):
     torchrun_env(clean, 1, 2)
     stream = io.StringIO()

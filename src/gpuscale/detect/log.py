@@ -114,14 +114,17 @@ class progress(Iterator[T]):  # noqa: N801 - used like a function, as tqdm is
 
     On a terminal it redraws one line; in a log file (SLURM output) it writes a line at most
     every 30 seconds and one at the end, so the file stays short but shows the run is alive. ``bar.postfix["loss"] = 0.31`` adds a value to the line.
+    ``initial``: items done before this pass (a pass resumed part-way), counted toward `total` but not the rate.
     """
 
-    def __init__(self, iterable: Iterable[T], desc: str = "", total: int | None = None, stream: Any = None) -> None:
+    def __init__(self, iterable: Iterable[T], desc: str = "", total: int | None = None, stream: Any = None,
+                 initial: int = 0) -> None:
         self._it = iter(iterable)
         self.desc = desc
         self.total = total if total is not None else (len(iterable) if isinstance(iterable, Sized) else None)
         self.postfix: dict[str, Any] = {}
-        self.count = 0
+        self.initial = initial
+        self.count = initial
         self._stream = stream or sys.stderr
         self._enabled = current_rank()[0] == 0
         self._tty = self._enabled and getattr(self._stream, "isatty", lambda: False)()
@@ -143,7 +146,7 @@ class progress(Iterator[T]):  # noqa: N801 - used like a function, as tqdm is
 
     def _line(self, now: float) -> str:
         elapsed = now - self._start
-        rate = self.count / elapsed if elapsed > 0 else 0.0
+        rate = (self.count - self.initial) / elapsed if elapsed > 0 else 0.0
         done = f"{self.count}/{self.total}" if self.total else str(self.count)
         extra = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in self.postfix.items())
         bar = ""
@@ -157,7 +160,7 @@ class progress(Iterator[T]):  # noqa: N801 - used like a function, as tqdm is
             return
         now = time.perf_counter()
         if self._tty:
-            if final or now - self._last_draw > 0.1 or self.count == 1:
+            if final or now - self._last_draw > 0.1 or self.count == self.initial + 1:
                 self._stream.write("\r" + self._line(now) + ("\n" if final else ""))
                 self._stream.flush()
                 self._last_draw = now

@@ -127,7 +127,8 @@ class EpochLoop:
         if self._epoch is None:
             raise RuntimeError("call loop.batches() inside `for epoch in loop:`")
         label = desc or f"epoch {self._epoch + 1}/{self.epochs}"
-        for batch in progress(self.meter.iter(self.loader), desc=label, total=len(self.loader)):
+        done = getattr(self.loader, "batches_done", 0) if self.resumed_inside_epoch else 0  # a resumed epoch's batches so far
+        for batch in progress(self.meter.iter(self.loader), desc=label, total=len(self.loader), initial=done):
             self._stepped = False
             yield batch
             if self._stepped and self.stop.requested():  # collective: every rank has just stepped
