@@ -142,6 +142,29 @@ def test_the_batch_threshold_is_the_smallest_whole_batch_where_compute_covers_co
     assert predict.smallest_computing_batch(1e-6, 0.01, 0.0) == 1  # compute covers communication at any batch
 
 
+def test_a_step_waiting_for_data_hides_no_communication():
+    """A single-device step of 100 ms at 32 samples, 40 ms of it waiting for the loader (the summary's data_wait),
+    strong-scaled to 2 devices (16 samples each): 30 ms of compute and 20 ms of waiting. An all-reduce of 10 ms at an
+    overlap of 0.25 hides behind 7.5 ms of compute: 2.5 ms exposed. Had the wait counted as compute (50 ms), all 10 ms
+    would hide. Computed by hand."""
+    run = predict.Baseline.from_summary(summary(step_time_s=0.1, step_breakdown_s={"data_wait": 0.04}))
+    assert run.data_wait_s == 0.04 and run.compute_time_s == pytest.approx(0.06)
+    link = predict.Link(intra_bandwidth=10e9, intra_latency=0.0, source="test")
+    cell = Cell("strong", 1, 2)
+    base = {**summary(), "gradient_bytes": 100_000_000}
+    run = predict.Baseline.from_summary({**base, "step_time_s": 0.1, "step_breakdown_s": {"data_wait": 0.04}})
+    predicted = predict.predict_cell(cell, run, link, overlap=0.25, base_global_batch=32)
+    assert predicted["compute_s"] == pytest.approx(0.03) and predicted["data_wait_s"] == pytest.approx(0.02)
+    assert predicted["comm_s"] == pytest.approx(0.01) and predicted["exposed_comm_s"] == pytest.approx(0.0025)
+    assert predicted["step_time_s"] == pytest.approx(0.0525)
+    all_compute = predict.predict_cell(cell, predict.Baseline.from_summary({**base, "step_time_s": 0.1}), link, 0.25, 32)
+    assert all_compute["exposed_comm_s"] == 0.0 and all_compute["step_time_s"] == pytest.approx(0.05)
+    # a step time given for a target device is its whole step: no data wait carried over from the run
+    assert run.with_step_time(0.2).data_wait_s == 0.0
+    # a wait longer than half the step is capped there: the compute left is never a sliver the timers' noise decides
+    assert predict.Baseline.from_summary({**base, "step_time_s": 0.1, "step_breakdown_s": {"data_wait": 0.09}}).data_wait_s == 0.05
+
+
 def test_the_prediction_states_its_baseline_and_the_table_its_units():
     run = predict.Baseline.from_summary(summary(), run="weak-1x1")
     link = predict.Link(intra_bandwidth=1e9, intra_latency=1e-4, source="measured (gloo, 2 processes)")

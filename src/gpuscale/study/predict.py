@@ -12,12 +12,14 @@ the backward pass: ``overlap`` is the share of the compute time that communicati
 alongside (0 = none: on CPUs gloo needs the cores the compute uses; about 0.5 on GPUs, where
 the backward pass is about two thirds of a step and the first buckets are not ready at once).
 
-    step(N) = compute(b) + max(0, T(N) - overlap * compute(b))
+    step(N) = data(b) + compute(b) + max(0, T(N) - overlap * compute(b))
 
-where compute(b) is the single-device step time scaled linearly to the per-device batch b: weak
-scaling keeps b, strong scaling divides the global batch by N. The model is honest about what
-it leaves out: fixed per-step costs that do not shrink with the batch (it predicts strong
-scaling optimistically at tiny batches), data loading that does not keep up, stragglers.
+where data(b) + compute(b) is the single-device step time scaled linearly to the per-device batch b
+(weak scaling keeps b, strong scaling divides the global batch by N), data(b) the part of it the
+run waited for its loader. A step waiting for data is not computing: no gradient is being made, and
+the all-reduce of the step before has ended, so only compute hides communication. The model is honest
+about what it leaves out: fixed per-step costs that do not shrink with the batch (it predicts strong
+scaling optimistically at tiny batches; a loader's wait per batch is one), stragglers.
 
 A step's compute is at least its exposed communication from a per-device batch of
 ``ceil(T / ((1 + overlap) * compute per sample))`` samples up; below it a step spends more time
@@ -35,16 +37,16 @@ the step time came from.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any
 
+from gpuscale.study.baseline import Baseline as Baseline  # re-exported: predict.Baseline is how callers name it
+from gpuscale.study.baseline import check_step_time as check_step_time
 from gpuscale.study.matrix import Cell
 
 DDP_BUCKET_BYTES = 25 * 1024 * 1024
 DDP_FIRST_BUCKET_BYTES = 1024 * 1024
 """DDP sends the last layers' gradients early in a small first bucket, then 25 MiB buckets."""
-SHARDED_TRAFFIC = 1.5
-"""FSDP and ZeRO-3 gather parameters and reduce-scatter gradients: about 1.5x DDP's bytes."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,12 +89,6 @@ class Link:
 VENDOR_NAMES = {"amd": "AMD", "nvidia": "NVIDIA"}
 """GPU vendors as a profile's ``gpu_vendor`` names them, and as messages write them."""
 _VENDOR_WORDS = {"nvidia": ("nvidia", "tesla", "geforce", "quadro", "rtx"), "amd": ("amd", "instinct", "radeon", "gfx")}
-MIN_STEP_S, MAX_STEP_S = 1e-9, 1e7
-"""A step time outside these bounds (a nanosecond, about four months) is no measurement: a damaged file or a typo."""
-MAX_COUNT = 2**40
-"""Largest batch or number of micro-batches a summary may hold (a damaged file holds anything)."""
-
-
 def gpu_vendor_of(device_name: Any) -> str | None:
     """"nvidia" or "amd" from a GPU's name as torch gives it ("NVIDIA H100 80GB HBM3", "AMD Instinct MI250X");
     None when the name says neither (or both)."""
@@ -117,102 +113,6 @@ def device_words(device: str | None, device_name: str | None) -> str:
 def duration_words(seconds: float) -> str:
     """12.7 ms, 1.25 s: a step time for a sentence."""
     return f"{seconds:.4g} s" if seconds >= 1 else f"{1e3 * seconds:.3g} ms"
-
-
-def check_step_time(seconds: Any) -> None:
-    """ValueError unless `seconds` (``--step-time``) is a plausible step time (MIN_STEP_S to MAX_STEP_S)."""
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not MIN_STEP_S <= seconds <= MAX_STEP_S:
-        raise ValueError(f"--step-time {seconds!r} is not the seconds of one optimizer step: give a number from {MIN_STEP_S:g} "
-                         f"to {MAX_STEP_S:g}, e.g. 0.0127 for 12.7 ms")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Baseline:
-    """What the model needs from a single-device run's summary, and what the run was."""
-
-    step_time_s: float
-    """Seconds per optimizer step of one device at `per_device_batch` (training time without evaluation
-    and checkpoints, over steps): the run's, or one target device's given instead (`with_step_time`)."""
-    per_device_batch: int
-    """Samples per device in one micro-batch."""
-    grad_accum_steps: int
-    gradient_bytes: int
-    sharded: bool = False
-    run: str | None = None
-    """The run the figures come from (its directory as the user named it, or the study's cell)."""
-    device: str | None = None
-    """The run's device kind: "cpu" or "cuda" (NVIDIA and AMD GPUs alike); None where the summary does not say."""
-    device_name: str | None = None
-    """The run's device as torch names it ("NVIDIA H100 80GB HBM3", "AMD Instinct MI250X", "cpu")."""
-    step_time_source: str = "given"
-    """Where `step_time_s` comes from: "measured: RUN" (the run's own) or "--step-time" (the target's, given)."""
-    measured_step_time_s: float | None = None
-    """The run's own step time, kept when `step_time_s` is given instead."""
-
-    @property
-    def traffic_bytes(self) -> float:
-        """Bytes one step synchronises: the gradients, 1.5x for FSDP and ZeRO-3 (parameters gathered too)."""
-        return self.gradient_bytes * (SHARDED_TRAFFIC if self.sharded else 1.0)
-
-    @property
-    def step_time_given(self) -> bool:
-        """True when the step time is the target's, given by the user, not the run's."""
-        return self.step_time_source == "--step-time"
-
-    @classmethod
-    def from_summary(cls, summary: dict[str, Any], run: str | None = None) -> Baseline:
-        """The baseline of the run `run` from its summary.json; ValueError, in one line, if it cannot be one."""
-        if not isinstance(summary, dict):
-            raise ValueError("the summary is not a JSON object; give the summary.json a gpuscale run wrote")
-        if summary.get("world_size") != 1:
-            raise ValueError(f"the prediction starts from a single-device run, but this summary is of {summary.get('world_size')} "
-                             "devices; run the study with --nproc 1 in it (or predict from a 1-process summary.json)")
-        missing = [k for k in ("step_time_s", "gradient_bytes", "per_device_batch", "global_batch") if not summary.get(k)]
-        if missing:
-            raise ValueError(f"the summary has no {missing[0]}: it was written by an older gpuscale, or the script built its "
-                             "model without gpuscale.setup/wrap; run it again with this version")
-        for key in ("step_time_s", "gradient_bytes", "per_device_batch", "global_batch", "grad_accum_steps"):
-            value = summary.get(key, 1)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf):
-                raise ValueError(f"the summary's {key} is {value!r}, not a positive number: the file is damaged; run it again")
-        for key in ("per_device_batch", "global_batch", "grad_accum_steps"):
-            value = summary.get(key) or 1
-            if value > MAX_COUNT or value != int(value):
-                raise ValueError(f"the summary's {key} is {value!r}, not a whole number from 1 to {MAX_COUNT}: "
-                                 "the file is damaged; run it again")
-        if summary["gradient_bytes"] > 2**60:
-            raise ValueError(f"the summary's gradient_bytes is {summary['gradient_bytes']!r}, more than an exabyte: "
-                             "the file is damaged; run it again")
-        if not MIN_STEP_S <= summary["step_time_s"] <= MAX_STEP_S:
-            raise ValueError(f"the summary's step_time_s is {summary['step_time_s']!r}, not a step time from {MIN_STEP_S:g} "
-                             f"to {MAX_STEP_S:g} s: the file is damaged; run it again")
-        for key in ("device", "device_name"):
-            if summary.get(key) is not None and not isinstance(summary[key], str):
-                raise ValueError(f"the summary's {key} is {summary[key]!r}, not text: the file is damaged; run it again")
-        return cls(step_time_s=float(summary["step_time_s"]), per_device_batch=int(summary["per_device_batch"]),
-                   grad_accum_steps=int(summary.get("grad_accum_steps") or 1), gradient_bytes=summary["gradient_bytes"],
-                   sharded=_gathers_parameters(summary), run=run, device=summary.get("device"),
-                   device_name=summary.get("device_name"), step_time_source=f"measured: {run}" if run else "measured",
-                   measured_step_time_s=float(summary["step_time_s"]))
-
-    def with_step_time(self, seconds: float) -> Baseline:
-        """This baseline with the step time of one target device at the run's per-device batch instead of the run's."""
-        check_step_time(seconds)
-        return replace(self, step_time_s=float(seconds), step_time_source="--step-time")
-
-    def describe(self) -> dict[str, Any]:
-        """What the prediction projects, as `Prediction.baseline` carries it."""
-        return {"run": self.run, "device": self.device, "device_name": self.device_name,
-                "per_device_batch": self.per_device_batch, "grad_accum_steps": self.grad_accum_steps,
-                "step_time_s": self.step_time_s, "step_time_source": self.step_time_source,
-                "measured_step_time_s": self.measured_step_time_s}
-
-
-def _gathers_parameters(summary: dict[str, Any]) -> bool:
-    """Whether the run's strategy gathers sharded parameters every step (FSDP, ZeRO-3): its summary says so;
-    summaries written before it did are judged by the strategy's name (fsdp only, as then)."""
-    said = summary.get("gathers_parameters")
-    return bool(said) if said is not None else summary.get("strategy") == "fsdp"
 
 
 def check_target(base: Baseline, vendor: str, target: str, where: str) -> None:
@@ -262,17 +162,18 @@ def predict_cell(cell: Cell, base: Baseline, link: Link, overlap: float, base_gl
     world = cell.world_size
     # weak: each device keeps its batch; strong: the global batch is shared (micro-batches as in the baseline)
     batch = base.per_device_batch if cell.scaling == "weak" else base_global_batch / (world * base.grad_accum_steps)
-    compute = base.step_time_s * batch / base.per_device_batch
+    compute = base.compute_time_s * batch / base.per_device_batch
+    data = base.data_wait_s * batch / base.per_device_batch
     bandwidth, latency = link.for_nodes(cell.nodes)
     comm = allreduce_seconds(base.traffic_bytes, world, bandwidth, latency)  # once per optimizer step, not per micro-batch
-    exposed = max(0.0, comm - overlap * compute)
-    step = compute + exposed
+    exposed = max(0.0, comm - overlap * compute)  # only compute hides it: a step waiting for data makes no gradient
+    step = data + compute + exposed
     samples_per_step = batch * world * base.grad_accum_steps
     samples_per_s = samples_per_step / step
     base_rate = base.per_device_batch * base.grad_accum_steps / base.step_time_s
     return {
         "name": cell.name, "world_size": world, "nodes": cell.nodes, "per_device_batch": batch,
-        "compute_s": compute, "comm_s": comm, "exposed_comm_s": exposed, "step_time_s": step,
+        "compute_s": compute, "data_wait_s": data, "comm_s": comm, "exposed_comm_s": exposed, "step_time_s": step,
         "samples_per_s": samples_per_s, "efficiency": samples_per_s / (base_rate * world),
     }
 
@@ -306,7 +207,7 @@ def predict(cells: list[Cell], base: Baseline, link: Link, overlap: float, base_
     """Predict every cell; find where communication starts to dominate for each shape."""
     check_overlap(overlap)
     predicted = [predict_cell(c, base, link, overlap, base_global_batch) for c in cells]
-    per_sample = base.step_time_s / base.per_device_batch
+    per_sample = base.compute_time_s / base.per_device_batch
     dominates = {}
     for cell in sorted({(c.nodes, c.nproc_per_node) for c in cells if c.world_size > 1}):
         nodes, nproc = cell
