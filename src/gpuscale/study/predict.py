@@ -69,6 +69,13 @@ class Link:
                              "set inter_node_gbps and inter_node_latency_us in the profile (--set)")
         return min(self.inter_bandwidth, self.intra_bandwidth), max(self.inter_latency, self.intra_latency)
 
+    def scaled(self, factor: float, why: str) -> Link:
+        """These figures with every all-reduce `factor` times as long (latencies times it, bandwidths over it)."""
+        inter_bandwidth = None if self.inter_bandwidth is None else self.inter_bandwidth / factor
+        inter_latency = None if self.inter_latency is None else self.inter_latency * factor
+        return Link(intra_bandwidth=self.intra_bandwidth / factor, intra_latency=self.intra_latency * factor,
+                    inter_bandwidth=inter_bandwidth, inter_latency=inter_latency, source=f"{self.source}, {why}")
+
     @classmethod
     def from_measurement(cls, measured: dict[str, Any]) -> Link:
         """Figures from `linkbench` (one node: no inter-node figures)."""

@@ -147,19 +147,27 @@ def _prediction(spec: StudySpec, shapes: list[matrix.Cell], summaries: dict[str,
     prediction = predict.predict_study(shapes, summaries, link, overlap, largest)
     if prediction is None or spec.overlap is not None:
         return prediction
-    return _calibrated(prediction, spec, lambda o: predict.predict_study(shapes, summaries, link, o, largest), unit)
+    return _calibrated(prediction, spec, lambda o, lk: predict.predict_study(shapes, summaries, lk, o, largest), link, unit)
 
 
-def _calibrated(prediction: dict[str, Any], spec: StudySpec, predict_with: Callable[[float], dict[str, Any] | None],
-                unit: str) -> dict[str, Any]:
-    """The prediction made again with the overlap its measured runs show (`gpuscale.study.calibrate`); as it was, with
-    its default's source, where no run measured its exposed communication."""
-    found = calibrate.calibration(prediction, analysis.analyse(spec.out, prediction, spec.target_efficiency)["rows"])
+def _calibrated(prediction: dict[str, Any], spec: StudySpec, predict_with: Callable[[float, predict.Link], dict[str, Any] | None],
+                link: predict.Link, unit: str) -> dict[str, Any]:
+    """The prediction made again with the overlap its measured runs show (`gpuscale.study.calibrate`), the link first
+    scaled to fit them where its all-reduce outlasts them (`calibrate.link_fit`); as it was, with its default's
+    source, where no run measured its exposed communication."""
+    rows = analysis.analyse(spec.out, prediction, spec.target_efficiency)["rows"]
+    found = calibrate.calibration(prediction, rows)
     if found is None:
         default = "GPUs: NCCL runs beside the backward" if unit == "GPU" else "CPUs: gloo's threads share the cores the backward uses"
         return {**prediction, "overlap_source": f"the default for {default}; no run measured its exposed communication"}
+    factor = calibrate.link_fit(prediction, rows)
+    if factor is not None:
+        link = link.scaled(factor, f"its all-reduce times x {factor:.2f} to fit the study's measured runs, which "
+                                   "could not hold them as measured (measured in a busy minute?)")
+        prediction = predict_with(prediction["overlap"], link) or prediction
+        found = calibrate.calibration(prediction, rows) or found
     overlap, source = found
-    return {**(predict_with(overlap) or prediction), "overlap_source": source}
+    return {**(predict_with(overlap, link) or prediction), "overlap_source": source}
 
 
 def _link(spec: StudySpec, num_gpus: int, cores: list[int], max_nproc: int) -> predict.Link:
