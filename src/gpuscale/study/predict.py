@@ -59,6 +59,8 @@ class Link:
     inter_latency: float | None = None
     source: str = ""
     """Where the figures come from: a profile's name, or 'measured (gloo, 2 processes)'."""
+    measured: bool = False
+    """Benchmarked here (`linkbench`), not a profile's figures: a study may scale it to fit its runs."""
 
     def for_nodes(self, nodes: int) -> tuple[float, float]:
         """(bandwidth, latency) of the ring's slowest link for a job on `nodes` nodes."""
@@ -74,13 +76,14 @@ class Link:
         inter_bandwidth = None if self.inter_bandwidth is None else self.inter_bandwidth / factor
         inter_latency = None if self.inter_latency is None else self.inter_latency * factor
         return Link(intra_bandwidth=self.intra_bandwidth / factor, intra_latency=self.intra_latency * factor,
-                    inter_bandwidth=inter_bandwidth, inter_latency=inter_latency, source=f"{self.source}, {why}")
+                    inter_bandwidth=inter_bandwidth, inter_latency=inter_latency, source=f"{self.source}, {why}",
+                    measured=self.measured)
 
     @classmethod
     def from_measurement(cls, measured: dict[str, Any]) -> Link:
         """Figures from `linkbench` (one node: no inter-node figures)."""
         return cls(intra_bandwidth=measured["bandwidth_bytes_per_s"], intra_latency=measured["latency_s"],
-                   source=f"measured ({measured['backend']}, {measured['world_size']} processes)")
+                   source=f"measured ({measured['backend']}, {measured['world_size']} processes)", measured=True)
 
     @classmethod
     def from_profile(cls, profile: Any) -> Link:

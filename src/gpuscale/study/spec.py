@@ -152,15 +152,15 @@ def _prediction(spec: StudySpec, shapes: list[matrix.Cell], summaries: dict[str,
 
 def _calibrated(prediction: dict[str, Any], spec: StudySpec, predict_with: Callable[[float, predict.Link], dict[str, Any] | None],
                 link: predict.Link, unit: str) -> dict[str, Any]:
-    """The prediction made again with the overlap its measured runs show (`gpuscale.study.calibrate`), the link first
-    scaled to fit them where its all-reduce outlasts them (`calibrate.link_fit`); as it was, with its default's
-    source, where no run measured its exposed communication."""
+    """The prediction made again with the overlap its measured runs show (`gpuscale.study.calibrate`), a link measured
+    here first scaled to fit them where its all-reduce outlasts them (`calibrate.link_fit`; a profile's figures are
+    kept as given); as it was, with its default's source, where no run measured its exposed communication."""
     rows = analysis.analyse(spec.out, prediction, spec.target_efficiency)["rows"]
     found = calibrate.calibration(prediction, rows)
     if found is None:
         default = "GPUs: NCCL runs beside the backward" if unit == "GPU" else "CPUs: gloo's threads share the cores the backward uses"
         return {**prediction, "overlap_source": f"the default for {default}; no run measured its exposed communication"}
-    factor = calibrate.link_fit(prediction, rows)
+    factor = calibrate.link_fit(prediction, rows) if link.measured else None  # a profile's figures are the user's word
     if factor is not None:
         link = link.scaled(factor, f"its all-reduce times x {factor:.2f} to fit the study's measured runs, which "
                                    "could not hold them as measured (measured in a busy minute?)")
