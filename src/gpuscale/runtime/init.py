@@ -42,7 +42,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -261,6 +261,7 @@ def init(
         rt.placements = _gather_placements(rt)
         if show_placement and env.world_size > 1 and rt.is_main:
             log.info("placement of %d ranks on %d node(s):\n%s", env.world_size, env.num_nodes, format_placements(rt.placements))
+        _say_restart(rt, os.environ)
         _current = rt
         yield rt
     except Stopped:  # a requested stop after a checkpoint (gpuscale.StopSignal): every rank ends here together
@@ -275,6 +276,16 @@ def init(
         wrapped.forget()
         _teardown(rt, failed)
         restorer.restore()
+
+
+def _say_restart(rt: Runtime, environ: Mapping[str, str]) -> None:
+    """On rank 0 of workers torchrun started again after a failure (--max-restarts): say so, once per restart (torchrun
+    says it only at INFO, which it does not show)."""
+    restarts = environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if rt.is_main and restarts.isdigit() and int(restarts) > 0:
+        most = environ.get("TORCHELASTIC_MAX_RESTARTS", "?")
+        log.warning("torchrun restarted the workers after a failure (restart %s of at most %s); a script with a "
+                    "Checkpointer resumes from its newest checkpoint", restarts, most)
 
 
 def _resolve_options(bind: str | None, timeout: float | None) -> tuple[str, float]:
