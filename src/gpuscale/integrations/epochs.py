@@ -107,7 +107,9 @@ class EpochLoop:
     def __iter__(self) -> Iterator[int]:
         for epoch in range(self.start_epoch, self.epochs):
             self._epoch = epoch
-            self.resumed_inside_epoch = bool(self._partial) and epoch == self.start_epoch
+            # a stop mid-epoch: the running sums it saved, or (a loop without averages saves none) the loader's position
+            inside = bool(self._partial) or getattr(self.loader, "batches_done", 0) > 0
+            self.resumed_inside_epoch = inside and epoch == self.start_epoch
             self._start_averages()
             yield epoch
             self.resumed_inside_epoch = False
@@ -127,7 +129,7 @@ class EpochLoop:
         if self._epoch is None:
             raise RuntimeError("call loop.batches() inside `for epoch in loop:`")
         label = desc or f"epoch {self._epoch + 1}/{self.epochs}"
-        done = getattr(self.loader, "batches_done", 0) if self.resumed_inside_epoch else 0  # a resumed epoch's batches so far
+        done = getattr(self.loader, "batches_done", 0)  # a resumed epoch's batches so far (0 at any other pass's start)
         for batch in progress(self.meter.iter(self.loader), desc=label, total=len(self.loader), initial=done):
             self._stepped = False
             yield batch

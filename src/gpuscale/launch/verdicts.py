@@ -15,6 +15,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import time
 from collections.abc import Iterator, Mapping
@@ -108,12 +109,14 @@ def verdict(failures: Mapping[int, Any], notes: Mapping[int, Mapping[str, Any]],
     return (128 - code if code < 0 else (code or 1)), line
 
 
-TIMEOUT_SYMPTOMS = ("Timed out waiting", "timed out", "Watchdog caught collective operation timeout")
-"""Error texts of a collective that waited out its timeout (gloo's, NCCL's watchdog): its peers never joined it."""
+TIMEOUT_SYMPTOMS = (re.compile(r"Timed out waiting \d+ms for (recv|send) operation"),  # gloo
+                    re.compile(r"Watchdog caught collective operation timeout"))  # NCCL's watchdog
+"""Error texts of a collective that waited out its timeout: its peers never joined it. (A download's "timed out"
+is not one: the rank that timed out there was the one others waited for.)"""
 
 
 def _timed_out(note: Mapping[str, Any] | None) -> bool:
-    return note is not None and any(text in str(note.get("message") or "") for text in TIMEOUT_SYMPTOMS)
+    return note is not None and any(pattern.search(str(note.get("message") or "")) for pattern in TIMEOUT_SYMPTOMS)
 
 
 def _story_code(failures: Mapping[int, Any], notes: Mapping[int, Mapping[str, Any]], ranks: tuple[int, ...]) -> int:
