@@ -687,6 +687,25 @@ def test_a_part_that_ranges_over_the_repeats_takes_that_range_as_its_noise(tmp_p
     assert row["part_noise"]["jitter"] == analysis.NOISE_FLOOR  # one run of 2 processes: nothing ranged
 
 
+def test_a_repeat_that_measured_fewer_parts_does_not_widen_the_rests_noise(tmp_path):
+    """Three runs alike in throughput and in every part they measured: one whose sync probe did not measure
+    communication, one whose step was not split at all. Those put the missing parts in their rest; counted, the
+    rest's noise would be 20 points for nothing. Only runs that measured what the median run measured count."""
+    base = _summary(1, "strong", 100.0, 10.0)
+    base["step_breakdown_s"] = _split(0.32, data=0.032, compute=0.272, comm=0.0, imbalance=0.0) | {"jitter": 0.0}
+    runs = []
+    for _ in range(3):
+        run = _summary(2, "strong", 150.0, 10.0)
+        run["step_breakdown_s"] = _split(2 / 150 * 16, data=0.016, compute=0.136, comm=0.032, imbalance=0.0) | {"jitter": 0.01}
+        runs.append(run)
+    runs[2]["step_breakdown_s"]["exposed_comm"] = None
+    runs[0]["step_breakdown_s"] = None
+    _write_repeats(tmp_path, [[base], runs])
+    row = analysis.analyse(tmp_path)["rows"][1]
+    assert row["loss_breakdown"]["exposed_comm"] == pytest.approx(0.15)  # the median run measured it
+    assert row["part_noise"]["rest"] == analysis.NOISE_FLOOR
+
+
 def test_one_flag_per_cause_lists_its_runs_and_the_advice_fits_the_scaling(tmp_path):
     """Three runs starving for data: one flag naming all three; per-device compute grew under both scalings: the
     weak row's advice does not blame a shrinking per-device batch."""

@@ -191,6 +191,10 @@ def part_noises(row: dict[str, Any], base: dict[str, Any]) -> dict[str, float]:
             for part in PARTS}
 
 
+def _measured_parts(shares: dict[str, float | None]) -> frozenset[str]:
+    return frozenset(part for part, share in shares.items() if share is not None)
+
+
 def _repeats(row: dict[str, Any]) -> list[dict[str, Any]]:
     """Each repeated run of `row` as a row of its own (its throughput and step split); none for a single run, or a
     results.json written before the runs' splits were kept."""
@@ -205,8 +209,12 @@ def part_ranges(row: dict[str, Any], base: dict[str, Any]) -> dict[str, float]:
     """How far each part of `row`'s lost efficiency ranged over the repeated runs (--repeat), in shares of ideal:
     each of the row's runs against the baseline's median run, and the row's median run against each of the
     baseline's runs; the larger of the two ranges (max - min). The rest's range is measured as the parts' are: it
-    takes the loss's chance and every measured part's at once. Empty without repeats."""
-    sides = [[breakdown(run, base) for run in _repeats(row)], [breakdown(row, run) for run in _repeats(base)]]
+    takes the loss's chance and every measured part's at once. Only runs that measured the parts the median run
+    measured count (a repeat without the sync probe's parts, or from an older gpuscale, would put them in its rest).
+    Empty without repeats."""
+    measured = _measured_parts(breakdown(row, base))
+    sides = [[shares for run in _repeats(row) if _measured_parts(shares := breakdown(run, base)) == measured],
+             [shares for run in _repeats(base) if _measured_parts(shares := breakdown(row, run)) == measured]]
     ranges: dict[str, float] = {}
     for side in sides:
         for part in PARTS:
