@@ -212,9 +212,12 @@ def part_ranges(row: dict[str, Any], base: dict[str, Any]) -> dict[str, float]:
     takes the loss's chance and every measured part's at once. Only runs that measured the parts the median run
     measured count (a repeat without the sync probe's parts, or from an older gpuscale, would put them in its rest).
     Empty without repeats."""
+    mine, theirs = _repeats(row), _repeats(base)
+    if not mine and not theirs:
+        return {}
     measured = _measured_parts(breakdown(row, base))
-    sides = [[shares for run in _repeats(row) if _measured_parts(shares := breakdown(run, base)) == measured],
-             [shares for run in _repeats(base) if _measured_parts(shares := breakdown(row, run)) == measured]]
+    sides = [[shares for run in mine if _measured_parts(shares := breakdown(run, base)) == measured],
+             [shares for run in theirs if _measured_parts(shares := breakdown(row, run)) == measured]]
     ranges: dict[str, float] = {}
     for side in sides:
         for part in PARTS:
