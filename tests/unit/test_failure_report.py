@@ -199,3 +199,18 @@ def test_torchruns_error_file_is_written_whole_or_not_at_all(tmp_path, monkeypat
     assert not target.exists()  # nothing for the launcher to choke on; the rank's own note and report still count
     assert os.environ["TORCHELASTIC_ERROR_FILE"] == str(target)  # put back
     capsys.readouterr()
+
+
+def test_an_unreadable_error_file_names_this_nodes_first_failure(tmp_path):
+    """A batch script's nodes share the failure folder: where torchrun could not read an error file, the agent names
+    the earliest failure among its own node's ranks, not another node's earlier one (whose host it would misname)."""
+    from gpuscale.launch.agent import _unreadable_error_file
+
+    here = socket.gethostname()
+    (tmp_path / "rank-0.json").write_text(json.dumps({"rank": 0, "time": 100.0, "host": "another-node", "symptom": False,
+                                                      "message": "boom", "repeat_of": None}))
+    (tmp_path / "rank-3.json").write_text(json.dumps({"rank": 3, "time": 101.0, "host": here, "symptom": False,
+                                                      "message": "boom", "repeat_of": None}))
+    outcome = _unreadable_error_file(str(tmp_path), None)
+    assert outcome.code == 1 and outcome.rank == 3
+    assert outcome.line.startswith(f"gpuscale run: rank 3 on {here} failed first (its error is above")

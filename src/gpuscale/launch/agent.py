@@ -113,9 +113,10 @@ def _ended_by_signal(received: signal.Signals, stopped_seen: bool) -> Outcome:
 def _unreadable_error_file(directory: str, records: Path | None) -> Outcome:
     """The outcome of a run whose failure torchrun could not take in, since a rank's error file was empty or cut
     short (written in place by torch's ``@record``, the rank stopped mid-write): the agent has stopped the workers,
-    and the ranks' own notes say which failed first; the exit codes are unknown (1)."""
-    notes = _notes(directory, records, None)
+    and the ranks' own notes say which failed first (this node's: a batch script's nodes share the folder); the exit
+    codes are unknown (1)."""
     host = socket.gethostname()
+    notes = {rank: note for rank, note in _notes(directory, records, None).items() if note.get("host") in (host, None)}  # this node's
     if not notes:
         return Outcome(1, "gpuscale run: a rank failed, and torchrun could not read its error file (empty or cut short); "
                           "the ranks' output above says why", when=time.time())

@@ -51,7 +51,7 @@ def note_from_record(record: Mapping[str, Any]) -> dict[str, Any] | None:
     if not record.get("error") or not isinstance(record.get("rank"), int):
         return None
     error = str(record.get("error") or "")
-    return {"rank": record["rank"], "time": record.get("written_at") or time.time(),
+    return {"rank": record["rank"], "time": record.get("written_at") or time.time(), "host": record.get("host"),
             "symptom": any(symptom in error for symptom in PEER_SYMPTOMS), "message": error, "repeat_of": None}
 
 

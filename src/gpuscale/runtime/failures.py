@@ -258,7 +258,8 @@ def note_failure(env: DistEnv | int, exc: BaseException, repeat_of: int | None =
     if not directory:
         return
     rank = env if isinstance(env, int) else env.rank
-    note = {"rank": rank, "time": time.time(), "symptom": is_peer_symptom(exc), "message": str(exc)[:500], "repeat_of": repeat_of}
+    note = {"rank": rank, "time": time.time(), "host": socket.gethostname(), "symptom": is_peer_symptom(exc),
+            "message": str(exc)[:500], "repeat_of": repeat_of}
     try:
         atomic_write_json(Path(directory) / f"rank-{rank}.json", note)
     except Exception:  # a courtesy for the launcher's summary; the report above went out
