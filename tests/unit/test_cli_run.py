@@ -313,6 +313,11 @@ def test_cli_a_folder_or_a_data_file_is_no_script(clean_environ, capsys, tmp_pat
     check_script_path(str(tmp_path / "train.job"))
     (tmp_path / "train").write_text("print('hi')\n")
     check_script_path(str(tmp_path / "train"))
+    (tmp_path / "app.pyz").write_bytes(b"PK")  # a zip app: python runs it
+    check_script_path(str(tmp_path / "app.pyz"))
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__main__.py").write_text("")  # a folder python runs
+    check_script_path(str(tmp_path / "pkg"))
 
 
 def test_cli_a_module_no_rank_could_import_is_refused(clean_environ, capsys, tmp_path):
@@ -323,9 +328,14 @@ def test_cli_a_module_no_rank_could_import_is_refused(clean_environ, capsys, tmp
     assert_one_line_error(capsys, "no module named 'nonexistent_mod' here or on the path")
     from gpuscale.cli.run import check_module_name
 
-    (tmp_path / "mytrain_here.py").write_text("")
+    (tmp_path / "mytrain_here.py").write_text("raise SystemExit('imported: the check must only look it up')")
     check_module_name("mytrain_here")
     check_module_name("gpuscale.study.linkbench")
+    for bad, said in (("gpuscale.study.no_such_module", "no module named 'gpuscale.study.no_such_module'"),
+                      ("mytrain_here.py", "a module's name has no .py; give -m mytrain_here"),
+                      ("mytrain_here.sub", "mytrain_here is a module, not a package")):
+        with pytest.raises(ValueError, match=re.escape(said)):
+            check_module_name(bad)
 
 
 def test_cli_missing_script_checked_before_nproc(clean_environ, capsys, tmp_path):

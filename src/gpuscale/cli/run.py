@@ -177,26 +177,37 @@ def handles_signals_option(parser: argparse.ArgumentParser | None = None) -> boo
 
 
 def check_module_name(module: str) -> None:
-    """Refuse, before any rank starts, a -m module whose top-level package no rank could import (each rank runs
-    `python -m MODULE` from this folder: the folder, then the path)."""
-    top = module.split(".")[0]
-    if not top.isidentifier():
+    """Refuse, before any rank starts, a -m module no rank could import (each rank runs `python -m MODULE` from this
+    folder: the folder, then the path). Its packages are looked up, not imported: no code of the user's runs here."""
+    if module.endswith(".py"):
+        raise ValueError(f"-m {module}: a module's name has no .py; give -m {module[:-3]} (or the script's path without -m)")
+    parts = module.split(".")
+    if not all(part.isidentifier() for part in parts):
         raise ValueError(f"-m {module!r} is not a module name; give a dotted name such as mypkg.train (or a script's path without -m)")
-    if importlib.util.find_spec(top) is None and importlib.machinery.PathFinder.find_spec(top, [os.getcwd()]) is None:
-        raise ValueError(f"-m {module}: no module named {top!r} here or on the path; run from the folder that holds it, or "
-                         "give a script's path without -m")
+    spec = importlib.machinery.PathFinder.find_spec(parts[0], [os.getcwd()]) or importlib.util.find_spec(parts[0])
+    for depth in range(1, len(parts) + 1):
+        if spec is None:
+            raise ValueError(f"-m {module}: no module named {'.'.join(parts[:depth])!r} here or on the path; run from the "
+                             "folder that holds it, or give a script's path without -m")
+        if depth == len(parts):
+            return
+        if spec.submodule_search_locations is None:
+            raise ValueError(f"-m {module}: {'.'.join(parts[:depth])} is a module, not a package; give -m {'.'.join(parts[:depth])}")
+        spec = importlib.machinery.PathFinder.find_spec(parts[depth], list(spec.submodule_search_locations))
 
 
 def check_script_path(script: str) -> None:
     """Refuse, before any rank starts, a script that is missing, a folder, or a file of another kind (a summary.json,
-    a shell script: every rank would fail on it as Python). A file with no suffix may be Python; so may one whose first
-    line says python."""
+    a shell script: every rank would fail on it as Python). What `python PATH` runs passes: a file with no suffix, a
+    zip app, a compiled script, a folder with a __main__.py, and any file whose first line says python."""
     path = Path(script)
     if path.is_dir():
+        if (path / "__main__.py").is_file():
+            return  # `python FOLDER` runs its __main__.py
         raise ValueError(f"script {script!r} is a folder; give the path of a Python file in it (or -m for a module)")
     if not path.is_file():
         raise ValueError(f"script {script!r} does not exist; give the path of a Python file (or -m for a module)")
-    if path.suffix not in ("", ".py", ".pyw"):
+    if path.suffix not in ("", ".py", ".pyw", ".pyc", ".pyz", ".zip"):  # zip apps and compiled scripts run too
         try:
             with path.open("rb") as f:
                 first = f.readline(200)
