@@ -422,8 +422,21 @@ def test_resume_between_batches_of_this_job_retrains_the_batch_that_holds_the_po
     rest = [i for loader in resumed for b in loader for i in b.tolist()]
     assert len(rest) == 64 - 16 and set(trained + rest) == set(range(64))
     assert len(set(trained) & set(rest)) == 8
-    assert warnings_seen == ["resuming epoch 0 after 24 samples, not a whole number of this job's batches (4 "
-                             "samples on each of 4 rank(s)): its last 8 are trained again"]  # rank 0's, not one per rank
+    assert warnings_seen == ["resuming epoch 1 after 24 samples, not a whole number of this job's optimizer steps (16 "
+                             "samples over all ranks): the last 8 are trained again"]  # rank 0's, not one per rank
+
+
+def test_resume_with_accumulation_starts_at_an_optimizer_steps_first_micro_batch():
+    """Weak scaling, 4 samples per device in 2 micro-batches of 2: 3 steps on 2 ranks (24 samples) resumed on 4 ranks
+    (16 samples a step) start at the second step's first micro-batch, not in the middle of a step (micro-batch 3 of 4,
+    which would leave an accumulation half done at the epoch's end)."""
+    first = make_loader(Indices(64), plan_batch(4, 2, scaling="weak", max_per_device=2), rt=rt(0, 2), seed=5)
+    it = iter(first)
+    for _ in range(3 * 2):
+        next(it)
+    resumed = make_loader(Indices(64), plan_batch(4, 4, scaling="weak", max_per_device=2), rt=rt(0, 4), seed=5)
+    resumed.load_state_dict(first.state_dict())
+    assert resumed.plan.grad_accum_steps == 2 and resumed.state_dict()["batches_done"] == 2
 
 
 # --------------------------------------------------------------------------------------------------

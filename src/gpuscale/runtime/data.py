@@ -152,20 +152,20 @@ class ShardedLoader:
         ranks continues the interrupted epoch after the samples it had trained. A training sampler deals the epoch's
         one shuffled order out rank by rank, so the samples trained first are its first ones whatever the number of
         ranks, and the rest of the epoch is the samples not yet trained (but for the few a sampler repeats to even out the
-        ranks' shares). Where that position is not a whole
-        number of this job's batches over all ranks, it resumes at the batch that holds it (and says how many samples
-        are trained twice). A state from before the world size was saved is taken as this job's."""
+        ranks' shares). Where that position is not a whole number of this job's optimizer steps (its batches over all
+        ranks, times its accumulation), it resumes at the step that holds it (and says how many samples are trained
+        twice). A state from before the world size was saved is taken as this job's."""
         self.epoch, self.batches_done = int(state["epoch"]), int(state["batches_done"])
         saved_batch = int(state.get("per_device_batch", self.plan.per_device_batch))
         saved_world = int(state.get("world_size", self.plan.world_size))
         if (saved_batch, saved_world) != (self.plan.per_device_batch, self.plan.world_size):
             trained = self.batches_done * saved_batch * saved_world
-            per_pass = self.plan.per_device_batch * self.plan.world_size
-            self.batches_done, again = divmod(trained, per_pass)
+            per_step = self.plan.per_device_batch * self.plan.world_size * self.plan.grad_accum_steps
+            steps, again = divmod(trained, per_step)  # at an optimizer step's start: its micro-batches whole
+            self.batches_done = steps * self.plan.grad_accum_steps
             if again and getattr(self.sampler, "rank", 0) == 0:
-                log.warning("resuming epoch %d after %d samples, not a whole number of this job's batches (%d "
-                            "samples on each of %d rank(s)): its last %d are trained again", self.epoch, trained, self.plan.per_device_batch,
-                            self.plan.world_size, again)
+                log.warning("resuming epoch %d after %d samples, not a whole number of this job's optimizer steps (%d "
+                            "samples over all ranks): the last %d are trained again", self.epoch + 1, trained, per_step, again)
         self.batches_done = min(self.batches_done, len(self.loader))
 
 

@@ -314,6 +314,9 @@ class Checkpointer:
                 if name == "optimizer":
                     with keeping_implementation(target):
                         strategy.load_optimizer_state_dict(model, target, payload[name])
+                elif name == "loader" and isinstance(payload[name], dict) and "batches_done" in payload[name]:
+                    # a gpuscale loader's position per rank: older ones do not say of how many ranks; the checkpoint does
+                    target.load_state_dict({"world_size": payload["world_size"], **payload[name]})
                 else:
                     target.load_state_dict(payload[name])
         if payload["world_size"] == rt.world_size:
