@@ -1,7 +1,9 @@
-"""files.py under the worst umask: new directories and files are never world-writable; the umask helper restores."""
+"""files.py: under the worst umask new directories and files are never world-writable, the umask helper restores; which
+summary a run that trained nothing keeps."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 
@@ -63,3 +65,22 @@ def test_cli_tightens_the_umask_while_a_verb_runs_and_restores_it(tmp_path, umas
     assert main(["slurm", "script", "--profile", "local", "--gpus-per-node", "1", "-o", str(out), "--", str(script)]) == 0
     assert _mode(out) == 0o755 and _mode(tmp_path / "deep") == 0o775
     assert os.umask(0) == 0  # put back for the caller
+
+
+def test_a_run_that_trained_nothing_keeps_only_its_own_experiments_summary(tmp_path):
+    """A finished run started again took no step: the summary of the run that trained (same ranks, scaling and
+    batches) stands; another experiment's in a reused folder, or a summary with no steps, does not."""
+    from gpuscale.base.files import trained_summary
+
+    untrained = {"world_size": 2, "scaling": "strong", "global_batch": 32, "per_device_batch": 16, "grad_accum_steps": 1,
+                 "steps": 0}
+    path = tmp_path / "summary.json"
+    assert trained_summary(path, untrained) is None  # none there
+    path.write_text(json.dumps({**untrained, "steps": 64, "samples_per_s": 1564.0}))
+    assert trained_summary(path, untrained)["samples_per_s"] == 1564.0
+    path.write_text(json.dumps({**untrained, "steps": 64, "global_batch": 64, "per_device_batch": 32}))
+    assert trained_summary(path, untrained) is None  # another experiment's
+    path.write_text(json.dumps(untrained))
+    assert trained_summary(path, untrained) is None  # it trained nothing either
+    path.write_text("{not json")
+    assert trained_summary(path, untrained) is None

@@ -109,3 +109,19 @@ def write_run_files(out_dir: str | os.PathLike[str], summary: Any, timeline: Any
     else:
         (out / "timeline.json").unlink(missing_ok=True)
     atomic_write_json(out / summary_name, summary)
+
+
+RUN_KEYS = ("world_size", "scaling", "global_batch", "per_device_batch", "grad_accum_steps")
+"""What makes two runs' summaries the same experiment: the ranks, the scaling and the batches."""
+
+
+def trained_summary(path: str | os.PathLike[str], untrained: dict[str, Any]) -> dict[str, Any] | None:
+    """The summary at `path` of a run that trained the experiment `untrained` (a run that took no step, a finished
+    run started again) is part of: the same `RUN_KEYS`, with steps taken. None for another experiment's, or none."""
+    try:
+        kept = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(kept, dict) or not kept.get("steps") or any(kept.get(k) != untrained.get(k) for k in RUN_KEYS):
+        return None
+    return kept

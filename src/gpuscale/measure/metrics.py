@@ -36,7 +36,7 @@ import torch.distributed as dist
 from gpuscale._version import __version__
 from gpuscale.base import wrapped
 from gpuscale.base.batches import batch_len as _batch_len
-from gpuscale.base.files import write_run_files
+from gpuscale.base.files import trained_summary, write_run_files
 from gpuscale.detect.log import get_logger
 from gpuscale.measure.monitor import Monitor, device_stats, make_timeline, monitor_enabled
 from gpuscale.measure.probe.recorder import meter_created
@@ -380,17 +380,18 @@ class Meter:
         """Stop the monitor, compute the summary (collective), and write on rank 0 ``out_dir/summary.json``
         and ``out_dir/timeline.json`` (removed, when the monitor is off, so that it never describes
         another run than the summary), saying where in one line (INFO). A run that took no optimizer step (a finished
-        run started again) keeps the summary already there, of the run that trained. Call `summary` for numbers mid-run: it keeps
-        the monitor going."""
+        run started again) keeps, and returns, the summary already there of the same experiment
+        (`gpuscale.base.files.trained_summary`). Call `summary` for numbers mid-run: it keeps the monitor going."""
         if self.monitor is not None:
             self.monitor.stop()
         summary = self.summary(**metrics)
         timeline = self._timeline()
-        kept = Path(out_dir) / "summary.json"
-        if self.rt.is_main and not summary.get("steps") and kept.is_file():
+        trained = trained_summary(Path(out_dir) / "summary.json", summary) if not summary.get("steps") else None
+        if self.rt.is_main and trained is not None:
             log.info("this run took no optimizer step (nothing was left to train): kept %s, the summary of the run that "
-                     "trained", kept)
-        elif self.rt.is_main:
+                     "trained", Path(out_dir) / "summary.json")
+            return trained
+        if self.rt.is_main:
             write_run_files(out_dir, summary, timeline)
             rate = summary.get("samples_per_s") or 0.0
             log.info("wrote %s: %s train samples/s over %d optimizer steps", Path(out_dir) / "summary.json",
