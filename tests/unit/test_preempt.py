@@ -64,9 +64,11 @@ def test_bad_check_settings_are_refused(every, interval_s, message):
 
 def test_a_stop_signal_tells_the_batch_script_it_stops_at_a_checkpoint(tmp_path, monkeypatch):
     """The notes the batch script reads (slurm.stopping): the marker exists while a StopSignal handles the signals,
-    and exit() leaves "stopped" beside it."""
+    and exit() leaves "stopped" beside it. An earlier attempt's "stopped" is gone once this attempt's StopSignal is
+    made: a launcher must not take a later death for a stop."""
     marker = tmp_path / "stops-at-checkpoint"
     monkeypatch.setenv("GPUSCALE_STOP_MARKER", str(marker))
+    (tmp_path / "stops-at-checkpoint.stopped").write_text("an earlier attempt's stop\n")  # torchrun restarted the group
     with pytest.raises(SystemExit) as ended:
         with gpuscale.init(show_placement=False):
             with gpuscale.StopSignal() as stop:

@@ -41,6 +41,7 @@ a while after it passed a signal on) remains the last word.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -92,7 +93,11 @@ class StopSignal:
             self._group = dist.new_group(backend="gloo")  # the flag travels on CPU: no device sync per step
         self._previous = {sig: signal.signal(sig, self._handle) for sig in signals}
         # Only now that the handlers are in place: the batch script passes SLURM's warning on from here on.
-        _note_for_batch_script(os.environ.get(STOP_MARKER), "a rank stops at a checkpoint on USR1 and TERM\n")
+        marker = os.environ.get(STOP_MARKER)
+        _note_for_batch_script(marker, "a rank stops at a checkpoint on USR1 and TERM\n")
+        if marker:  # a stop of an earlier attempt (torchrun restarted the group) is not this one's; every rank gets
+            with contextlib.suppress(OSError):  # here before any stops, since the stop is agreed by all
+                os.remove(stopped_marker(marker))
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if not self._received:
