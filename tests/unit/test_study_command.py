@@ -111,3 +111,5 @@ def test_a_batch_the_script_would_never_see_is_refused(tmp_path, source):
         StudySpec(command=(str(script),), out=tmp_path / "s", variants=variants, global_batch=64)
     StudySpec(command=(str(script), "--batch-size", "{per_device_batch}"), out=tmp_path / "s", variants=variants, global_batch=64)
     StudySpec(command=(str(script), "--batch-size", "32"), out=tmp_path / "s")  # no batch asked: the script's own
+    with pytest.raises(ValueError, match="reaches the script only through a batch template"):  # passes, not the batch
+        StudySpec(command=(str(script), "--accum", "{grad_accum_steps}"), out=tmp_path / "s", global_batch=64)

@@ -7,7 +7,8 @@ torchrun otherwise). Either way:
 - torchrun's routine log lines on a worker's end and its FAILED block are left out (`verdicts.quiet_torchrun_logs`):
   the ranks told their own story (`gpuscale.runtime.failures`); a traceback no rank printed is shown (`unseen_tracebacks`);
 - the exit code is the first failing rank's own (torchrun's is 1 for any failure), or 128 + the signal that
-  ended the agent, as a shell reports it.
+  ended the agent, as a shell reports it; 75 where that signal, passed on, stopped the ranks at a checkpoint
+  (`gpuscale run`: a loop around it tells "run me again" from a death).
 
 `gpuscale run` ends with a line naming the rank that failed first (`Outcome.line`). In a batch script the node
 notes that rank instead, in the job's exit-notes folder (GPUSCALE_EXIT_DIR, `slurm.stopping`): the batch script

@@ -227,9 +227,21 @@ def _current_gpu(script: Script, node: ast.AST) -> str | None:
         if name == "to" and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value == "cuda":
             return ast.unparse(node)
         device = keyword(node, "device")
-        if isinstance(device, ast.Constant) and device.value == "cuda":
+        if isinstance(device, ast.Constant) and device.value == "cuda" and not script.qualname(node).startswith("torch.cuda."):
             return f'device="cuda" in {last_name(node.func)}(...)'
     return None
+
+
+def _sets_visible_devices(script: Script) -> bool:
+    """Whether the script sets CUDA_VISIBLE_DEVICES (or ROCm's) itself: `os.environ[...] = ...`, `.setdefault(...)`,
+    `os.putenv(...)`; reading it sets nothing."""
+    for node in script.nodes:
+        if isinstance(node, ast.Assign) and any(environ_key(script, t) in VISIBLE_DEVICES for t in node.targets):
+            return True
+        if isinstance(node, ast.Call) and last_name(node.func) in ("setdefault", "putenv", "update") \
+                and any(isinstance(a, ast.Constant) and a.value in VISIBLE_DEVICES for a in node.args):
+            return True
+    return False
 
 
 def check_current_gpu(script: Script) -> Iterator[Hit]:
@@ -240,7 +252,7 @@ def check_current_gpu(script: Script) -> Iterator[Hit]:
     if script.uses_gpuscale_init or not script.calls_named("init_process_group"):
         return
     if script.calls_named(*DEVICE_CHOOSERS) or any(script.qualname(c) == "torch.cuda.device" for c in script.calls) \
-            or any(environ_key(script, n) in VISIBLE_DEVICES for n in script.nodes if isinstance(n, (ast.Subscript, ast.Call))):
+            or _sets_visible_devices(script):
         return  # chosen (set_device, `with torch.cuda.device(rank):`), or each rank sees only its own GPU
     uses = [(node, what) for node in script.nodes if (what := _current_gpu(script, node)) is not None]
     if uses:  # one finding, at the first use: one fix mends them all

@@ -169,10 +169,10 @@ class StudyCommand:
 
 def check_batch_reaches_script(argv: tuple[str, ...], variants: tuple[tuple[str, tuple[str, ...]], ...], option: str) -> None:
     """Refuse a batch option (`option`, e.g. "--global-batch 64") that some cell's command would never pass on: the
-    study hands its batch to a script only through a batch template in the script's arguments (or a variant's). A
-    script without one trains its own batch, and the study's batch would be a number in study.json that no run used."""
+    study hands its batch to a script only through {per_device_batch} or {global_batch} in the script's arguments (or
+    a variant's). A script without one trains its own batch, and the study's batch would be a number in study.json that no run used."""
     for name, extra in variants or (("", ()),):
-        if not _templates_in((*argv, *extra)) & set(BATCH_TEMPLATES):
+        if not _templates_in((*argv, *extra)) & {"per_device_batch", "global_batch"}:  # {grad_accum_steps} alone is no batch
             whose = f"variant {name!r}'s arguments and the script's" if name else "the script's arguments"
             raise ValueError(f"{option} reaches the script only through a batch template, and {whose} hold none: write it "
                              "where the script reads its batch, e.g. -- train.py --batch-size {per_device_batch} (a gpuscale "
