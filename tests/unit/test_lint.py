@@ -576,3 +576,18 @@ def test_findings_of_one_rule_in_one_script_are_grouped(tmp_path):
     assert len(lines) == 20 and lines[0].count("\n") == 2  # one block with why and fix, then one line per place
     assert all(line.endswith("(why and fix as above)") and ":GS103" not in line for line in lines[1:])
     assert [line.split(":")[1] for line in lines] == [str(n) for n in range(3, 23)]
+
+
+@pytest.mark.parametrize(("line", "flagged"), [
+    ("pass", True),
+    ('print(os.environ.get("CUDA_VISIBLE_DEVICES"))', True),  # reading it chooses nothing
+    ('os.environ["CUDA_VISIBLE_DEVICES"] = os.environ["LOCAL_RANK"]', False),  # each rank sees only its own GPU
+    ('os.environ.setdefault("HIP_VISIBLE_DEVICES", os.environ["LOCAL_RANK"])', False),
+    ('torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))', False),
+])
+def test_gs116_the_current_gpu_is_chosen_by_setting_it_not_by_reading_it(line, flagged):
+    source = ("import os\nimport torch\nimport torch.distributed as dist\n\n\ndef main():\n    dist.init_process_group('nccl')\n"
+              f"    {line}\n    model = torch.nn.Linear(2, 2).cuda()\n    used = torch.cuda.memory_allocated(device='cuda')\n"
+              "    dist.destroy_process_group()\n")
+    found = [(f.rule, f.line) for f in lint_source(source, "t.py") if f.rule == "GS116"]
+    assert found == ([("GS116", 9)] if flagged else [])  # at the model's .cuda(), not at torch.cuda's query
