@@ -7,7 +7,8 @@ Strong scaling 1 -> 2 processes over gloo, a global batch of 64, --repeat 3, one
     straggler  rank 1 busy-waits 10 ms before each backward: imbalance = 10 ms / 32 per sample, rank 1 named
     clean      nothing injected: data, imbalance and the rest each within 10% of ideal, no part below -2% beyond its noise
 
-and the prediction's exposed communication, its overlap calibrated on the three runs, within 15 points of each.
+and the prediction's exposed communication, its overlap calibrated on the three runs, within 15 points of each (plus
+the measurement's own range over its repeats).
 
 The truth is the delay injected and the throughput measured: each expected share is computed by hand from them.
 """
@@ -104,5 +105,7 @@ def test_the_prediction_meets_the_measured_communication(study):
     _, results, rows = study
     assert "calibrated on the study's 3 measured runs" in results["prediction"]["overlap_source"]
     for row in rows.values():
+        # the model's 15 points, and the measurement's own chance: how far it ranged over the row's repeats
         measured, predicted = row["loss_breakdown"]["exposed_comm"], row["predicted_breakdown"]["exposed_comm"]
-        assert abs(measured - predicted) <= 0.15, (row["variant"], measured, predicted)
+        allowed = 0.15 + noise_of(row, "exposed_comm")
+        assert abs(measured - predicted) <= allowed, (row["variant"], measured, predicted, allowed, results["prediction"]["link"])
