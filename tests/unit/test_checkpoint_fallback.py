@@ -113,3 +113,24 @@ def test_a_flipped_bit_is_caught_by_the_checksum_and_resume_falls_back(tmp_path)
         finally:
             logger.removeHandler(warned)
         assert any("skipping step-000000003.pt" in line and "damaged" in line for line in warned.lines), warned.lines
+
+
+def test_an_older_checkpoints_loader_position_is_read_with_the_checkpoints_rank_count(tmp_path):
+    """A checkpoint of 2 ranks from a gpuscale whose loader state did not say its rank count, resumed on 1 process:
+    its position (6 batches of 4 on each of 2 ranks: 48 samples) is read with the checkpoint's 2 ranks, so the epoch
+    goes on at sample 48 (12 batches of 4 here), not at 24."""
+    from gpuscale.train.checkpoint import write_checksums
+
+    with gpuscale.init(show_placement=False) as rt:
+        model = gpuscale.wrap(nn.Linear(4, 2))
+        data = torch.utils.data.TensorDataset(torch.arange(128.0))
+        loader = gpuscale.make_loader(data, gpuscale.plan_batch(4, 1), rt=rt, seed=1)
+        ckpt = gpuscale.Checkpointer(tmp_path / "ckpt")
+        path = ckpt.save(step=6, model=model, loader=loader)
+        payload = torch.load(path, weights_only=True)
+        payload["world_size"], payload["rng"] = 2, payload["rng"] * 2  # as 2 ranks wrote it
+        payload["loader"] = {"epoch": 0, "batches_done": 6, "per_device_batch": 4}  # no "world_size": older
+        torch.save(payload, path)
+        write_checksums(path)
+        ckpt.resume(model=model, loader=loader)
+        assert loader.batches_done == 12
