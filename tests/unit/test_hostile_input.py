@@ -615,9 +615,13 @@ def test_consolidate_of_a_file_that_is_no_checkpoint_exits_2(tmp_path_factory, c
 
 
 @pytest.mark.parametrize("name", ["--foo", "-h"])
-def test_a_module_named_like_an_option_is_launched_as_the_module(cli_dir, name):
-    code, out, err = run_cli(["run", "--nproc-per-node", "1", "-m", "--", name], cli_dir)
-    assert code == "launched", (code, err[:300])
+def test_a_module_named_like_an_option_is_taken_as_the_module(cli_dir, name):
+    """After `--` the word is the module, not an option of gpuscale's; no module has such a name, so it is refused as
+    one, in one line, before any rank runs `python -m --foo`."""
+    argv = ["run", "--nproc-per-node", "1", "-m", "--", name]
+    code, out, err = run_cli(argv, cli_dir)
+    assert code == 2 and f"-m {name!r} is not a module name" in err, (code, err[:300])
+    assert_clean_exit(argv, code, out, err)
 
 
 @FEW
