@@ -176,9 +176,8 @@ class Meter:
         meter_created()  # under gpuscale's probe: this script measures itself
         self.plan = plan
         self.seconds = {"data_wait": 0.0, "eval": 0.0, "checkpoint": 0.0}
-        self.batches = 0
-        self.samples = 0
-        self.epochs: float = 0  # whole epochs; the HF Trainer's callback sets its fractional count
+        self.batches, self.samples = 0, 0
+        self.epochs: float = 0  # whole passes with a batch; the HF Trainer's callback sets its fractional count
         self.created = time.time()
         self.train_started: float | None = None  # wall clock of the first batch request
         self.warmup_steps = warmup_steps
@@ -199,6 +198,7 @@ class Meter:
         if self.train_started is None:
             self.train_started = time.time()
         iterator = iter(loader)
+        before = self.batches
         while True:
             start = time.perf_counter()
             try:
@@ -211,7 +211,8 @@ class Meter:
             self.samples += _batch_len(batch)
             yield batch
         self._sync()
-        self.epochs += 1
+        if self.batches > before:  # a pass resumed after its last batch trained nothing: no epoch of this run
+            self.epochs += 1
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
