@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 import gpuscale
 
 
@@ -10,7 +12,8 @@ def test_a_pass_without_a_batch_is_no_epoch_of_this_run(single_process):
     the summary's "epochs" counts the passes that trained, here 2, not 3."""
     with gpuscale.init(show_placement=False):
         meter = gpuscale.Meter(gpuscale.plan_batch(2, 1), monitor=False)
-        for loader in ([], [[1, 2], [3, 4]], [[5, 6]]):
+        batch = torch.zeros(2, 3)
+        for loader in ([], [batch, batch], [batch]):
             for _ in meter.iter(loader):
                 pass
         assert meter.epochs == 2 and meter.batches == 3
