@@ -17,6 +17,7 @@ checked for the mistakes that make N GPUs train wrong or slow:
     GS113  DeepSpeed config batch sizes that disagree with the DataLoader
     GS114  random_split / shuffle unseeded (or seeded per rank) before sharding: validation leaks into training
     GS115  a function run by mp.spawn reads a global set only under if __name__ == "__main__"
+    GS116  .cuda() / "cuda" with no torch.cuda.set_device: every rank of the node on GPU 0
 
 Each finding prints as `path:line:col: GS1xx what is wrong`, then why it matters and the fix (the
 gpuscale call that does it right). Folders are linted recursively (*.py).
