@@ -527,14 +527,16 @@ def test_a_scaling_whose_baseline_failed_has_no_speedup_and_says_why(tmp_path):
     assert "weak scaling has no speed-up" in table and "weak scaling has no speed-up" in format_markdown(results, plots=[])
 
 
-def _write_batch_study(tmp_path, trained, probe=None):
-    """A study of a script with a batch template and --global-batch 64, whose runs trained `trained` per rank."""
+def _write_batch_study(tmp_path, trained, probe=None, passes=None):
+    """A study of a script with a batch template and --global-batch 64, whose runs trained `trained` per rank per
+    pass, in `passes(cell)` passes per optimizer step (1 by default)."""
     cells = [Cell("weak", 1, 1), Cell("weak", 1, 2), Cell("strong", 1, 1), Cell("strong", 1, 2)]
     runner.record_study(tmp_path, ["train.py", "--batch-size", "{per_device_batch}"], "local", cells, batch={"global_batch": 64})
     for cell, sps in zip(cells, (100.0, 190.0, 101.0, 180.0), strict=True):
+        accum = passes(cell) if passes else 1
         summary = {**_summary(cell.world_size, cell.scaling, sps, 10.0), "per_device_batch": trained,
-                   "global_batch": trained * cell.world_size, "measured_by": "probe", "samples_from": "data loader",
-                   "probe": probe or {"synchronised": True}}
+                   "grad_accum_steps": accum, "global_batch": trained * accum * cell.world_size, "measured_by": "probe",
+                   "samples_from": "data loader", "probe": probe or {"synchronised": True}}
         (tmp_path / cell.name).mkdir()
         (tmp_path / cell.name / "summary.json").write_text(json.dumps(summary))
 
@@ -559,6 +561,24 @@ def test_only_the_runs_that_trained_another_batch_are_named(tmp_path):
     assert ignored.endswith("in strong-1x2 (64, not 32). Pass the batch template to the option the script reads "
                             "(e.g. --batch-size {per_device_batch}).")
     assert shared.startswith("weak-1x1 and strong-1x1 ran the same experiment") and same.startswith("weak-1x2 and strong-1x2")
+
+
+def test_a_script_that_splits_the_planned_batch_into_passes_of_its_own_trained_the_plan(tmp_path):
+    """Accelerate's nlp_example way: above 16 samples a pass, the script accumulates (64 = 16 x 4 on one device; the
+    strong 2-device cells' 32 = 16 x 2). Per optimizer step each rank trained what was planned: no note, and the
+    table shows the passes ("16 x 4"), not a per-device batch of 16 beside a global one of 64."""
+    from gpuscale.study.report import format_table
+
+    _write_batch_study(tmp_path, trained=16, passes=lambda cell: 4 if cell.scaling == "weak" or cell.world_size == 1 else 2)
+    results = analysis.analyse(tmp_path)
+    assert not [n for n in results["notes"] if "ignored the batch" in n]
+    table = format_table(results)
+    assert next(line for line in table.splitlines() if line.startswith("strong-1x2")).split()[4:7] == ["64", "16", "x"]
+    assert "per-device batch: samples on each device per pass" in table
+    (tmp_path / "b").mkdir()
+    _write_batch_study(tmp_path / "b", trained=16, passes=lambda cell: 2)
+    ignored = next(n for n in analysis.analyse(tmp_path / "b")["notes"] if "ignored the batch" in n)
+    assert "weak-1x1 (32 (16 x 2), not 64)" in ignored  # 2 passes of 16 where 64 were planned
 
 
 @pytest.mark.parametrize("libraries, cause", [(["accelerate", "transformers"], "ACCELERATE_USE_CPU=1"),

@@ -36,9 +36,9 @@ def planned_baselines(cells: list[Cell]) -> dict[str, str]:
 def check_experiments(rows: list[dict[str, Any]], study: dict[str, Any], cells: list[Cell]) -> list[str]:
     """Check that each run is the experiment the study planned, before any speed-up is shown: one line per finding.
 
-    - Each rank trained the per-device batch the study planned (where the script's arguments carry a batch
-      template and something other than that template counted the samples): a script that ignores the
-      template trains its own batch, and its row shows the batch it really trained. Runs of weak and strong
+    - Each rank trained the per-device batch the study planned per optimizer step, in passes of any size (where
+      the script's arguments carry a batch template and something other than that template counted the samples):
+      a script that ignores the template trains its own batch, and its row shows the batch it really trained. Runs of weak and strong
       scaling on the same devices that trained the same batches were then one experiment, twice.
     - With more than one rank, the ranks trained one model (`probe.merge.synchronised`); independent copies get
       no speed-up (`analyse_rows`).
@@ -55,9 +55,12 @@ def check_experiments(rows: list[dict[str, Any]], study: dict[str, Any], cells: 
         if command is not None and cell is not None:
             plan = command.batch_plan(cell, baseline_world_size(cells, cell))
             row["planned_per_device_batch"] = plan.per_device_batch if plan else None
-            trained = row.get("per_device_batch")
-            if plan and trained and row.get("samples_from") != "study batch" and trained != plan.per_device_batch:
-                ignored.append(f"{row['name']} ({trained}, not {plan.per_device_batch})")
+            # per optimizer step: a script may split the planned batch into passes of its own (Accelerate's
+            # nlp_example accumulates above a pass size it chose), and still train exactly the batch planned
+            trained = (row.get("per_device_batch") or 0) * (row.get("grad_accum_steps") or 1)
+            planned = plan.per_device_batch * plan.grad_accum_steps if plan else None
+            if planned and trained and row.get("samples_from") != "study batch" and trained != planned:
+                ignored.append(f"{row['name']} ({_per_step(row)}, not {planned})")
         if row["world_size"] > 1 and row["synchronised"] is False:
             notes.append(f"{row['name']}: its {row['world_size']} ranks trained independent copies of the model (no rank joined a "
                          f"process group of more than one, and none made a DDP model), so it shows no speed-up. {_unsynchronised_cause(row)}")
@@ -66,6 +69,12 @@ def check_experiments(rows: list[dict[str, Any]], study: dict[str, Any], cells: 
                      "table, in " + ", ".join(ignored) + ". Pass the batch template to the option the script reads "
                      "(e.g. --batch-size {per_device_batch}).")
     return notes + _same_experiments(rows) + _same_work(rows)
+
+
+def _per_step(row: dict[str, Any]) -> str:
+    """A row's samples per device per optimizer step, with its passes where it accumulates: "64 (16 x 4)"."""
+    batch, passes = row.get("per_device_batch") or 0, row.get("grad_accum_steps") or 1
+    return f"{batch * passes} ({batch} x {passes})" if passes > 1 else str(batch)
 
 
 def _unsynchronised_cause(row: dict[str, Any]) -> str:

@@ -72,7 +72,9 @@ COLUMNS = (
     Column("layout", "nodes x procs (world)",
            lambda r: f"{r['nodes']}x{r['nproc_per_node']} ({r['world_size']})", numeric=False),
     Column("global_batch", "global batch", _field("global_batch")),
-    Column("per_device_batch", "per-device batch", _field("per_device_batch")),
+    Column("per_device_batch", "per-device batch",
+           lambda r: DASH if r.get("per_device_batch") is None else str(r["per_device_batch"])
+           + (f" x {r['grad_accum_steps']}" if (r.get("grad_accum_steps") or 1) > 1 else "")),
     Column("samples_per_s", "train samples/s", _spread("samples_per_s", "samples_per_s_runs", three_figures)),
     Column("speedup", "speed-up", _field("speedup", _num(2, "x"))),
     Column("efficiency", "efficiency", _spread("efficiency", "efficiency_runs", _num(0, "", 100.0), "%")),
@@ -89,6 +91,8 @@ COLUMNS = (
 """Every column the runs table can have, in order; `columns(results)` picks those shown."""
 
 BASIS = {
+    "per_device_batch": "per-device batch: samples on each device per pass; \"16 x 4\": 4 passes accumulated into each "
+                        "optimizer step.",
     "samples_per_s": "train samples/s: samples per second of optimizer steps, data waits included, evaluation, "
                      "checkpoints and probes excluded.",
     "efficiency": "speed-up and efficiency: train samples/s over the baseline's (the smallest run of the same scaling), "
@@ -110,6 +114,8 @@ BASIS = {
 def basis(results: dict[str, Any]) -> str:
     """The sentences of `BASIS` for the columns `results` shows; which runs the probe measured, and what it could not."""
     shown = {col.key for col in columns(results)}
+    if not any((row.get("grad_accum_steps") or 1) > 1 for row in results.get("rows") or []):
+        shown.discard("per_device_batch")  # a plain number needs no key
     texts = [text for key, text in BASIS.items() if key in shown]
     billed = _billing(results)
     if billed:
