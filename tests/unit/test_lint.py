@@ -155,6 +155,18 @@ def gpuscale_lint(*args, cwd=ROOT):
     return subprocess.run([sys.executable, "-m", "gpuscale", "lint", *args], capture_output=True, text=True, cwd=cwd, timeout=120)
 
 
+def test_a_script_named_but_not_checked_is_said_to_be(tmp_path, capsys):
+    """A script with no sign of several processes (an HF Trainer script that never reads the launcher's variables,
+    say) is not checked: "no findings" alone would read as a clean bill. A folder's helper modules are not named."""
+    single = tmp_path / "single.py"
+    single.write_text("print('hi')\n")
+    assert main(["lint", str(single), str(CORPUS / "clean_ddp_guards.py")]) == 0
+    assert capsys.readouterr().out.strip() == (f"no findings; not checked: {single} (no sign of running as several processes: "
+                                               "no process group, DDP/FSDP/DeepSpeed, gpuscale, Accelerate, or RANK/WORLD_SIZE "
+                                               "read; see docs/lint.md)")
+    assert main(["lint", str(tmp_path)]) == 0 and capsys.readouterr().out.strip() == "no findings"
+
+
 def test_cli_exit_codes_and_json_subprocess(tmp_path):
     clean = gpuscale_lint("examples", str(CORPUS / "clean_ddp_guards.py"))
     assert (clean.returncode, clean.stdout.strip()) == (0, "no findings"), clean.stderr

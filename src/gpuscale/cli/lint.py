@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from gpuscale.cli.verbs import verb_parser
@@ -62,10 +63,21 @@ def add_parser(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
+def _not_checked(skipped: list[str]) -> str:
+    """What the summary line adds for scripts named on the command line that lint did not check (a folder's helper
+    modules are no training scripts): their names (a few), and why."""
+    if not skipped:
+        return ""
+    names = ", ".join(skipped[:3]) + (f" and {len(skipped) - 3} more" if len(skipped) > 3 else "")
+    return (f"; not checked: {names} (no sign of running as several processes: no process group, DDP/FSDP/DeepSpeed, "
+            "gpuscale, Accelerate, or RANK/WORLD_SIZE read; see docs/lint.md)")
+
+
 def run(args: argparse.Namespace) -> int:
     rules = select_rules(args.select, args.ignore)
     errors: list[str] = []  # files that cannot be parsed: reported, the others still linted
-    findings = lint_paths(args.paths, rules, errors=errors)
+    skipped: list[str] = []  # scripts with no sign of several processes: not checked
+    findings = lint_paths(args.paths, rules, errors=errors, skipped=skipped)
     for error in errors:
         print("gpuscale lint: error: " + error.replace("\r", "\\r").replace("\n", "\\n"), file=sys.stderr)
     if args.format == "json":
@@ -75,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
             print(line)
         files = len({f.path for f in findings})
         unread = f" ({len(errors)} file(s) not linted: above)" if errors else ""
-        print((f"{len(findings)} finding(s) in {files} file(s)" if findings else "no findings") + unread)
+        named = [path for path in skipped if Path(path).resolve() in {Path(given).resolve() for given in args.paths}]
+        print((f"{len(findings)} finding(s) in {files} file(s)" if findings else "no findings") + unread + _not_checked(named))
     if errors:
         return 2
     return 1 if findings else 0

@@ -48,8 +48,9 @@ def select_rules(select: Iterable[str] | None = None, ignore: Iterable[str] | No
     return tuple(rule for rule in RULES if rule.id in chosen - dropped)
 
 
-def lint_source(text: str, path: str = "<string>", rules: Sequence[Rule] = RULES) -> list[Finding]:
-    """The findings of one script's source text, sorted by line. A syntax error raises ValueError."""
+def lint_source(text: str, path: str = "<string>", rules: Sequence[Rule] = RULES, skipped: list[str] | None = None) -> list[Finding]:
+    """The findings of one script's source text, sorted by line. A syntax error raises ValueError. A script with no sign
+    of running as several processes is not checked (no findings); its path is appended to `skipped` if given."""
     try:
         script = Script(text, path)
     except SyntaxError as exc:
@@ -58,6 +59,8 @@ def lint_source(text: str, path: str = "<string>", rules: Sequence[Rule] = RULES
     except ValueError as exc:  # e.g. source with null bytes
         raise ValueError(f"{path}: not valid Python ({exc}); lint only Python training scripts") from None
     if not script.is_distributed:
+        if skipped is not None:
+            skipped.append(path)
         return []
     silenced = suppressions(text)
     findings = set()
@@ -112,12 +115,13 @@ def _has_python_shebang(path: Path) -> bool:
 
 
 def lint_paths(paths: Iterable[str | Path], rules: Sequence[Rule] = RULES,
-               errors: list[str] | None = None) -> list[Finding]:
+               errors: list[str] | None = None, skipped: list[str] | None = None) -> list[Finding]:
     """The findings of every script named (folders recursively), sorted by path and line.
 
     A missing path or a named file that is not Python raises ValueError naming it. A file that
     cannot be read or parsed raises ValueError too, unless `errors` is given: then its one-line
-    message (file, what is wrong, the fix) is appended there and the other files are still linted.
+    message (file, what is wrong, the fix) is appended there and the other files are still linted. `skipped`: where
+    the scripts not checked (no sign of several processes) are listed.
     """
     findings: list[Finding] = []
     for path in expand(paths):
@@ -130,7 +134,7 @@ def lint_paths(paths: Iterable[str | Path], rules: Sequence[Rule] = RULES,
                                  "fix its encoding, or lint only Python training scripts") from None
             except OSError as exc:
                 raise ValueError(f"{path}: cannot be read ({exc.strerror or exc}); check its permissions") from None
-            findings.extend(lint_source(text, str(path), rules))
+            findings.extend(lint_source(text, str(path), rules, skipped))
         except ValueError as exc:
             if errors is None:
                 raise
