@@ -241,3 +241,17 @@ def test_model_inputs_count_training_forwards_only():
     other(torch.zeros(2, 4))
     assert counted.as_dict() | {"first_at": None} == {"calls": 3, "samples": 13, "unknown_batch": None, "first_at": None,
                                                       "batch_sizes": {"2": 1, "3": 1, "8": 1}}
+
+
+def test_the_imbalance_clause_says_jitter_plainly_when_no_rank_is_slower_on_average():
+    """gpuscale run's summary line: an imbalance that is all jitter read "0% of it no rank slower on average, the rest
+    jitter"; it now says so plainly. A rank slower on average is named with its share."""
+    from gpuscale.measure.probe import _slow_rank
+
+    def summary(persistent, slow):
+        return {"step_breakdown_s": {"imbalance": 0.010, "persistent_imbalance": persistent, "jitter": 0.010 - persistent},
+                "sync_probe": {"slow_rank": slow}}
+
+    assert _slow_rank(summary(0.0, None)) == ": all of it jitter, no rank slower on average"
+    assert _slow_rank(summary(0.00001, 1)) == ": all of it jitter, no rank slower on average"  # 0.1%: rounds to none
+    assert _slow_rank(summary(0.0031, 1)) == ": 31% of it rank 1 slower on average, the rest jitter"

@@ -109,8 +109,9 @@ def _slow_rank(summary: dict[str, Any]) -> str:
     if not per_step.get("imbalance") or per_step.get("jitter") is None:
         return ""
     persistent = per_step["persistent_imbalance"] / per_step["imbalance"]
-    who = f"rank {slow} slower on average" if slow is not None else "no rank slower on average"
-    return f": {100 * persistent:.0f}% of it {who}, the rest jitter"
+    if slow is None or round(100 * persistent) == 0:
+        return ": all of it jitter, no rank slower on average"
+    return f": {100 * persistent:.0f}% of it rank {slow} slower on average, the rest jitter"
 
 
 def describe(summary: dict[str, Any]) -> str:
