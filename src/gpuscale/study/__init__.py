@@ -40,7 +40,8 @@ results.json, the contract between analysis and report (version 2):
         "ideal_samples_per_s": 130.0,    # the baseline's samples/s per device x devices
         "speedup": 1.9, "efficiency": 0.95,     # throughput / the baseline's, / ideal (both scalings)
         "efficiency_runs": [0.91, 0.95, 0.96],  # each repeated run's throughput / ideal (the baseline's median)
-        "train_time_s": 10.2, "time_to_result_s": 14.0, "time_speedup": 1.6,   # the whole run, same epochs
+        "train_time_s": 10.2,            # the training loop's whole span, evaluation and checkpoints inside included
+        "time_to_result_s": 14.0, "time_speedup": 1.6,   # the whole run, same epochs
         "step_time_s": 0.08, "time_split_s": {"startup": .., "data_wait": .., "compute": .., "exposed_comm": ..|None,
                                               "imbalance": ..|None, "eval": .., "checkpoint": .., "probe": ..},
         "step_breakdown_s": {"step", "data_wait", "compute", "exposed_comm", "imbalance", "other"},  # per step
