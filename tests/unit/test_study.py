@@ -746,9 +746,16 @@ def test_one_flag_per_cause_lists_its_runs_and_the_advice_fits_the_scaling(tmp_p
     assert names == "all runs" and data.count("waited for data") == 1
     compute = [(n, t) for n, t in grouped if "per-device compute" in t]
     assert [n for n, _ in compute] == ["weak-1x2", "strong-1x2"]
-    assert "under strong scaling each device's batch shrank" in compute[1][1]
-    assert "shrank" not in compute[0][1] and "with the same per-device batch" in compute[0][1]
+    assert "each device's batch per pass shrank" in compute[1][1]
+    assert "shrank" not in compute[0][1] and "with the same batch per pass" in compute[0][1]
     assert all("see the prediction" not in t for _, t in grouped)
+    # strong scaling from a baseline that accumulated 4 passes of 16 to 2 ranks of 2 passes of 16: no pass shrank
+    from gpuscale.study.flags import row_flags
+
+    strong = {**results["rows"][3], "per_device_batch": 16, "grad_accum_steps": 2}
+    base = {**results["rows"][2], "per_device_batch": 16, "grad_accum_steps": 4}
+    [advice] = [f["advice"] for f in row_flags(strong, base, "cpu") if f["cause"] == "compute"]
+    assert "shrank" not in advice and "with the same batch per pass" in advice
 
 
 def test_the_answer_says_what_the_table_shows_and_recommends_the_largest_run_on_target(tmp_path):

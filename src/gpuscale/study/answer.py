@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuscale.study.flags import ACCURACY_DROP
+from gpuscale.study.flags import ACCURACY_DROP, pass_shrank
 from gpuscale.study.numbers import three_figures
 from gpuscale.study.parts import NOISE_FLOOR, PART_LABELS, noise_of
 
@@ -28,6 +28,8 @@ _CURES = {
     "imbalance": "evening out the ranks' work (shards, loader workers, work on rank 0 only) would stop the others waiting",
     "jitter": "cores of its own for each rank, with nothing else on them, or longer steps would make the ranks' jitter weigh less",
     "compute": "each device computes a sample more slowly than alone; a larger per-device batch keeps its kernels efficient",
+    "compute_same_pass": "each device computes a sample more slowly than alone with the same batch per pass: the devices "
+                         "share caches, memory bandwidth or cores",
     "rest": "--repeat 3 would tell noise from host work per step (the optimizer step, logging)",
 }
 
@@ -67,13 +69,16 @@ def _accuracy(row: dict[str, Any], base: dict[str, Any]) -> str:
     return f"; accuracy holds{how} ({mine:.3f} against {theirs:.3f})"
 
 
-def _loss_text(row: dict[str, Any], cure: bool) -> str:
+def _loss_text(row: dict[str, Any], base: dict[str, Any], cure: bool) -> str:
     loss = _biggest_loss(row)
     if not loss:
         return ""
     part, share = loss
     what = f"unexplained by the measured parts ({_pct(share)} of ideal)" if part == "rest" else f"{PART_LABELS[part]} ({_pct(share)} of ideal)"
+    if part == "compute" and not pass_shrank(row, base):  # only the passes per step changed, or nothing did
+        part = "compute_same_pass"
     return f"; the biggest loss is {what}" + (f": {_CURES[part]}" if cure else "")
+
 
 
 def _sentence(results: dict[str, Any], rows: list[dict[str, Any]], base: dict[str, Any], target: float) -> str | None:
@@ -101,7 +106,7 @@ def _sentence(results: dict[str, Any], rows: list[dict[str, Any]], base: dict[st
     else:
         text += (f"; ask for {_units(results, best['world_size'])} ({best['name']}, {_pct(best['efficiency'])} of ideal, "
                  f"{three_figures(best['samples_per_s'])} samples/s), the largest run at or above the {_pct(target)} target")
-    text += _loss_text(top, cure=best is not top)
+    text += _loss_text(top, base, cure=best is not top)
     if top["scaling"] == "weak":
         text += _accuracy(top, base)
     return text + "." + _beyond(results, top)

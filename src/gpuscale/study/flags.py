@@ -107,18 +107,24 @@ _PART_FIXES = {
             "it), host-side work per step (the optimizer step, logging, metrics that synchronise), or noise (--repeat 3)",
 }
 _COMPUTE_FIXES = {
-    "strong": "each device computes a sample more slowly than the baseline did: under strong scaling each device's batch "
-              "shrank (less efficient kernels); devices may also share caches or memory bandwidth",
-    "weak": "each device computes a sample more slowly than the baseline did with the same per-device batch: the devices "
+    "shrank": "each device computes a sample more slowly than the baseline did: each device's batch per pass shrank "
+              "(less efficient kernels); devices may also share caches or memory bandwidth",
+    "same": "each device computes a sample more slowly than the baseline did with the same batch per pass: the devices "
             "share caches, memory bandwidth or cores (on CPUs, with the all-reduce's threads), or run at a lower clock",
 }
 
 
-def _breakdown_flags(row: dict[str, Any]) -> list[dict[str, str]]:
+def pass_shrank(row: dict[str, Any], base: dict[str, Any]) -> bool:
+    """Whether each device's batch per pass is smaller than the baseline's (strong scaling without accumulation)."""
+    return (row.get("per_device_batch") or 0) < (base.get("per_device_batch") or 0)
+
+
+def _breakdown_flags(row: dict[str, Any], base: dict[str, Any]) -> list[dict[str, str]]:
     shares = row.get("loss_breakdown") or {}
     if all(shares.get(part) is None for part in PARTS[:-1]):
         return []  # nothing measured the causes: "rest" would be all of the loss, not an unexplained remainder
-    fixes = {**_PART_FIXES, "compute": _COMPUTE_FIXES.get(row["scaling"], _COMPUTE_FIXES["strong"])}
+    # strong scaling shrinks each pass, unless the baseline accumulated and only the passes per step fell
+    fixes = {**_PART_FIXES, "compute": _COMPUTE_FIXES["shrank" if pass_shrank(row, base) else "same"]}
     return [_item(part, f"lost {{}} of ideal throughput to {PART_LABELS[part]}{_who(row, part)}", f"{100 * share:.0f}%", fixes[part])
             for part, share in shares.items() if share is not None and share > max(PART_FLAG, noise_of(row, part) or NOISE_FLOOR)]
 
@@ -171,7 +177,7 @@ def row_flags(row: dict[str, Any], base: dict[str, Any], device: str) -> list[di
     flags = _data_flag(row, device) + _spread_flag(row) + _utilisation_flags(row, device)
     if row is base:
         return flags
-    return flags + _breakdown_flags(row) + _accuracy_flags(row, base)
+    return flags + _breakdown_flags(row, base) + _accuracy_flags(row, base)
 
 
 def set_flags(row: dict[str, Any], items: list[dict[str, str]]) -> None:
