@@ -255,3 +255,15 @@ def test_the_imbalance_clause_says_jitter_plainly_when_no_rank_is_slower_on_aver
     assert _slow_rank(summary(0.0, None)) == ": all of it jitter, no rank slower on average"
     assert _slow_rank(summary(0.00001, 1)) == ": all of it jitter, no rank slower on average"  # 0.1%: rounds to none
     assert _slow_rank(summary(0.0031, 1)) == ": 31% of it rank 1 slower on average, the rest jitter"
+
+
+def test_the_ddp_schedule_says_what_a_short_run_leaves_out():
+    """A run of 16 steps on CPUs rests on 14 of them (fewer than 10 after the first 10: only the first left out); the
+    schedule's words must not say the first 10 were."""
+    from gpuscale.measure.probe.merge import ddp_schedule
+    from gpuscale.measure.stepsplit import _common_probes
+
+    text = ddp_schedule([{"ddp": {"rate": 1}}])
+    assert "the first 10 left out as warm-up where at least 10 came after them, else the first one" in text
+    probes = [{"probes": [{"step": s} for s in range(1, 17)]}]  # steps 1-16: 6 after the warm-up
+    assert len(_common_probes(probes, 10)) == 15

@@ -68,7 +68,8 @@ def ddp_schedule(records: list[dict[str, Any]]) -> str:
     rates = {int((r.get("ddp") or {}).get("rate") or 100) for r in records if r.get("ddp")}
     rate = max(rates, default=100)
     if rate == 1:
-        return "DDP's timers on every iteration (the first 10 left out as warm-up)"
+        return ("DDP's timers on every iteration (the first 10 left out as warm-up where at least 10 came after them, "
+                "else the first one)")
     return f"DDP's timed iterations: 1-10, then every {rate}th (the first 10 left out where enough came after them)"
 
 
