@@ -80,7 +80,6 @@ def _loss_text(row: dict[str, Any], base: dict[str, Any], cure: bool) -> str:
     return f"; the biggest loss is {what}" + (f": {_CURES[part]}" if cure else "")
 
 
-
 def _sentence(results: dict[str, Any], rows: list[dict[str, Any]], base: dict[str, Any], target: float) -> str | None:
     """One scaling in one sentence: its largest run against the baseline, what each sample cost, the largest run that
     keeps the target efficiency, the biggest loss with its cure, and (weak scaling) whether accuracy held."""

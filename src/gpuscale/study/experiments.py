@@ -38,8 +38,9 @@ def check_experiments(rows: list[dict[str, Any]], study: dict[str, Any], cells: 
 
     - Each rank trained the per-device batch the study planned per optimizer step, in passes of any size (where
       the script's arguments carry a batch template and something other than that template counted the samples):
-      a script that ignores the template trains its own batch, and its row shows the batch it really trained. Runs of weak and strong
-      scaling on the same devices that trained the same batches were then one experiment, twice.
+      a script that ignores the template trains its own batch, and its row shows the batch it really trained.
+      Runs of weak and strong scaling on the same devices that trained the same batches were then one experiment,
+      twice.
     - With more than one rank, the ranks trained one model (`probe.merge.synchronised`); independent copies get
       no speed-up (`analyse_rows`).
     """
