@@ -125,3 +125,13 @@ def trained_summary(path: str | os.PathLike[str], untrained: dict[str, Any]) -> 
     if not isinstance(kept, dict) or not kept.get("steps") or any(kept.get(k) != untrained.get(k) for k in RUN_KEYS):
         return None
     return kept
+
+
+def has_python_shebang(path: str | os.PathLike[str]) -> bool:
+    """Whether the file's first line is a `#!` line that runs python (a script without the .py suffix)."""
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(200)
+    except OSError:
+        return False
+    return first.startswith(b"#!") and b"python" in first

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpuscale.base.files import make_dir
+from gpuscale.base.files import has_python_shebang, make_dir
 from gpuscale.base.tempdirs import launcher_temp_dir
 from gpuscale.cli.verbs import verb_parser
 from gpuscale.detect.env import check_master_addr, check_one_launcher_per_node, port_from_job_id
@@ -175,7 +175,6 @@ def handles_signals_option(parser: argparse.ArgumentParser | None = None) -> boo
     return not unknown
 
 
-
 def check_module_name(module: str) -> None:
     """Refuse, before any rank starts, a -m module no rank could import (each rank runs `python -m MODULE` from this
     folder: the folder, then the path). Its packages are looked up, not imported: no code of the user's runs here."""
@@ -207,15 +206,10 @@ def check_script_path(script: str) -> None:
         raise ValueError(f"script {script!r} is a folder; give the path of a Python file in it (or -m for a module)")
     if not path.is_file():
         raise ValueError(f"script {script!r} does not exist; give the path of a Python file (or -m for a module)")
-    if path.suffix not in ("", ".py", ".pyw", ".pyc", ".pyz", ".zip"):  # zip apps and compiled scripts run too
-        try:
-            with path.open("rb") as f:
-                first = f.readline(200)
-        except OSError:
-            first = b""
-        if not (first.startswith(b"#!") and b"python" in first):
-            raise ValueError(f"script {script!r} is not a Python file (a {path.suffix} file, no python #! line); give the "
-                             "training script (or -m for a module)")
+    if path.suffix not in ("", ".py", ".pyw", ".pyc", ".pyz", ".zip") and not has_python_shebang(path):  # zip apps, compiled
+        raise ValueError(f"script {script!r} is not a Python file (a {path.suffix} file, no python #! line); give the "
+                         "training script (or -m for a module)")
+
 
 def run(args: argparse.Namespace) -> int:
     """Launch SCRIPT on this node's processes through torchrun; the exit code of the job, then its last line."""

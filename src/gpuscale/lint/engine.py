@@ -14,6 +14,7 @@ import tokenize
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from gpuscale.base.files import has_python_shebang
 from gpuscale.lint.findings import Finding, Rule
 from gpuscale.lint.rules import RULE_IDS, RULES
 from gpuscale.lint.script import Script
@@ -96,7 +97,7 @@ def expand(paths: Iterable[str | Path]) -> list[Path]:
             files.extend(sorted(p for p in path.rglob("*.py") if p.is_file() and not any(
                 part.startswith(".") or part in SKIPPED_DIRS for part in p.relative_to(path).parts[:-1])))
         elif path.is_file():
-            if path.suffix != ".py" and not _has_python_shebang(path):
+            if path.suffix != ".py" and not has_python_shebang(path):
                 raise ValueError(f"{path} is not a Python file (no .py suffix, no python #! line); "
                                  "name a training script or a folder of them")
             files.append(path)
@@ -104,14 +105,6 @@ def expand(paths: Iterable[str | Path]) -> list[Path]:
             raise ValueError(f"{path} does not exist; name a training script or a folder of them")
     return files
 
-
-def _has_python_shebang(path: Path) -> bool:
-    try:
-        with path.open("rb") as f:
-            first = f.readline(200)
-    except OSError:
-        return False
-    return first.startswith(b"#!") and b"python" in first
 
 
 def lint_paths(paths: Iterable[str | Path], rules: Sequence[Rule] = RULES,
