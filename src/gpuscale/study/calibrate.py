@@ -44,27 +44,29 @@ def _measured_exposed_s(row: dict[str, Any]) -> float | None:
     return share * row["world_size"] / row["samples_per_s"] * samples_per_device_step
 
 
-def run_overlaps(prediction: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, float]:
-    """Each measured multi-device run's overlap: the one at which the model's exposed communication is the run's."""
+def _measured_cells(prediction: dict[str, Any], rows: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any], float]]:
+    """(run, its predicted cell, its measured exposed communication in seconds per step) for each multi-device run
+    the prediction modelled and the run measured."""
     cells = {c["name"]: c for c in prediction.get("cells") or [] if c.get("run", True)}
-    overlaps = {}
+    found = []
     for row in rows:
         cell, exposed = cells.get(row["name"]), _measured_exposed_s(row)
-        if cell is None or exposed is None or not cell.get("compute_s"):
-            continue
-        overlaps[row["name"]] = min(max((cell["comm_s"] - exposed) / cell["compute_s"], 0.0), 1.0)
-    return overlaps
+        if cell is not None and exposed is not None:
+            found.append((row["name"], cell, exposed))
+    return found
+
+
+def run_overlaps(prediction: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Each measured multi-device run's overlap: the one at which the model's exposed communication is the run's."""
+    return {name: min(max((cell["comm_s"] - exposed) / cell["compute_s"], 0.0), 1.0)
+            for name, cell, exposed in _measured_cells(prediction, rows) if cell.get("compute_s")}
 
 
 def link_fit(prediction: dict[str, Any], rows: list[dict[str, Any]]) -> float | None:
     """The factor (below 1) by which the link's all-reduce times must shrink to fit the measured runs, where the
     median run's all-reduce as modelled outlasts its compute and exposed communication together; else None."""
-    cells = {c["name"]: c for c in prediction.get("cells") or [] if c.get("run", True)}
-    fits = []
-    for row in rows:
-        cell, exposed = cells.get(row["name"]), _measured_exposed_s(row)
-        if cell is not None and exposed is not None and cell.get("comm_s"):
-            fits.append((cell.get("compute_s", 0.0) + exposed) / cell["comm_s"])
+    fits = [(cell.get("compute_s", 0.0) + exposed) / cell["comm_s"]
+            for _, cell, exposed in _measured_cells(prediction, rows) if cell.get("comm_s")]
     if not fits or statistics.median(fits) >= 1.0:
         return None
     return statistics.median(fits)
