@@ -387,8 +387,8 @@ class Meter:
             self.monitor.stop()
         summary = self.summary(**metrics)
         timeline = self._timeline()
-        trained = trained_summary(Path(out_dir) / "summary.json", summary) if not summary.get("steps") else None
-        if self.rt.is_main and trained is not None:
+        trained = trained_summary(Path(out_dir) / "summary.json", summary) if self.rt.is_main and not summary.get("steps") else None
+        if trained is not None:
             log.info("this run took no optimizer step (nothing was left to train): kept %s, the summary of the run that "
                      "trained", Path(out_dir) / "summary.json")
             return trained
