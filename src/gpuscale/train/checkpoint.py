@@ -342,7 +342,7 @@ def consolidate(source: str | Path, target: str | Path) -> Path:
     source, target = Path(source), Path(target)
     if not source.exists():
         raise ValueError(f"checkpoint {source} does not exist")
-    if source.name.endswith(SUM_SUFFIX) or source.name == "SHA256SUMS":
+    if source.name.endswith(SUM_SUFFIX) or source.name == SUMS:
         meant = source.with_name(source.name[:-len(SUM_SUFFIX)]) if source.name.endswith(SUM_SUFFIX) else source.parent
         raise ValueError(f"{source} holds the SHA-256 sums of a checkpoint, not the checkpoint; give {meant}")
     if source.is_dir() and (source / DEEPSPEED_TAG).is_dir():
