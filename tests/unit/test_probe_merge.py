@@ -71,6 +71,8 @@ def test_two_ranks_merge_like_meter():
     assert split["compute"] == pytest.approx(10.0 - 1.0)
     assert split["exposed_comm"] is None and split["imbalance"] is None and split["checkpoint"] is None
     assert summary["time_to_result_s"] == pytest.approx(14.0)
+    assert split["after_training"] == pytest.approx(14.0 - 2.0 - 1.0 - 10.0)  # the last record came 1 s after training
+    assert sum(v or 0.0 for v in split.values()) == pytest.approx(summary["time_to_result_s"])
     assert summary["gradient_bytes"] == 4000 and summary["peak_memory_bytes"] == 1001
     assert summary["sync_probe"]["status"] == "not measured" and "no DDP model" in summary["sync_probe"]["why"]
     assert any("exposed communication" in text for text in summary["probe"]["not_measured"])

@@ -100,6 +100,9 @@ def test_meter_summary_has_the_agreed_keys(tmp_path):
     assert all(key in on_disk for key in SUMMARY_KEYS)
     assert summary["steps"] == 4 and summary["epochs"] == 2 and summary["samples"] == 16  # drop_last: 2 batches of 4
     assert summary["world_size"] == 1 and summary["launcher"] == "single" and summary["strategy"] is None
+    # the phases add up to the time to result; a Meter's summary ends its run: nothing comes after training
+    assert sum(v or 0.0 for v in summary["time_split_s"].values()) == pytest.approx(summary["time_to_result_s"])
+    assert summary["time_split_s"]["after_training"] == pytest.approx(0.0, abs=1e-6)
     assert oct(os.stat(tmp_path / "summary.json").st_mode & 0o777) == "0o644"
 
 

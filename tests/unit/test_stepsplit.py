@@ -84,7 +84,18 @@ def test_unmeasured_strategies_say_why_and_the_time_split_keeps_compute_whole():
     assert split["why"] == "fsdp: cannot"
     phases = time_split(2.0, 1.0, 20, split, eval_s=0.5, checkpoint_s=0.1, probe_s=0.0)
     assert phases == pytest.approx({"startup": 2.0, "data_wait": 0.2, "compute": 0.8, "exposed_comm": None, "imbalance": None,
-                                    "eval": 0.5, "checkpoint": 0.1, "probe": 0.0})
+                                    "eval": 0.5, "checkpoint": 0.1, "probe": 0.0, "after_training": None})
+
+
+def test_the_phases_add_up_to_the_time_to_result_with_what_came_after_training():
+    """A probe-measured script trained 1 s after 2 s of startup, evaluated 0.5 s, and its last rank wrote its record
+    4.3 s after the launch: 0.8 s after training (its own saving and end), by hand 4.3 - 2 - 1 - 0.5."""
+    split = split_step(0.05, 20, [{"rank": 0, "data_wait_s": 0.2, "probes": []}], unsupported="not timed")
+    phases = time_split(2.0, 1.0, 20, split, eval_s=0.5, checkpoint_s=None, probe_s=0.0, whole_s=4.3)
+    assert phases["after_training"] == pytest.approx(0.8)
+    assert sum(v or 0.0 for v in phases.values()) == pytest.approx(4.3)
+    # a time to result shorter than the phases (clocks of two hosts): nothing after training, never a negative phase
+    assert time_split(2.0, 1.0, 20, split, eval_s=0.5, checkpoint_s=None, probe_s=0.0, whole_s=3.0)["after_training"] == 0.0
 
 
 def test_measured_time_split_charges_communication_and_imbalance_per_step():

@@ -956,3 +956,39 @@ def test_a_summary_left_unusable_is_named_not_taken_for_missing_records(tmp_path
     [outcome] = runner.run_cells(tmp_path, cells, Runner(), progress=lambda line: None)
     assert outcome.status == "failed" and outcome.error == (
         f"the run left {tmp_path / 'weak-1x1' / 'summary.json'}, which is unusable: samples_per_s is 0, not a positive number")
+
+
+def test_a_prediction_beyond_a_run_that_missed_it_carries_the_losses_the_model_left_out():
+    """The model knows communication only. It predicted 88% for the 2-process run, which measured 68%: its 76% for 4
+    processes, beside that run, would read as advice to ask for 4. The answer carries the left-out losses (0.68 / 0.88
+    of each step's worth) to 4 and 8 processes: 76% x 0.68 / 0.88 = 58.7%, 60% x 0.68 / 0.88 = 46.4%, by hand."""
+    from gpuscale.study.answer import answer
+
+    base = {"name": "strong-1x1", "scaling": "strong", "world_size": 1, "samples_per_s": 100.0}
+    top = {"name": "strong-1x2", "scaling": "strong", "world_size": 2, "samples_per_s": 136.0, "speedup": 1.36,
+           "efficiency": 0.68, "noise": 0.05}
+    cells = [{"name": "strong-1x1", "world_size": 1, "nodes": 1, "efficiency": 1.0, "run": True},
+             {"name": "strong-1x2", "world_size": 2, "nodes": 1, "efficiency": 0.88, "run": True},
+             {"name": "strong-1x4", "world_size": 4, "nodes": 1, "efficiency": 0.76, "run": False},
+             {"name": "strong-1x8", "world_size": 8, "nodes": 1, "efficiency": 0.60, "run": False}]
+    results = {"device": "cpu", "rows": [base, top], "baseline": {"strong": "strong-1x1"}, "prediction": {"cells": cells}}
+    [said] = answer(results)
+    assert said.endswith("Predicted, not run (the model: report.md's Prediction): 4 processes 3.0x (76% of ideal), 8 processes "
+                         "4.8x (60% of ideal). It predicted 88% for 2 processes, which measured 68%: with the losses it leaves "
+                         "out weighing as there, 4 processes would keep 59% of ideal (2.35x), 8 processes would keep 46% of "
+                         "ideal (3.71x).")
+    # the model met the run within its noise (0.05): the prediction stands as it is
+    met = {**results, "rows": [base, {**top, "efficiency": 0.84, "speedup": 1.68, "samples_per_s": 168.0}]}
+    assert answer(met)[0].endswith("8 processes 4.8x (60% of ideal).")
+    # a run that beat the model: nothing left out to carry
+    beat = {**results, "rows": [base, {**top, "efficiency": 0.95, "speedup": 1.9, "samples_per_s": 190.0}]}
+    assert answer(beat)[0].endswith("8 processes 4.8x (60% of ideal).")
+
+
+def test_a_cells_progress_line_says_where_its_time_to_result_ends_within_the_launchers_time():
+    """The launcher took 7.5 s; the table's time to result (launch to the last rank's record) is 5.5 s: the line says
+    both, and that the other 2.0 s were the exit. A time to result it cannot place says nothing."""
+    from gpuscale.study.runner import _exit_words
+
+    assert _exit_words(7.5, {"time_to_result_s": 5.5}) == ", its result at 5.5 s, then 2.0 s to exit"
+    assert _exit_words(7.5, {"time_to_result_s": None}) == "" and _exit_words(7.5, {"time_to_result_s": 9.0}) == ""

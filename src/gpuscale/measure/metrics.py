@@ -287,7 +287,7 @@ class Meter:
             "gathers_parameters": facts.gathers_parameters if facts else None,
             "final_loss": None,
             "peak_memory_bytes": int(peak),
-            "time_split_s": time_split(startup, train_only, self.steps, split, eval_s, ckpt_s, probe_s),
+            "time_split_s": time_split(startup, train_only, self.steps, split, eval_s, ckpt_s, probe_s, startup + wall),
             "step_breakdown_s": split["per_step_s"],
             "sync_probe": {"status": split["status"], "why": split["why"], "probes": split["probes"],
                            "of_steps": split["of_steps"], "schedule": PROBE_STEPS, "reference_rank": split["reference_rank"],

@@ -33,8 +33,9 @@ from typing import Any
 
 __all__ = ["PHASES", "split_step", "time_split"]
 
-PHASES = ("startup", "data_wait", "compute", "exposed_comm", "imbalance", "eval", "checkpoint", "probe")
-"""The keys of a summary's time_split_s (`time_split`), in the order reports stack and tabulate them."""
+PHASES = ("startup", "data_wait", "compute", "exposed_comm", "imbalance", "eval", "checkpoint", "probe", "after_training")
+"""The keys of a summary's time_split_s (`time_split`), in the order reports stack and tabulate them. Together they
+are the run's time to result (summaries before "after_training" lack it)."""
 
 
 def _common_probes(ranks: Sequence[dict[str, Any]], warmup: int | None) -> list[list[dict[str, Any]]]:
@@ -159,14 +160,17 @@ def split_step(step_time_s: float | None, steps: int, ranks: Sequence[dict[str, 
 
 
 def time_split(startup_s: float, train_s: float, steps: int, split: dict[str, Any], eval_s: float,
-               checkpoint_s: float, probe_s: float) -> dict[str, float | None]:
+               checkpoint_s: float, probe_s: float, whole_s: float | None = None) -> dict[str, float | None]:
     """The run's time in phases (seconds): startup, data wait, compute, exposed communication,
-    imbalance, evaluation, checkpoints and the probe's replays.
+    imbalance, evaluation, checkpoints, the probe's replays, and what the run did after training.
 
     `train_s` is the training time (optimizer steps and their data waits, without evaluation,
     checkpoints and probes); its per-step parts come from `split` (`split_step`'s result) times the
     steps, and "compute" is what training time the others leave (the forward, backward and
     optimizer step, and the loop's own work). Communication and imbalance are None when not measured.
+    `whole_s` is the run's time to result: "after_training" is what of it the other phases leave (a script's own
+    saving and end after its last step, as the probe sees it; about 0 where a Meter's summary ends the run), so the
+    phases add up to the time to result. None without `whole_s`.
     """
     per_step = split["per_step_s"]
     data_wait = (per_step["data_wait"] or 0.0) * steps
@@ -174,5 +178,8 @@ def time_split(startup_s: float, train_s: float, steps: int, split: dict[str, An
     exposed = per_step["exposed_comm"] * steps if measured else None
     imbalance = per_step["imbalance"] * steps if measured else None
     compute = max(train_s - data_wait - (exposed or 0.0) - (imbalance or 0.0), 0.0)
-    return {"startup": startup_s, "data_wait": data_wait, "compute": compute, "exposed_comm": exposed,
-            "imbalance": imbalance, "eval": eval_s, "checkpoint": checkpoint_s, "probe": probe_s}
+    phases: dict[str, float | None] = {"startup": startup_s, "data_wait": data_wait, "compute": compute, "exposed_comm": exposed,
+                                       "imbalance": imbalance, "eval": eval_s, "checkpoint": checkpoint_s, "probe": probe_s}
+    accounted = sum(value or 0.0 for value in phases.values())
+    phases["after_training"] = None if whole_s is None else max(0.0, whole_s - accounted)
+    return phases

@@ -43,7 +43,8 @@ results.json, the contract between analysis and report (version 2):
         "train_time_s": 10.2,            # the training loop's whole span, evaluation and checkpoints inside included
         "time_to_result_s": 14.0, "time_speedup": 1.6,   # the whole run, same epochs
         "step_time_s": 0.08, "time_split_s": {"startup": .., "data_wait": .., "compute": .., "exposed_comm": ..|None,
-                                              "imbalance": ..|None, "eval": .., "checkpoint": .., "probe": ..},
+                                              "imbalance": ..|None, "eval": .., "checkpoint": .., "probe": ..,
+                                              "after_training": ..},  # the phases add up to time_to_result_s
         "step_breakdown_s": {"step", "data_wait", "compute", "exposed_comm", "imbalance", "other"},  # per step
         "sync_probe": {"status": "measured"|"not measured", "why": str|None, "probes": 11, ...},
         "loss_breakdown": {"data": .03, "exposed_comm": .12, "imbalance": .01, "compute": .06, "rest": .02},

@@ -43,7 +43,7 @@ __all__ = ["devices_label", "plot_paths", "throughput_plot", "efficiency_plot", 
            "time_breakdown_plot", "utilisation_plot", "write_plots"]
 
 
-_PHASE_COLOURS = ("#9e9e9e", "#e3a32b", "#3b75af", "#d1603d", "#8c564b", "#59a14f", "#b07aa1", "#c7c7c7")
+_PHASE_COLOURS = ("#9e9e9e", "#e3a32b", "#3b75af", "#d1603d", "#8c564b", "#59a14f", "#b07aa1", "#c7c7c7", "#e0e0e0")
 _SCALING_STYLE = {"weak": ("#3b75af", "o"), "strong": ("#d1603d", "s")}
 
 

@@ -20,8 +20,8 @@ The predicted column appears only when some row has a prediction, the lr rule on
 run recorded one. Every header and paragraph names its unit and denominator (`BASIS`, `WHY_TEXT`,
 `SPLIT_TEXT`, `UTIL_TEXT`). "Why not more" gives each run's lost efficiency by part
 (`gpuscale.study.analysis.breakdown`, worded by `gpuscale.study.explain`). The time split gives
-each phase in seconds and as % of the whole run (the sum of its phases: startup, data wait,
-compute, exposed communication, imbalance, eval, checkpoint, probe).
+each phase in seconds and as % of the whole run: its time to result, which its phases add up to (startup,
+data wait, compute, exposed communication, imbalance, eval, checkpoint, probe, after training).
 
 report.html needs nothing but the file: CSS inline, plots embedded as data: URLs, no script,
 and a Content-Security-Policy that forbids any fetch, so it can be mailed or opened offline.

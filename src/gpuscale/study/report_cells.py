@@ -148,7 +148,7 @@ def _probed(results: dict[str, Any]) -> list[str]:
 _PREDICTED = ("predicted_efficiency",)
 PHASE_NAMES = {"startup": "startup", "data_wait": "data wait", "compute": "compute",
                "exposed_comm": "exposed communication", "imbalance": "imbalance", "eval": "eval",
-               "checkpoint": "checkpoint", "probe": "probe"}
+               "checkpoint": "checkpoint", "probe": "probe", "after_training": "after training"}
 """The time split's phases (`gpuscale.measure.stepsplit.PHASES`) as the report names them, in order."""
 
 
@@ -235,9 +235,11 @@ WHY_TEXT = ("Each part is the growth of a time per sample against the baseline, 
             "steps the line names); "
             "per-device compute: forward and backward per sample; rest: what no measurement explains. The model "
             "predicts exposed communication only (and assumes compute per sample constant).")
-SPLIT_TEXT = ("Seconds, and % of the whole run (the sum of the phases). Communication, imbalance, data wait and "
-              "compute are seen from the rank that waited longest for the others (the fastest); compute includes "
-              "the optimizer step and the loop's own work. probe: the sync probe's replays, left out of training time.")
+SPLIT_TEXT = ("Seconds, and % of the whole run: its time to result, which the phases add up to. Communication, imbalance, "
+              "data wait and compute are seen from the rank that waited longest for the others (the fastest); compute "
+              "includes the optimizer step and the loop's own work. probe: the sync probe's replays, left out of training "
+              "time. after training: what the run did after its last step (a script's own saving and end, as the probe "
+              "sees it).")
 
 
 def split_cells(row: dict[str, Any]) -> list[str]:

@@ -313,6 +313,15 @@ def _after_run(cell: Cell, cell_dir: Path, error: str | None, step_samples: int 
     return summary, error, problem
 
 
+def _exit_words(seconds: float, summary: dict[str, Any]) -> str:
+    """How the launcher's whole time splits at the run's time to result (the table's, which ends at the last rank's
+    record): ", its result at 5.5 s, then 2.0 s to exit"; "" where the summary has no time to result."""
+    result = summary.get("time_to_result_s")
+    if not isinstance(result, (int, float)) or not 0 < result <= seconds:
+        return ""
+    return f", its result at {result:.1f} s, then {seconds - result:.1f} s to exit"
+
+
 def run_cells(out: Path, cells: list[Cell], runner: Any, progress: Callable[[str], None] = print,
               unit: str = "process", step_samples: Callable[[Cell], int | None] = lambda cell: None,
               uses_gpuscale: bool = True, shared: Mapping[str, str] | None = None) -> list[Outcome]:
@@ -361,7 +370,8 @@ def run_cells(out: Path, cells: list[Cell], runner: Any, progress: Callable[[str
                 progress("the study runs no more cells that would fail the same way"
                          + (f" (the {problem.spares} scaling cells still run)" if problem.spares else ""))
         else:
-            progress(f"{head}: done in {seconds:.1f} s ({three_figures(summary['samples_per_s'])} samples/s)")
+            after = _exit_words(seconds, summary) if getattr(runner, "launcher", None) == "local" else ""  # a job's includes its queue
+            progress(f"{head}: done in {seconds:.1f} s{after} ({three_figures(summary['samples_per_s'])} samples/s)")
             outcomes.append(Outcome(cell, "done", seconds, summary=summary))
         sys.stdout.flush()
     return outcomes

@@ -275,11 +275,14 @@ def _samples_from(accounts: list[dict[str, Any]]) -> str:
     return " and ".join(sorted({a["samples_from"] for a in accounts if a["samples_from"]}))
 
 
-def _time_split(startup: float, totals: _Totals, split: dict[str, Any], accounts: list[dict[str, Any]], schedule: str) -> dict[str, Any]:
-    """The summary's part on where the time went: the run's phases, the step's split, DDP's timers as sync probes."""
+def _time_split(startup: float, totals: _Totals, split: dict[str, Any], accounts: list[dict[str, Any]], schedule: str,
+                time_to_result: float | None) -> dict[str, Any]:
+    """The summary's part on where the time went: the run's phases (adding up to its time to result), the step's split,
+    DDP's timers as sync probes."""
     eval_s = sum(a["eval_s"] for a in accounts) / max(len(accounts), 1)
+    phases = time_split(startup, totals.train_s or 0.0, totals.steps, split, eval_s, None, 0.0, time_to_result)  # type: ignore[arg-type]
     return {
-        "time_split_s": time_split(startup, totals.train_s or 0.0, totals.steps, split, eval_s, None, 0.0),  # type: ignore[arg-type]
+        "time_split_s": phases,
         "step_breakdown_s": split["per_step_s"],
         "sync_probe": {"status": split["status"], "why": split["why"], "probes": split["probes"],
                        "of_steps": split["of_steps"], "slow_rank": split["slow_rank"],
@@ -341,7 +344,7 @@ def merge_records(records: list[dict[str, Any]], *, world_size: int | None = Non
         "complete": not problems,
         **_setup(records, world, scaling, totals),
         **_results(records, accounts, totals, time_to_result),
-        **_time_split(startup, totals, split, accounts, ddp_schedule(records)),
+        **_time_split(startup, totals, split, accounts, ddp_schedule(records), time_to_result),
         "probe": _probe_part(problems, split, accounts, by_rank),
         "placements": None,
         "torch_version": next((r.get("torch_version") for r in records), None),
