@@ -119,6 +119,25 @@ def test_a_rank_that_exits_75_first_ends_the_job_with_75_and_requeues_it(tmp_pat
     assert (tmp_path / "scontrol.calls").read_text().split() == ["requeue", "77"]
 
 
+def test_the_requeue_survives_slurms_term_to_the_job_without_a_word_from_bash(tmp_path):
+    """At `scontrol requeue` SLURM ends the job's processes with TERM, scontrol too when it has not exited yet: the
+    stand-in does that (TERM to its process group) before it exits 0. The job still ends with 75, says nothing of a
+    failed requeue, and bash prints no "Terminated" for scontrol."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = shlex.quote(str(tmp_path / "scontrol.calls"))
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {calls}\nkill -TERM 0\nsleep 0.3\necho exited >> {calls}\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    plant = 'echo "100.1 75 0 n1" > "$GPUSCALE_EXIT_DIR/task-0"; touch "$GPUSCALE_STOP_MARKER.stopped"'
+    script = "\n".join(["set -euo pipefail", *stop_handling(), f"( {plant}; exit 75 ) &", *requeue_block(3)])
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "79", "SLURM_SUBMIT_DIR": str(tmp_path), "HOME": str(tmp_path)}
+    result = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30, start_new_session=True)
+    assert result.returncode == 75, result.stderr
+    assert (tmp_path / "scontrol.calls").read_text().split("\n")[:2] == ["requeue 79", "exited"]
+    assert "Terminated" not in result.stderr and "could not requeue" not in result.stderr, result.stderr
+    assert "requeueing job 79 (restart 1 of at most 3)" in result.stderr
+
+
 def test_a_stop_at_a_checkpoint_is_not_told_as_a_failure(tmp_path):
     """Every rank stopped at a checkpoint (StopSignal's note): 75 from each, and no rank 'failed first'."""
     code, lines = _run(tmp_path, {"0": "100.1 75 0 n1", "1": "100.2 75 1 n2"}, srun_code=75, stopped=True)

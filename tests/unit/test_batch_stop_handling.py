@@ -155,14 +155,25 @@ def test_term_stops_the_script_at_its_checkpoint_but_a_cancelled_job_stays_cance
     assert "TERM received, the step stopped at a checkpoint; not requeued" in err
 
 
-def test_under_torchrun_the_ranks_note_tells_the_batch_script_of_the_stop(tmp_path):
-    """A real torchrun (the one installed) reports its worker's 75 as 1; the note beside the marker tells the stop."""
+@pytest.mark.parametrize("launcher", ["plain torchrun", "gpuscale agent"])
+def test_under_torchrun_the_stop_reaches_the_batch_script(tmp_path, launcher):
+    """A real torchrun (the one installed) reports its worker's 75 as 1; the note beside the marker tells the stop.
+    gpuscale's agent, which the batch script runs in torchrun's place where the job's Python has gpuscale, ends the
+    node's task with 75 itself (not 128 + USR1)."""
     script, env = _job_script(tmp_path, mode="torchrun")
+    if launcher == "plain torchrun":  # a job Python without gpuscale's agent
+        text = script.read_text()
+        assert text.count('if [ -f "$agent" ]') == 1
+        script.write_text(text.replace('if [ -f "$agent" ]', "if false"))
     proc = _start(script, env, tmp_path)
     proc.send_signal(signal.SIGUSR1)
     out, err = proc.communicate(timeout=90)
     assert (tmp_path / "seen").read_text() == "SIGUSR1", err[-3000:]
-    assert (tmp_path / "status").read_text().strip() not in ("", "0", "75"), "torchrun passed its worker's 75 on after all"
+    status = (tmp_path / "status").read_text().strip()
+    if launcher == "plain torchrun":
+        assert status not in ("", "0", "75"), "torchrun passed its worker's 75 on after all"
+    else:
+        assert status == "75", err[-3000:]
     assert proc.returncode == 75 and _requeues(tmp_path) == ["requeue", env["SLURM_JOB_ID"]], err[-3000:]
 
 

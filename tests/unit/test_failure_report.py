@@ -214,3 +214,19 @@ def test_an_unreadable_error_file_names_this_nodes_first_failure(tmp_path):
     outcome = _unreadable_error_file(str(tmp_path), None)
     assert outcome.code == 1 and outcome.rank == 3
     assert outcome.line.startswith(f"gpuscale run: rank 3 on {here} failed first (its error is above")
+
+
+def test_a_node_agent_whose_ranks_stopped_at_a_checkpoint_ends_with_75_under_its_batch_scripts_marker(tmp_path, monkeypatch):
+    """A batch script names the stop marker (its own folder); the ranks stopped at a checkpoint on the USR1 SLURM
+    handed on. The node's task ends with 75, which asks for the job to run again, not 138, a death by USR1."""
+    import signal
+
+    from gpuscale.base.exits import STOP_MARKER, stopped_marker
+    from gpuscale.launch.agent import _ended_by_signal
+
+    marker = tmp_path / "stops-at-checkpoint"
+    monkeypatch.setenv(STOP_MARKER, str(marker))
+    assert _ended_by_signal(signal.SIGUSR1).code == 128 + signal.SIGUSR1  # no rank stopped at a checkpoint
+    open(stopped_marker(str(marker)), "w").close()
+    stopped = _ended_by_signal(signal.SIGUSR1)
+    assert stopped.code == 75 and "stopped at a checkpoint" in stopped.line

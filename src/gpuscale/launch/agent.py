@@ -77,7 +77,7 @@ def launch(argv: list[str], nproc: int, records: Path | None = None, *, pass_usr
         with quiet_torchrun_logs(), _usr1_like_torchrun(pass_usr1 and not handles_usr1, SignalException):
             torchrun.run(torchrun.parse_args(argv))
     except SignalException as exc:  # also one raised again while torchrun stopped its workers for the first
-        return _ended_by_signal(signal.Signals(exc.sigval), stopped_seen=own_marker)
+        return _ended_by_signal(signal.Signals(exc.sigval))
     except ChildFailedError as exc:
         host = socket.gethostname()
         notes = _notes(directory, records, exc.failures)
@@ -96,13 +96,14 @@ def launch(argv: list[str], nproc: int, records: Path | None = None, *, pass_usr
     return Outcome(0)
 
 
-def _ended_by_signal(received: signal.Signals, stopped_seen: bool) -> Outcome:
+def _ended_by_signal(received: signal.Signals) -> Outcome:
     """The outcome of an agent a signal ended, after it passed the signal on to its workers: EXIT_STOPPED where a rank
     stopped at a checkpoint (`gpuscale.StopSignal` leaves the stopped marker: the checkpoint, collective, was written
     by every rank), so that a loop around `gpuscale run` can tell "run me again" from a death; else 128 + the signal.
-    `stopped_seen`: the marker is this agent's own (in a batch script, the script reads its own marker instead)."""
+    The marker is this agent's own (`gpuscale run`) or its batch script's (a folder of the job's run of its own): a
+    node's task then ends with the code that asks for the job to run again, where 128 + 10 read as a death by USR1."""
     marker = os.environ.get(STOP_MARKER)
-    if stopped_seen and marker and os.path.exists(stopped_marker(marker)):
+    if marker and os.path.exists(stopped_marker(marker)):
         return Outcome(EXIT_STOPPED, when=time.time(),
                        line=(f"gpuscale run: got {received.name}; passed it on to the workers, which stopped at a checkpoint "
                              f"(exit code {EXIT_STOPPED}): run the same command again to resume"))

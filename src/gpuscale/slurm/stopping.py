@@ -195,7 +195,10 @@ def requeue_block(max_requeues: int) -> list[str]:
         'elif [ -n "$stopped" ] && [ "${SLURM_RESTART_COUNT:-0}" -lt ' + f"{max_requeues} ]; then",
         '    echo "gpuscale: the step stopped at a checkpoint; requeueing job $SLURM_JOB_ID '
         f'(restart $((${{SLURM_RESTART_COUNT:-0}} + 1)) of at most {max_requeues}) to resume from it" >&2',
-        '    scontrol requeue "$SLURM_JOB_ID" || echo "gpuscale: could not requeue job $SLURM_JOB_ID (cancelled or timed out?); '
+        "    # SLURM ends the job's processes with TERM at the requeue, scontrol too if it has not exited yet: it ignores",
+        "    # TERM, so its exit code stays its own and bash prints no \"Terminated\" for it.",
+        '    ( trap "" TERM; exec scontrol requeue "$SLURM_JOB_ID" ) '
+        '|| echo "gpuscale: could not requeue job $SLURM_JOB_ID (cancelled or timed out?); '
         f'{resume.replace("the job", "it")}" >&2',
         'elif [ -n "$stopped" ]; then',
         f'    echo "gpuscale: the step stopped at a checkpoint; job already requeued {max_requeues} times, not again; '

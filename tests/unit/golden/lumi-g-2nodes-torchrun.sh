@@ -171,7 +171,9 @@ if [ -n "$stopped" ] && [ -n "$cancelled" ]; then
     echo "gpuscale: TERM received, the step stopped at a checkpoint; not requeued (scancel, preemption or the time limit); submit the job again to resume from its checkpoint" >&2
 elif [ -n "$stopped" ] && [ "${SLURM_RESTART_COUNT:-0}" -lt 10 ]; then
     echo "gpuscale: the step stopped at a checkpoint; requeueing job $SLURM_JOB_ID (restart $((${SLURM_RESTART_COUNT:-0} + 1)) of at most 10) to resume from it" >&2
-    scontrol requeue "$SLURM_JOB_ID" || echo "gpuscale: could not requeue job $SLURM_JOB_ID (cancelled or timed out?); submit it again to resume from its checkpoint" >&2
+    # SLURM ends the job's processes with TERM at the requeue, scontrol too if it has not exited yet: it ignores
+    # TERM, so its exit code stays its own and bash prints no "Terminated" for it.
+    ( trap "" TERM; exec scontrol requeue "$SLURM_JOB_ID" ) || echo "gpuscale: could not requeue job $SLURM_JOB_ID (cancelled or timed out?); submit it again to resume from its checkpoint" >&2
 elif [ -n "$stopped" ]; then
     echo "gpuscale: the step stopped at a checkpoint; job already requeued 10 times, not again; submit it again to resume from its checkpoint" >&2
 elif [ -n "$warned" ] && [ -n "$passed_on" ] && [ -e "$GPUSCALE_STOP_MARKER.own-usr1" ]; then
