@@ -156,14 +156,14 @@ def gpuscale_lint(*args, cwd=ROOT):
 
 
 def test_a_script_named_but_not_checked_is_said_to_be(tmp_path, capsys):
-    """A script with no sign of several processes (an HF Trainer script that never reads the launcher's variables,
-    say) is not checked: "no findings" alone would read as a clean bill. A folder's helper modules are not named."""
+    """A script with no sign of several processes (a Lightning script told devices=1, say) is not checked: "no
+    findings" alone would read as a clean bill. A folder's helper modules are not named."""
     single = tmp_path / "single.py"
     single.write_text("print('hi')\n")
     assert main(["lint", str(single), str(CORPUS / "clean_ddp_guards.py")]) == 0
     assert capsys.readouterr().out.strip() == (f"no findings; not checked: {single} (no sign of running as several processes: "
-                                               "no process group, DDP/FSDP/DeepSpeed, gpuscale, Accelerate, or RANK/WORLD_SIZE "
-                                               "read; see docs/lint.md)")
+                                               "no process group, DDP/FSDP/DeepSpeed, gpuscale, Accelerate, HF or Lightning "
+                                               "Trainer, or RANK/WORLD_SIZE read; see docs/lint.md)")
     assert main(["lint", str(tmp_path)]) == 0 and capsys.readouterr().out.strip() == "no findings"
 
 
@@ -603,3 +603,26 @@ def test_gs116_the_current_gpu_is_chosen_by_setting_it_not_by_reading_it(line, f
               "    dist.destroy_process_group()\n")
     found = [(f.rule, f.line) for f in lint_source(source, "t.py") if f.rule == "GS116"]
     assert found == ([("GS116", 9)] if flagged else [])  # at the model's .cuda(), not at torch.cuda's query
+
+
+def test_a_library_trainer_makes_a_script_one_of_several_processes_and_its_own_reductions_count():
+    """HF's Trainer (or a class derived from it) and Lightning's Trainer run the script as several processes under a
+    launcher, though it reads no rank: its every-rank prints are found. A Lightning Trainer told devices=1 is one
+    process. What the libraries reduce for the script is reduced: `self.log(..., sync_dist=True)`, and the
+    predictions HF's Trainer gathers for `compute_metrics`."""
+    from gpuscale.lint import lint_source
+
+    hf = ("from transformers import Trainer\n"
+          "class MyTrainer(Trainer):\n    pass\n"
+          "def compute_metrics(p):\n    correct = (p.predictions.argmax(-1) == p.label_ids).sum()\n"
+          "    accuracy = correct / len(p.label_ids)\n    return {'accuracy': accuracy}\n"
+          "trainer = MyTrainer(model=None, compute_metrics=compute_metrics)\ntrainer.train()\nprint('trained')\n")
+    assert [(f.rule, f.line) for f in lint_source(hf)] == [("GS103", 10)]
+    lightning = ("import lightning as L\nimport torch\n"
+                 "class M(L.LightningModule):\n    def validation_step(self, batch, i):\n"
+                 "        acc = (self(batch[0]).argmax(1) == batch[1]).float().mean()\n        self.log('val_acc', acc{sync})\n"
+                 "trainer = L.Trainer({devices})\ntrainer.fit(M())\nprint('done')\n")
+    assert [(f.rule, f.line) for f in lint_source(lightning.format(sync="", devices="devices=4"))] == [("GS107", 6), ("GS103", 9)]
+    assert [(f.rule, f.line) for f in lint_source(lightning.format(sync=", sync_dist=True", devices=""))] == [("GS103", 9)]
+    skipped: list[str] = []
+    assert lint_source(lightning.format(sync="", devices="devices=1"), "one.py", skipped=skipped) == [] and skipped == ["one.py"]

@@ -70,7 +70,7 @@ def _not_checked(skipped: list[str]) -> str:
         return ""
     names = ", ".join(skipped[:3]) + (f" and {len(skipped) - 3} more" if len(skipped) > 3 else "")
     return (f"; not checked: {names} (no sign of running as several processes: no process group, DDP/FSDP/DeepSpeed, "
-            "gpuscale, Accelerate, or RANK/WORLD_SIZE read; see docs/lint.md)")
+            "gpuscale, Accelerate, HF or Lightning Trainer, or RANK/WORLD_SIZE read; see docs/lint.md)")
 
 
 def run(args: argparse.Namespace) -> int:

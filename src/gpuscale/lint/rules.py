@@ -46,7 +46,8 @@ RULES: tuple[Rule, ...] = (
          "a library), and nothing sums the counts over the ranks: the accuracy printed is rank 0's shard's, not the "
          "dataset's",
          "sum the counts over ranks: gpuscale.Average().update(correct, count).compute(), "
-         "gpuscale.all_reduce_sum([correct, total]), or torch.distributed.all_reduce",
+         "gpuscale.all_reduce_sum([correct, total]), or torch.distributed.all_reduce; in Lightning, "
+         "self.log(name, value, sync_dist=True)",
          rules_metrics.check_metrics_reduced),
     Rule("GS108", "parameters unfrozen after wrapping",
          "DDP, FSDP and DeepSpeed fix the set of trainable parameters when they wrap the model: gradients of "

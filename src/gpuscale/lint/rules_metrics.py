@@ -27,7 +27,7 @@ from gpuscale.lint.findings import Hit
 from gpuscale.lint.guards import Guards
 from gpuscale.lint.rules_data import loader_is_unsharded
 from gpuscale.lint.rules_ranks import tells_rank
-from gpuscale.lint.script import Script, dotted, last_name, names_in
+from gpuscale.lint.script import Script, dotted, keyword, last_name, names_in
 
 # Collectives and helpers that combine values over ranks. By name where the name says so;
 # `gather` / `reduce` only where they are torch.distributed's or a library object's (accelerator.gather,
@@ -69,6 +69,9 @@ def is_reduction(script: Script, call: ast.Call) -> bool:
     accelerator's, fabric's) gather / reduce."""
     name = last_name(call.func)
     if name in REDUCTIONS:
+        return True
+    sync = keyword(call, "sync_dist")  # Lightning's self.log(..., sync_dist=True) reduces over the ranks
+    if sync is not None and not (isinstance(sync, ast.Constant) and not sync.value):
         return True
     if name not in RANK_COLLECTIVES:
         return False
@@ -228,6 +231,15 @@ def _whole_dataset(script: Script, counters: list[ast.AST]) -> bool:
     return bool(looped)
 
 
+def _gathered_by_library(script: Script, scope: ast.AST) -> bool:
+    """Whether `scope` is a function a library hands the predictions of every rank, gathered: HF's Trainer calls
+    its `compute_metrics=` with the whole evaluation set's (`gather_for_metrics`), on every rank."""
+    if not isinstance(scope, calls.FUNCTIONS) or isinstance(scope, ast.Lambda):
+        return False
+    return any(k.arg == "compute_metrics" and isinstance(k.value, ast.Name) and k.value.id == scope.name
+               for call in script.calls for k in call.keywords)
+
+
 def _reports(script: Script, scope: ast.AST, tainted: set[str]) -> list[ast.Call]:
     """The calls of `scope` that show one of the tainted names: print, logging, TensorBoard, W&B, progress bars."""
     return [n for n in calls.scope_nodes(script, scope) if isinstance(n, ast.Call) and last_name(n.func) in REPORTS
@@ -332,7 +344,8 @@ def check_metrics_reduced(script: Script) -> Iterator[Hit]:
     guards = Guards(script)
     helpers = reducing_helpers(script)
     for scope, counters in _counters_by_scope(script, guards).items():
-        if _whole_dataset(script, counters) or _counted_from_reduced(script, scope, counters, helpers):
+        if _gathered_by_library(script, scope) or _whole_dataset(script, counters) or \
+                _counted_from_reduced(script, scope, counters, helpers):
             continue
         seeds = _counter_names(counters)
         reduced, reports = _flows(script, scope, follow(script, scope, seeds), helpers, CALLER_DEPTH)

@@ -31,6 +31,10 @@ DISTRIBUTED_QUALNAMES = frozenset({
 WRAP_NAMES = frozenset({"DistributedDataParallel", "DDP", "FullyShardedDataParallel", "FSDP", "fully_shard"})
 WRAP_QUALNAMES = frozenset({"deepspeed.initialize", "gpuscale.setup", "gpuscale.wrap", "gpuscale.train.step.setup",
                             "gpuscale.strategy.wrap"})
+# Trainers of libraries that run the script as one of several processes under a launcher, and shard, reduce and save
+# for it (HF's Trainer and its kin in transformers and trl; Lightning's Trainer and Fabric): by qualified name, or a
+# class of the script's own derived from one.
+LIBRARY_TRAINER = re.compile(r"^(transformers|trl|lightning|lightning\.pytorch|lightning\.fabric|pytorch_lightning)\.(\w*Trainer|Fabric)$")
 # Variables a launcher sets for each of several processes (torchrun, accelerate, deepspeed): a script
 # that reads them runs as one of several processes, even when a library (HF's Trainer) starts the group.
 LAUNCHER_VARIABLES = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"})
@@ -218,12 +222,23 @@ class Script:
 
     @cached_property
     def is_distributed(self) -> bool:
-        """Whether the script runs as several processes: it starts a process group, wraps a model for it, or
-        reads the rank or world size a launcher sets (RANK, LOCAL_RANK, WORLD_SIZE: HF's Trainer starts the
-        group itself)."""
+        """Whether the script runs as several processes: it starts a process group, wraps a model for it, makes a
+        library's trainer that does so under a launcher (HF's Trainer, Lightning's Trainer or Fabric: `library_trainers`),
+        or reads the rank or world size a launcher sets (RANK, LOCAL_RANK, WORLD_SIZE)."""
         if any(self.callee(c) in DISTRIBUTED_NAMES or self.qualname(c) in DISTRIBUTED_QUALNAMES for c in self.calls):
             return True
+        if self.library_trainers:
+            return True
         return any(environ_key(self, n) in LAUNCHER_VARIABLES for n in self.nodes if isinstance(n, (ast.Subscript, ast.Call)))
+
+    @cached_property
+    def library_trainers(self) -> list[ast.Call]:
+        """The calls that make a library's trainer for several processes (`LIBRARY_TRAINER`, or a class of the script's
+        own derived from one), leaving out a Lightning Trainer or Fabric told `devices=1`: one process."""
+        own = {node.name for node in self.nodes if isinstance(node, ast.ClassDef)
+               and any(LIBRARY_TRAINER.match(self.qualname(base)) for base in node.bases)}
+        made = [c for c in self.calls if LIBRARY_TRAINER.match(self.qualname(c)) or (isinstance(c.func, ast.Name) and c.func.id in own)]
+        return [c for c in made if int_constant(keyword(c, "devices")) != 1]
 
     def argparse_default(self, name: str) -> ast.AST | None:
         """The default of the command-line option an `args.batch_size`-like name reads (`add_argument("--batch-size",

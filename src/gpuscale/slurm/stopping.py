@@ -146,10 +146,9 @@ def stop_handling() -> list[str]:
     ]
 
 
-def requeue_block(max_requeues: int) -> list[str]:
-    """The lines after the step: wait for it, take the first failing rank's exit code, requeue it if it stopped at a
-    checkpoint (not after TERM), exit."""
-    first = [
+def _first_failure_code() -> list[str]:
+    """The lines that take the first failing rank's own exit code from the tasks' notes, and say whose it is."""
+    return [
         "# The first failing rank's own exit code (its task's note), not the highest of all tasks (srun's).",
         'first=""',
         "# Through a file, not $(...), which a trap can break in bash 5.2 (task_exit_note), and in a subshell that ignores",
@@ -171,11 +170,16 @@ def requeue_block(max_requeues: int) -> list[str]:
         '    status=$first_code',
         "fi",
     ]
+
+
+def requeue_block(max_requeues: int) -> list[str]:
+    """The lines after the step: wait for it, take the first failing rank's exit code, requeue it if it stopped at a
+    checkpoint (not after TERM), exit."""
     lines = [
         "step_pid=$!",
         "status=0",
         "wait_for_step || status=$?",
-        *first,
+        *_first_failure_code(),
         f"# Stopped at a checkpoint: {EXIT_STOPPED} from the ranks (srun passes it on), or their note beside the marker",
         f"# (torchrun reports its workers' {EXIT_STOPPED} as a failure, 1).",
         'stopped=""',
