@@ -230,3 +230,24 @@ def test_a_node_agent_whose_ranks_stopped_at_a_checkpoint_ends_with_75_under_its
     open(stopped_marker(str(marker)), "w").close()
     stopped = _ended_by_signal(signal.SIGUSR1)
     assert stopped.code == 75 and "stopped at a checkpoint" in stopped.line
+
+
+def test_an_unreadable_error_file_names_a_cause_before_a_victim_and_the_rank_whose_error_is_on_screen(tmp_path):
+    """The same order as when torchrun reads its error files (`first_failure`): a rank that only lost its peer comes
+    after the rank that failed, even if it noted earlier; a rank that failed with the error another printed stands for
+    that rank."""
+    from gpuscale.launch.agent import _unreadable_error_file
+
+    here = socket.gethostname()
+
+    def note(rank, time, symptom=False, repeat_of=None):
+        (tmp_path / f"rank-{rank}.json").write_text(json.dumps({"rank": rank, "time": time, "host": here, "symptom": symptom,
+                                                                "message": "boom", "repeat_of": repeat_of}))
+
+    note(0, 99.0, symptom=True)
+    note(2, 100.0)
+    assert _unreadable_error_file(str(tmp_path), None).rank == 2
+    note(1, 99.5, repeat_of=2)  # failed first, with the error rank 2 printed
+    assert _unreadable_error_file(str(tmp_path), None).rank == 2
+    note(3, 98.0)
+    assert _unreadable_error_file(str(tmp_path), None).rank == 3

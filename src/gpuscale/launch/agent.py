@@ -122,9 +122,18 @@ def _unreadable_error_file(directory: str, records: Path | None) -> Outcome:
     if not notes:
         return Outcome(1, "gpuscale run: a rank failed, and torchrun could not read its error file (empty or cut short); "
                           "the ranks' output above says why", when=time.time())
-    rank = min(notes, key=lambda r: (bool(notes[r].get("symptom")), float(notes[r].get("time") or 0.0)))  # a cause, not a victim
+    unread = {r: _Unread(float(note.get("time") or time.time())) for r, note in notes.items()}  # what torchrun would have said
+    rank = first_failure(unread, notes)  # a cause before a victim, the earliest; the rank whose error is on screen
     return Outcome(1, f"gpuscale run: rank {rank} on {host} failed first (its error is above; its exit code is unknown: "
                       "torchrun could not read a rank's error file)", rank, float(notes[rank].get("time") or time.time()))
+
+
+@dataclass(frozen=True)
+class _Unread:
+    """A failure torchrun could not read: exit code unknown (1), at its rank's noted time."""
+
+    timestamp: float
+    exitcode: int = 1
 
 
 def _notes(directory: str, records: Path | None, failures: Mapping[int, Any] | None) -> dict[int, dict[str, Any]]:
