@@ -98,6 +98,9 @@ def test_a_plain_ddp_script_under_gpuscale_run(tmp_path):
     assert [d["rank"] for d in summary["utilisation"]["devices"]] == [0, 1]
     assert (out / "timeline.json").is_file()
     assert "measured by the probe: 2 ranks (gloo)" in result.stderr and "samples/s" in result.stderr
+    # the phases add up to the time to result, the script's own end after its last step included
+    assert sum(v or 0.0 for v in split.values()) == pytest.approx(summary["time_to_result_s"])
+    assert f"after training {split['after_training']:.1f} s, time to result {summary['time_to_result_s']:.1f} s" in result.stderr
     assert_placed(read_records(out / "probe"), "ddp")
 
 

@@ -133,7 +133,8 @@ def describe(summary: dict[str, Any]) -> str:
                      f"({1000 * summary['step_time_s']:.1f} ms per step: data wait {share('data_wait')}, exposed "
                      f"communication {share('exposed_comm')}, imbalance {share('imbalance')}{_slow_rank(summary)}); "
                      f"startup {split['startup']:.1f} s, evaluation {split['eval']:.1f} s, "
-                     f"time to result {summary['time_to_result_s']:.1f} s")
+                     + (f"after training {split['after_training']:.1f} s, " if split.get("after_training") is not None else "")
+                     + f"time to result {summary['time_to_result_s']:.1f} s")
     if not summary["complete"]:
         lines.append(f"  incomplete: {summary['probe']['why']}")
     return "\n".join(lines)
