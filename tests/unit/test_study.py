@@ -974,9 +974,9 @@ def test_a_prediction_beyond_a_run_that_missed_it_carries_the_losses_the_model_l
     results = {"device": "cpu", "rows": [base, top], "baseline": {"strong": "strong-1x1"}, "prediction": {"cells": cells}}
     [said] = answer(results)
     assert said.endswith("Predicted, not run (the model: report.md's Prediction): 4 processes 3.0x (76% of ideal), 8 processes "
-                         "4.8x (60% of ideal). It predicted 88% for 2 processes, which measured 68%: with the losses it leaves "
-                         "out weighing as there, 4 processes would keep 59% of ideal (2.35x), 8 processes would keep 46% of "
-                         "ideal (3.71x).")
+                         "4.8x (60% of ideal). It predicted 88% for 2 processes, which measured 68%; if the losses it leaves "
+                         "out keep their share of each step: 4 processes 2.35x (59% of ideal), 8 processes 3.71x (46% of "
+                         "ideal).")
     # the model met the run within its noise (0.05): the prediction stands as it is
     met = {**results, "rows": [base, {**top, "efficiency": 0.84, "speedup": 1.68, "samples_per_s": 168.0}]}
     assert answer(met)[0].endswith("8 processes 4.8x (60% of ideal).")

@@ -117,8 +117,8 @@ def _beyond(results: dict[str, Any], top: dict[str, Any]) -> str:
 
     The model knows communication only. Where the largest run measured less than the model predicted for it (beyond
     the noise), the losses the model leaves out are carried to the scales not run, as the same share of each step:
-    "... it predicted 88% for 2 processes, which measured 68%: with the losses it leaves out weighing as there, 4
-    processes would keep 59% of ideal (2.36x)". Otherwise a prediction above the target beside a run that missed it
+    "... It predicted 88% for 2 processes, which measured 68%; if the losses it leaves out keep their share of each
+    step: 4 processes 2.35x (59% of ideal)". Otherwise a prediction above the target beside a run that missed it
     would read as advice to ask for more."""
     prediction = results.get("prediction") or {}
     cells = prediction.get("cells") or []
@@ -143,17 +143,17 @@ def _beyond(results: dict[str, Any], top: dict[str, Any]) -> str:
 
 def _left_out(results: dict[str, Any], top: dict[str, Any], cells: list[dict[str, Any]], ahead: list[dict[str, Any]]) -> str:
     """The scales not run with the losses the model left out of the largest run (its measured over its predicted
-    efficiency) weighing as there; "" where the model met that run within its noise, or was below it."""
+    efficiency) keeping their share of each step; "" where the model met that run within its noise, or was below it."""
     modelled = next((c.get("efficiency") for c in cells if c.get("run") is not False and c.get("name") == top["name"]), None)
     if not modelled or top.get("efficiency") is None:
         return ""
     if modelled - top["efficiency"] <= max(NOISE_FLOOR, top.get("noise") or 0.0):
         return ""
     kept = top["efficiency"] / modelled
-    said = [f"{_units(results, c['world_size'])} would keep {_pct(c['efficiency'] * kept)} of ideal "
-            f"({c['efficiency'] * kept * c['world_size']:.2f}x)" for c in ahead]
+    said = [f"{_units(results, c['world_size'])} {c['efficiency'] * kept * c['world_size']:.2f}x "
+            f"({_pct(c['efficiency'] * kept)} of ideal)" for c in ahead]
     return (f" It predicted {_pct(modelled)} for {_units(results, top['world_size'])}, which measured "
-            f"{_pct(top['efficiency'])}: with the losses it leaves out weighing as there, {', '.join(said)}.")
+            f"{_pct(top['efficiency'])}; if the losses it leaves out keep their share of each step: {', '.join(said)}.")
 
 
 def answer(results: dict[str, Any], target_efficiency: float = TARGET_EFFICIENCY) -> list[str]:
