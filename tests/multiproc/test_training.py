@@ -90,6 +90,18 @@ def test_uneven_evaluation_under_fsdp_is_refused_instead_of_hanging(tmp_path):
 
 
 @needs_deepspeed
+def test_deepspeed_on_one_process_under_a_launcher_trains_as_it_does_alone(tmp_path, reference):
+    """A study's baseline: `gpuscale run --nproc-per-node 1` (torchrun underneath) with ZeRO-2. gpuscale starts the
+    one-rank group DeepSpeed needs; under torchrun's agent a tcp:// rendezvous would wait for the agent's store,
+    which never answers (it hung until the 600 s rendezvous timeout). The same steps as the plain process's."""
+    result = run(gpuscale_cmd("run", "--nproc-per-node", "1", SCRIPT, str(tmp_path), *STRATEGIES["zero2"], "--clip", "0.5"),
+                 timeout=120)
+    assert_ok(result)
+    losses = json.loads((tmp_path / "result.json").read_text())["losses"]
+    assert losses == pytest.approx(reference[0]["losses"], rel=1e-4)
+
+
+@needs_deepspeed
 def test_deepspeed_fp16_on_cpu_is_refused_in_one_line(tmp_path):
     result = _train(tmp_path, 1, "--strategy", "deepspeed", "--precision", "fp16")
     assert result.returncode != 0

@@ -138,7 +138,10 @@ class Runtime:
     def ensure_process_group(self) -> None:
         """Start a one-rank process group if there is none (DeepSpeed needs one even for one process).
 
-        The launcher variables DeepSpeed reads are exported too, and put back at teardown with the rest.
+        Its store is an in-process HashStore, not a TCP rendezvous: under a launcher of one process (`gpuscale run
+        --nproc-per-node 1`, torchrun, a study's baseline) torch would take a tcp:// rendezvous for a client of the
+        agent's store (TORCHELASTIC_USE_AGENT_STORE), and wait for a server that never comes. The launcher variables
+        DeepSpeed reads are exported too, and put back at teardown with the rest.
         """
         if self.is_distributed:
             return
@@ -150,7 +153,7 @@ class Runtime:
                 self._restorer.setenv(name, str(value))
             else:  # a Runtime built by hand (tests): nothing to restore into
                 os.environ[name] = str(value)
-        dist.init_process_group(backend=self.backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
+        dist.init_process_group(backend=self.backend, store=dist.HashStore(), rank=0, world_size=1,
                                 timeout=datetime.timedelta(seconds=self.timeout_s),
                                 device_id=self.device if self.device.type == "cuda" else None)
         self.owns_single_group = True
