@@ -72,14 +72,11 @@ def make_model():
 
 def main():
     args = parse_args()
-    # Under plain torchrun on a machine without a GPU, Accelerator() leaves
-    # each process on its own (world size 1) unless told cpu=True, which is
-    # what makes it join a gloo process group (ACCELERATE_USE_CPU=1 in the
-    # environment would do the same).
-    accelerator = Accelerator(
-        cpu=not torch.cuda.is_available(),
-        gradient_accumulation_steps=args.grad_accum,
-    )
+    # As Accelerate's docs write it. On a machine without a GPU, Accelerator()
+    # under a plain torchrun leaves each process on its own unless told to use
+    # the CPU (ACCELERATE_USE_CPU=1, or cpu=True); gpuscale's launchers set
+    # the variable there, as `accelerate launch --cpu` does.
+    accelerator = Accelerator(gradient_accumulation_steps=args.grad_accum)
     set_seed(SEED)
 
     loader = DataLoader(make_dataset(args.samples), batch_size=args.batch_size, shuffle=True)

@@ -30,7 +30,6 @@ evaluates never, but a copy of it given an eval_strategy would).
 """
 
 import argparse
-import os
 import sys
 import tempfile
 import time
@@ -130,8 +129,6 @@ class TrainingTime(TrainerCallback):
 
 
 def train(args, output_dir):
-    use_cpu = not torch.cuda.is_available()
-    launched = "LOCAL_RANK" in os.environ or int(os.environ.get("WORLD_SIZE", "1")) > 1
     training_args = TrainingArguments(
         output_dir=output_dir,
         per_device_train_batch_size=args.batch_size,
@@ -144,12 +141,10 @@ def train(args, output_dir):
         dataloader_num_workers=0,
         disable_tqdm=True,
         seed=SEED,
-        # On a machine without a GPU the Trainer only joins torchrun's process
-        # group when told use_cpu (otherwise every rank trains on its own).
-        # gloo is the collective backend on CPU; name it only when launched
-        # distributed: a plain `python` run given a backend fails to start.
-        use_cpu=use_cpu,
-        ddp_backend="gloo" if use_cpu and launched else None,
+        # As the transformers docs write it: nothing about the device or the
+        # backend. On a machine without a GPU the Trainer (on Accelerate) joins
+        # the launcher's ranks only when told to use the CPU; gpuscale's
+        # launchers set ACCELERATE_USE_CPU there, as `accelerate launch --cpu`.
         # Every parameter gets a gradient; say so, or DDP walks the graph for
         # unused ones each step and warns about it.
         ddp_find_unused_parameters=False,

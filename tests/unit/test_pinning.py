@@ -184,3 +184,21 @@ def test_a_child_of_a_rank_ignores_slurms_warning_and_keeps_its_cores(tmp_path):
     assert placed == "True"
     assert child.split(" ", 1)[0] == "True" and parent.split(" ", 1)[0] == "True"  # the rank itself keeps USR1's default
     assert child.split(" ", 1)[1] == parent.split(" ", 1)[1]  # the child's cores are its rank's
+
+
+def test_on_a_node_without_gpus_accelerate_is_told_to_distribute_over_the_ranks(monkeypatch):
+    """As `accelerate launch --cpu` does: without ACCELERATE_USE_CPU, Accelerate (and the HF Trainer) leaves each of a
+    launcher's ranks on its own on a node without GPUs, and N ranks train N copies. Not for one rank, not where the
+    node has GPUs (whatever a visibility variable says), never over the user's own choice."""
+    two = detect_env({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "h", "MASTER_PORT": "1"})
+    one = detect_env({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "h", "MASTER_PORT": "1"})
+    monkeypatch.setattr(pinning, "no_gpu_hardware", lambda: True)
+    environ: dict[str, str] = {"CUDA_VISIBLE_DEVICES": "0,1"}  # SLURM's GPUs of a node that has none
+    assert pinning.distribute_on_cpus(two, environ) and environ["ACCELERATE_USE_CPU"] == "true"
+    environ = {}
+    assert not pinning.distribute_on_cpus(one, environ) and environ == {}
+    environ = {"ACCELERATE_USE_CPU": "0"}
+    assert not pinning.distribute_on_cpus(two, environ) and environ == {"ACCELERATE_USE_CPU": "0"}
+    monkeypatch.setattr(pinning, "no_gpu_hardware", lambda: False)
+    environ = {}
+    assert not pinning.distribute_on_cpus(two, environ) and environ == {}

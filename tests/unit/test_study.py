@@ -603,6 +603,8 @@ def test_the_probe_tells_synchronised_ranks_from_independent_copies():
     assert synchronised([alone, alone]) is False  # no process group, no DDP: two copies
     assert synchronised([{"world": {"world_size": 2}, "ddp": None}] * 2) is None  # a group but no DDP: FSDP, own all-reduces
     assert synchronised([alone]) is None and synchronised([{"ddp": None}, {"ddp": None}]) is None  # one rank; old records
+    # Accelerate 1.15 on CPUs, not told to distribute: a group of the launcher's world with no backend, no DDP model
+    assert synchronised([{"world": {"world_size": 2, "backend": "undefined"}, "ddp": None}] * 2) is False
 
 
 def test_a_part_within_the_noise_reads_about_zero_and_never_negative(tmp_path):

@@ -24,6 +24,8 @@ thread count must be in the environment before that.
 Thread pools: OMP_NUM_THREADS is set to the rank's core count unless the user set it (the
 placeholder 1 that `gpuscale run` and the batch scripts give torchrun, marked by
 GPUSCALE_OMP_FROM_LAUNCHER, does not count), and TOKENIZERS_PARALLELISM=false unless set.
+On a node without GPUs, ACCELERATE_USE_CPU=true unless set (`distribute_on_cpus`): Accelerate and the HF Trainer then
+distribute over the ranks, as under `accelerate launch --cpu`.
 The rank notes ``GPUSCALE_PLACED=<pid>:<source>``: `gpuscale.init()` in the same process keeps
 that placement, and the rank's own child processes (which inherit the variable) keep the cores
 they inherit.
@@ -57,7 +59,7 @@ from gpuscale.detect.topology import (
 
 __all__ = ["RANK_CORES", "GPU_CORES", "PLACED", "OMP_FROM_LAUNCHER", "plan_node", "rank_cores_text",
            "placed_source", "place_this_rank", "size_thread_pools", "sysfs_gpu_cores", "gpus_known_only_to_torch",
-           "GPU_DRIVER_FILES", "no_gpu_here", "node_gpu_count"]
+           "GPU_DRIVER_FILES", "no_gpu_hardware", "no_gpu_here", "node_gpu_count", "distribute_on_cpus"]
 
 RANK_CORES = "GPUSCALE_RANK_CORES"
 """`gpuscale run`'s plan for its workers: how it was made, then one core list per local rank ("gpu-local:0-3;4-7")."""
@@ -158,13 +160,33 @@ GPU_DRIVER_FILES = ("/dev/nvidia*", "/proc/driver/nvidia/gpus/*", "/sys/module/n
                     "/dev/nvgpu", "/dev/kfd", "/dev/dxg")
 
 
-def no_gpu_here(environ: Mapping[str, str]) -> bool:
-    """True where this node has no GPU for torch to count, known without torch: none on its PCI bus (`pci_gpus`), no
-    trace of a GPU driver (`GPU_DRIVER_FILES`) and no visibility variable set (`visible_devices`)."""
+def no_gpu_hardware() -> bool:
+    """True where this node has no GPU at all, known without torch: none on its PCI bus (`pci_gpus`) and no trace of
+    a GPU driver (`GPU_DRIVER_FILES`), whatever a visibility variable says."""
     import glob
 
-    return (not pci_gpus() and not any(glob.glob(pattern) for pattern in GPU_DRIVER_FILES)
-            and visible_devices(environ) is None)
+    return not pci_gpus() and not any(glob.glob(pattern) for pattern in GPU_DRIVER_FILES)
+
+
+def no_gpu_here(environ: Mapping[str, str]) -> bool:
+    """True where this node has no GPU for torch to count, known without torch: `no_gpu_hardware`, and no visibility
+    variable set (`visible_devices`)."""
+    return no_gpu_hardware() and visible_devices(environ) is None
+
+
+ACCELERATE_USE_CPU = "ACCELERATE_USE_CPU"
+"""What `accelerate launch --cpu` sets: without it Accelerate (and the HF Trainer, which runs on it) leaves each of
+the launcher's processes on its own on a node without GPUs (1.15: DistributedType.NO in a group with no backend), and
+N ranks train N copies."""
+
+
+def distribute_on_cpus(env: DistEnv, environ: MutableMapping[str, str]) -> bool:
+    """On a node without GPUs, tell Accelerate and the HF Trainer to distribute over the launcher's ranks (gloo), as
+    `accelerate launch --cpu` does, unless the user set ACCELERATE_USE_CPU; True where it did."""
+    if env.world_size <= 1 or ACCELERATE_USE_CPU in environ or not no_gpu_hardware():
+        return False
+    environ[ACCELERATE_USE_CPU] = "true"
+    return True
 
 
 def node_gpu_count(environ: Mapping[str, str]) -> int:
@@ -206,6 +228,7 @@ def place_this_rank(environ: MutableMapping[str, str] = os.environ) -> BindingPl
     if "RANK" not in environ or environ.get(PLACED):
         return None
     env = detect_env(environ)
+    distribute_on_cpus(env, environ)
     bind = environ.get("GPUSCALE_BIND", "auto")
     if bind not in ("auto", "none"):
         raise ValueError(f"GPUSCALE_BIND={bind!r} is not one of 'auto', 'none'")

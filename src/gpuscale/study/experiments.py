@@ -64,7 +64,8 @@ def check_experiments(rows: list[dict[str, Any]], study: dict[str, Any], cells: 
                 ignored.append(f"{row['name']} ({_per_step(row)}, not {planned})")
         if row["world_size"] > 1 and row["synchronised"] is False:
             notes.append(f"{row['name']}: its {row['world_size']} ranks trained independent copies of the model (no rank joined a "
-                         f"process group of more than one, and none made a DDP model), so it shows no speed-up. {_unsynchronised_cause(row)}")
+                         "process group of more than one with a backend, and none made a DDP model), so it shows no speed-up. "
+                         + _unsynchronised_cause(row))
     if ignored:
         notes.append("The script ignored the batch the study planned: each rank trained its own batch per step, shown in the "
                      "table, in " + ", ".join(ignored) + ". Pass the batch template to the option the script reads "

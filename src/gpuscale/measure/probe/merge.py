@@ -306,16 +306,23 @@ def _probe_part(problems: list[str], split: dict[str, Any], accounts: list[dict[
 
 def synchronised(records: list[dict[str, Any]]) -> bool | None:
     """Whether the ranks trained one model together: True where every rank made a DDP model; False where no rank
-    made one and none joined a process group of more than one rank (independent copies, as a Trainer or Accelerate
-    script on CPUs not told to distribute trains); None where the records cannot tell (one rank, FSDP, DeepSpeed,
-    a script's own all-reduces, records without the world)."""
+    made one and none joined a process group of more than one rank that can communicate (independent copies, as a
+    Trainer or Accelerate script on CPUs not told to distribute trains: Accelerate 1.15 there joins a group of the
+    launcher's world with no backend, "undefined", and trains alone); None where the records cannot tell (one
+    rank, FSDP, DeepSpeed, a script's own all-reduces, records without the world)."""
     if len(records) < 2 or any("world" not in r for r in records):
         return None
     if all((r.get("ddp") or {}).get("parameters") for r in records):
         return True
-    if any(r.get("ddp") for r in records) or any(int((r.get("world") or {}).get("world_size") or 1) > 1 for r in records):
+    if any(r.get("ddp") for r in records) or any(_communicating_world(r) for r in records):
         return None
     return False
+
+
+def _communicating_world(record: dict[str, Any]) -> bool:
+    """Whether a rank joined a process group of more than one rank with a backend to communicate through."""
+    world = record.get("world") or {}
+    return int(world.get("world_size") or 1) > 1 and world.get("backend") != "undefined"
 
 
 def merge_records(records: list[dict[str, Any]], *, world_size: int | None = None, scaling: str | None = None,
