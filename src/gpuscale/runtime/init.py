@@ -61,6 +61,7 @@ from gpuscale.detect.topology import BindingPlan, allowed_cores, format_cpulist,
 from gpuscale.runtime.failures import report_failure
 from gpuscale.runtime.pinning import OMP_FROM_LAUNCHER  # set where gpuscale run, not the user, put OMP_NUM_THREADS=1
 from gpuscale.runtime.placement import choose_device, plan_cores
+from gpuscale.runtime.refusal import announce_refusal, watch_for_refusal
 from gpuscale.runtime.teardown import end_process_group
 
 __all__ = ["Runtime", "init", "current", "DEFAULT_TIMEOUT_S"]
@@ -244,7 +245,11 @@ def init(
         raise RuntimeError("gpuscale.init() is already active in this process; call it once, around your training")
     wrapped.forget()  # nothing announced outside a runtime (a model wrapped with an old rt) leaks into this one
     bind, timeout_s = _resolve_options(bind, timeout)
-    env = detect_env(os.environ)
+    try:
+        env = detect_env(os.environ)
+    except ValueError as exc:  # this rank will not join the rendezvous: its peers must not wait there for it
+        announce_refusal(str(exc))
+        raise
     configure_logging(env.rank, env.world_size)
     restorer = _Restorer()
     if env.launcher == "torchrun":
@@ -271,6 +276,8 @@ def init(
         raise
     except BaseException as exc:
         failed = True
+        if isinstance(exc, ValueError) and rt is None and env.world_size > 1 and not dist.is_initialized():
+            announce_refusal(str(exc))  # refused before the rendezvous (device, cores): the peers wait there
         if not (isinstance(exc, SystemExit) and exc.code in (0, None)):
             report_failure(env, exc)
         raise
@@ -330,11 +337,12 @@ def _start_process_group(env: DistEnv, device: torch.device, backend: str | None
         ("MASTER_PORT", env.master_port),
     ):
         restorer.setenv(name, str(value))
-    dist.init_process_group(
-        backend=chosen, init_method="env://", rank=env.rank, world_size=env.world_size,
-        timeout=datetime.timedelta(seconds=timeout_s),
-        device_id=device if device.type == "cuda" and chosen == "nccl" else None,  # binds NCCL's communicator to it
-    )
+    with watch_for_refusal(env.rank):  # a peer that refused to start never comes: stop waiting for it
+        dist.init_process_group(
+            backend=chosen, init_method="env://", rank=env.rank, world_size=env.world_size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+            device_id=device if device.type == "cuda" and chosen == "nccl" else None,  # binds NCCL's communicator to it
+        )
     return chosen
 
 
