@@ -57,11 +57,15 @@ import torch
 
 import gpuscale
 import gpuscale.train.lr
+import gpuscale.train.step
 
 from gptneo_attention import EndPaddingCollator, attention_in_use, use_sdpa_attention  # beside this file: GPT-neo's attention through SDPA
 from gptneo_imdb_data import OFFLINE, local_main_first, prepare_data  # beside this file: the reviews, tokenised
 
 COURSE_MODEL = "EleutherAI/gpt-neo-1.3B"
+# --strategy: gpuscale.integrations.hf.TRAINER_STRATEGIES (the Trainer's FSDP is Accelerate's, which gpuscale does not
+# configure), named here so that parsing the command line needs no transformers
+STRATEGIES = ("ddp", "deepspeed")
 ATTENTION = ("auto", "sdpa", "flex", "eager")  # --attention; auto: sdpa where the model has GPT-neo layers on eager attention
 TINY = {"hidden_size": 32, "num_heads": 2, "num_layers": 2, "intermediate_size": 128}  # the offline model: 0.3 M parameters
 # (pretrained model, model trained from scratch): the course's settings, and ones that learn in minutes on a CPU
@@ -165,6 +169,15 @@ def scaled_lr(args: argparse.Namespace, plan: gpuscale.BatchPlan) -> gpuscale.Sc
     return gpuscale.scale_lr(chosen["lr"], plan, **{**gpuscale.train.lr.lr_options(args), "warmup_steps": warmup})
 
 
+def max_grad_norm(args: argparse.Namespace) -> float:
+    """The Trainer's clipping norm (0: off): --max-grad-norm, else the --ds-config's gradient_clipping under deepspeed,
+    else the Trainer's default, 1.0. The Trainer and DeepSpeed's config must agree on it."""
+    if args.max_grad_norm is not None:
+        return args.max_grad_norm
+    stated = gpuscale.train.step.ds_config_setting(args, "gradient_clipping")
+    return float(stated) if isinstance(stated, (int, float)) and not isinstance(stated, bool) else 1.0
+
+
 def per_epoch(evaluations: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One entry per evaluation during training: its step, the Trainer's fractional epoch, the validation perplexity."""
     return [{"step": e["step"], "epoch": e.get("epoch"), "phase": "train", "val_perplexity": perplexity(e["eval_loss"])}
@@ -185,7 +198,7 @@ def train(args: argparse.Namespace, callbacks: Sequence[Any] = (), make_data: Ca
     with gpuscale.init() as rt:
         plan = gpuscale.plan_batch(args.global_batch, rt.world_size, scaling="strong", max_per_device=args.max_per_device)
         scaled = scaled_lr(args, plan)
-        strategy_arguments = trainer_arguments(plan, max_grad_norm=args.max_grad_norm, **gpuscale.training_options(args))
+        strategy_arguments = trainer_arguments(plan, max_grad_norm=max_grad_norm(args), **gpuscale.training_options(args))
         loading = gpuscale.loader_options(args)
         tokenizer, train_set, val_set, test_set = make_data(args, rt)
         log.info("%d train / %d validation / %d test chunks of at most %d tokens; global batch %d = %d ranks x %d x %d accumulation", len(train_set),
@@ -284,7 +297,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=None, help=f"learning rate ({default['lr']})")
     parser.add_argument("--warmup-steps", type=int, default=None, help=f"linear warm-up steps ({default['warmup_steps']})")
     parser.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay (default 0.01)")
-    parser.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping norm, 0 for none (default 1.0, the Trainer's)")
+    parser.add_argument("--max-grad-norm", type=float, default=None,
+                        help="gradient clipping norm, 0 for none (default: the --ds-config's gradient_clipping under deepspeed, "
+                             "else 1.0, the Trainer's)")
     parser.add_argument("--max-steps", type=int, default=None, help=f"optimizer steps ({default['max_steps']})")
     parser.add_argument("--eval-steps", type=int, default=None, help=f"evaluate every N steps ({default['eval_steps']})")
     parser.add_argument("--save-steps", type=int, default=None, help=f"checkpoint every N steps, keeping 4 ({default['save_steps']})")
@@ -296,7 +311,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="runs/gptneo_imdb", help="output folder: checkpoints and summary.json")
     parser.add_argument("--no-resume", action="store_true", help="delete OUT's checkpoints and start afresh")
-    gpuscale.add_arguments(parser)
+    gpuscale.add_arguments(parser, strategies=STRATEGIES)  # fsdp refused by argparse, before any rank starts
     gpuscale.train.lr.add_arguments(parser, default_warmup_steps=None)  # None: --warmup-steps or the model's default
     args = parser.parse_args(argv)
     if None not in (args.lr_warmup_steps, args.warmup_steps) and args.lr_warmup_steps != args.warmup_steps:

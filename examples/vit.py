@@ -29,8 +29,9 @@ cache when the hub cannot be reached, and replaces the classifier head.)
 Scaling. ``--scaling weak`` (the default, as the course) keeps --batch-size per process;
 ``--scaling strong`` keeps it global. The defaults of the course: Adam at 1e-3, gradient clipping
 at 1.0 (the course's DeepSpeed config; here it applies to every strategy so they stay comparable),
-ZeRO stage 1, fp32 on CPU and bf16 on GPUs that have it (--precision). Weak scaling makes the
-global batch grow with the processes; ``--lr-scaling linear`` (or ``sqrt``) scales --lr with it,
+ZeRO stage 1, fp32 on CPU and bf16 on GPUs that have it (--precision); a --ds-config that states its own ZeRO
+stage or gradient_clipping overrides those two defaults (a --zero-stage or --clip-grad-norm typed against it is
+refused). Weak scaling makes the global batch grow with the processes; ``--lr-scaling linear`` (or ``sqrt``) scales --lr with it,
 ``--lr-warmup-steps N`` warms it up from --lr over the first N steps (`gpuscale.scale_lr`), and
 summary.json records the rule and factor under ``lr`` and each epoch's accuracy under ``per_epoch``.
 
@@ -51,6 +52,7 @@ import torch.nn.functional as F
 
 import gpuscale
 import gpuscale.train.lr
+import gpuscale.train.step
 
 from vit_data import offline_data_path, open_splits  # beside this file: the HDF5 images and the offline set
 
@@ -100,6 +102,15 @@ def per_epoch(history: dict[str, list[float]]) -> list[dict]:
             for i, (loss, val, acc) in enumerate(zip(history["train_loss"], history["val_loss"], history["val_accuracy"], strict=False))]
 
 
+def clip_grad_norm(args: argparse.Namespace) -> float | None:
+    """The clipping norm for `gpuscale.setup`: --clip-grad-norm (0: off), else the --ds-config's gradient_clipping
+    under deepspeed (None: setup takes the config's), else the course's 1.0."""
+    if args.clip_grad_norm is not None:
+        # typed: under deepspeed even 0 goes to the config, which refuses a gradient_clipping that says otherwise
+        return args.clip_grad_norm if args.strategy == "deepspeed" else args.clip_grad_norm or None
+    return None if gpuscale.train.step.ds_config_setting(args, "gradient_clipping") is not None else 1.0
+
+
 def train(args: argparse.Namespace) -> dict:
     out = Path(args.out)
     with gpuscale.init() as rt:
@@ -117,7 +128,7 @@ def train(args: argparse.Namespace) -> dict:
         num_params = sum(p.numel() for p in model.parameters())  # before setup: ZeRO-3 partitions them
         scaled = gpuscale.scale_lr(args.lr, plan, **gpuscale.train.lr.lr_options(args))
         training = gpuscale.setup(model, lambda params: torch.optim.Adam(params, lr=scaled.lr), plan=plan,
-                                  clip_grad_norm=args.clip_grad_norm or None, **gpuscale.training_options(args))
+                                  clip_grad_norm=clip_grad_norm(args), **gpuscale.training_options(args))
         scheduler = scaled.scheduler(training.optimizer)  # the warm-up; step it once per optimizer step
         log.info("ViT with %.2fM parameters, %d classes, images %dx%d; %d training and %d validation images; "
                  "strategy %s, %s, global batch %d; %s", num_params / 1e6, num_classes, image_size, image_size, len(train_set),
@@ -179,11 +190,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--eval-batch-size", type=int, default=100, help="per-process batch for validation")
     parser.add_argument("--epochs", type=int, default=5, help="epochs (course: 10)")
     parser.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (course: 1e-3)")
-    parser.add_argument("--clip-grad-norm", type=float, default=1.0, help="clip the gradients' norm (0: off; course: 1.0)")
+    parser.add_argument("--clip-grad-norm", type=float, default=None,
+                        help="clip the gradients' norm (0: off; default: the --ds-config's gradient_clipping under deepspeed, "
+                             "else 1.0, the course's)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="runs/vit", help="output folder for summary.json and checkpoints")
     parser.add_argument("--no-resume", action="store_true", help="ignore checkpoints in OUT/checkpoints and start afresh")
-    gpuscale.add_arguments(parser, default_zero_stage=1)
+    gpuscale.add_arguments(parser, default_zero_stage=1)  # the course's ZeRO-1, unless --ds-config states a stage
     gpuscale.train.lr.add_arguments(parser)
     args = parser.parse_args(argv)
     for name in ("batch_size", "eval_batch_size", "epochs"):

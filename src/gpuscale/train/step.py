@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager, ExitStack
 from typing import Any
 
@@ -45,9 +45,9 @@ from gpuscale.runtime.data import BatchPlan
 from gpuscale.runtime.init import Runtime, current
 from gpuscale.strategy import STRATEGIES, Strategy, get_strategy, gradient_bytes, no_sync, unwrap, wrap_and_describe
 from gpuscale.strategy.deepspeed import import_deepspeed
-from gpuscale.strategy.deepspeed_config import ZERO_STAGES, build_config, config_precision, load_config
+from gpuscale.strategy.deepspeed_config import DEFAULT_ZERO_STAGE, ZERO_STAGES, build_config, config_precision, load_config
 
-__all__ = ["Training", "setup", "add_arguments", "training_options", "loader_options"]
+__all__ = ["Training", "setup", "add_arguments", "training_options", "loader_options", "ds_config_setting"]
 
 SWITCH = ("auto", "on", "off")
 
@@ -270,24 +270,39 @@ def _setup_deepspeed(chosen: Strategy, model: nn.Module, optimizer: OptimizerFac
                     clip_grad_norm=config["gradient_clipping"] or None, facts=facts, ds_config=config, device=rt.device)
 
 
-def add_arguments(parser: argparse.ArgumentParser, *, default_strategy: str = "ddp", default_zero_stage: int | None = None) -> None:
+def add_arguments(parser: argparse.ArgumentParser, *, default_strategy: str = "ddp", default_zero_stage: int | None = None,
+                  strategies: Sequence[str] | None = None) -> None:
     """Add the strategy switch and the speed switches to a script's parser.
 
     Strategy: --strategy, --precision, --zero-stage, --offload, --ds-config. Speed (`gpuscale.runtime.speed`,
     each auto by default): --channels-last, --fused, --compile, --loader-workers, --pin-memory; the
     course's way of running is ``--precision fp32 --channels-last off --fused off --loader-workers 0
     --pin-memory off``.
+
+    strategies: the --strategy choices the script supports (default: all of `gpuscale.strategy.STRATEGIES`), so
+    that argparse refuses the others at once. default_zero_stage: the script's ZeRO stage when --zero-stage is
+    not given and no --ds-config states one (None: `DEFAULT_ZERO_STAGE`). ``args.zero_stage`` stays None unless
+    --zero-stage is typed; `training_options` resolves the default.
     """
+    choices = list(STRATEGIES) if strategies is None else list(strategies)
+    unknown = [name for name in choices if name not in STRATEGIES]
+    if unknown or default_strategy not in choices:
+        raise ValueError(f"strategies {choices} with default {default_strategy!r}: each must be one of "
+                         f"{', '.join(STRATEGIES)}, the default among them")
+    if default_zero_stage is not None and default_zero_stage not in ZERO_STAGES:
+        raise ValueError(f"default_zero_stage={default_zero_stage!r} is not one of {', '.join(map(str, ZERO_STAGES))}")
+    stage = DEFAULT_ZERO_STAGE if default_zero_stage is None else default_zero_stage
     group = parser.add_argument_group("parallelism (gpuscale)")
-    group.add_argument("--strategy", choices=list(STRATEGIES), default=default_strategy,
+    group.add_argument("--strategy", choices=choices, default=default_strategy,
                        help=f"how the model is spread over ranks (default {default_strategy})")
     group.add_argument("--precision", choices=PRECISIONS, default="auto",
                        help="mixed precision: auto = bf16 on GPUs that have it, else fp32 (default auto)")
-    group.add_argument("--zero-stage", type=int, choices=ZERO_STAGES, default=default_zero_stage,
-                       help="DeepSpeed ZeRO stage (deepspeed only; default: the config's, else 2)")
+    # default None: an explicit --zero-stage (even one equal to the script's default) is told from an unset one
+    group.add_argument("--zero-stage", type=int, choices=ZERO_STAGES, default=None,
+                       help=f"DeepSpeed ZeRO stage (deepspeed only; default: the --ds-config's stage, else {stage})")
     group.add_argument("--offload", action="store_true", help="DeepSpeed: keep optimizer states in CPU memory")
     group.add_argument("--ds-config", metavar="FILE", help="your DeepSpeed config (JSON or hjson); gpuscale checks its batch")
-    parser.set_defaults(_default_zero_stage=default_zero_stage)  # tells an explicit --zero-stage from the default
+    parser.set_defaults(_default_zero_stage=default_zero_stage)  # the script's stage, for an unset --zero-stage
     fast = parser.add_argument_group("speed (gpuscale)")
     fast.add_argument("--channels-last", choices=SWITCH, default="auto",
                       help="channels-last memory format for convolutions (default auto: on GPUs, under ddp, for models with Conv2d)")
@@ -311,16 +326,17 @@ def training_options(args: argparse.Namespace) -> dict[str, Any]:
     """The keyword arguments of `setup` (and of `gpuscale.integrations.hf.trainer_arguments`) from a namespace
     parsed with `add_arguments`.
 
-    DeepSpeed-only options left at their defaults are dropped for the other strategies, so a
-    script's default --zero-stage does not trip the ddp and fsdp runs; given explicitly, they are refused.
+    Under deepspeed an unset --zero-stage is the --ds-config's stage when the config states one, else the
+    script's default (`add_arguments`' default_zero_stage); only a typed --zero-stage that the config
+    contradicts is refused (by `setup` or `trainer_arguments`). DeepSpeed-only options left unset are
+    dropped for the other strategies; given explicitly, they are refused.
     Speed switches left at auto are dropped too, so `setup` decides them for the device.
     """
     options: dict[str, Any] = {"strategy": args.strategy, "precision": args.precision}
     if get_strategy(args.strategy).builds_engine:  # DeepSpeed: its options go to its engine's config
-        options.update(zero_stage=args.zero_stage, offload=args.offload, ds_config=args.ds_config)
+        options.update(zero_stage=_zero_stage(args), offload=args.offload, ds_config=args.ds_config)
     else:
-        explicit_stage = args.zero_stage != getattr(args, "_default_zero_stage", None)
-        given = [flag for flag, value in (("--zero-stage", explicit_stage), ("--offload", args.offload),
+        given = [flag for flag, value in (("--zero-stage", args.zero_stage is not None), ("--offload", args.offload),
                                           ("--ds-config", args.ds_config)) if value]
         if given:
             raise ValueError(f"{' and '.join(given)}: for --strategy deepspeed only")
@@ -332,6 +348,32 @@ def training_options(args: argparse.Namespace) -> dict[str, Any]:
     if getattr(args, "compile_mode", None):
         options["compile_mode"] = args.compile_mode  # checked by setup and trainer_arguments, which take it
     return options
+
+
+def _zero_stage(args: argparse.Namespace) -> int | None:
+    """The ZeRO stage to pass to DeepSpeed's config: the typed one, else None where the --ds-config states one
+    (`build_config` takes the config's), else the script's default (None: `DEFAULT_ZERO_STAGE`)."""
+    if args.zero_stage is not None:
+        return args.zero_stage  # typed: a config that says otherwise is refused, naming both
+    default = getattr(args, "_default_zero_stage", None)
+    if default is not None and ds_config_setting(args, "zero_optimization", "stage") is not None:
+        return None
+    return default
+
+
+def ds_config_setting(args: argparse.Namespace, *keys: str) -> Any:
+    """What the --ds-config of a deepspeed run sets at `keys`, e.g. ``ds_config_setting(args, "gradient_clipping")``;
+    None when the run is not deepspeed, has no --ds-config or the config leaves it out.
+
+    For a script's own option whose default must yield to the user's config, as --zero-stage's does: pass None
+    where the config sets it (`setup` and `trainer_arguments` then take the config's), the default elsewhere.
+    """
+    if not get_strategy(args.strategy).builds_engine or not getattr(args, "ds_config", None):
+        return None
+    value: Any = load_config(args.ds_config)
+    for key in keys:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
 
 
 def loader_options(args: argparse.Namespace) -> dict[str, Any]:
