@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from procs import SCRIPTS, assert_ok, gpuscale_cmd, run
+from procs import SCRIPTS, assert_ok, free_port, gpuscale_cmd, run
 
 pytestmark = pytest.mark.multiproc
 RESUME = str(SCRIPTS / "resume.py")
@@ -127,3 +127,21 @@ def test_max_restarts_restarts_the_group_from_the_last_checkpoint(tmp_path):
 
     crashed = run(gpuscale_cmd("run", "--nproc-per-node", "2", "--max-restarts", "0", RESUME, str(failed), "--crash-at", "7"), timeout=400)
     assert crashed.returncode == 17 and not (failed / "final.pt").exists()
+
+
+@needs_deepspeed
+def test_consolidate_takes_a_checkpoint_deepspeed_itself_wrote(tmp_path):
+    """The HF Trainer's checkpoint-N under DeepSpeed is DeepSpeed's own save_checkpoint: a `latest` file naming its
+    global_stepN folder. consolidate takes that folder or the global_stepN inside it, and gives the weights the
+    engine's module held when it saved, exactly."""
+    checkpoint, weights = tmp_path / "checkpoint-2", tmp_path / "weights.pt"
+    assert_ok(run([sys.executable, str(SCRIPTS / "deepspeed_native_save.py"), str(checkpoint), str(weights)], timeout=200,
+                  RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port())))
+    expected = torch.load(weights, weights_only=True)
+    for source in (checkpoint, checkpoint / "global_step2"):
+        out = tmp_path / f"{source.name}.pt"
+        assert_ok(run(gpuscale_cmd("consolidate", str(source), str(out)), timeout=200))
+        plain = torch.load(out, weights_only=True)
+        assert sorted(plain) == sorted(expected)
+        for name, tensor in expected.items():
+            assert torch.equal(plain[name], tensor), f"{source.name}: {name} differs"

@@ -168,12 +168,30 @@ def _input_caster(dtype: torch.dtype) -> Any:
     return hook
 
 
-def check_checkpoint_files(directory: Path) -> None:
+def check_checkpoint_files(directory: Path, tag: str = TAG) -> None:
     """Refuse a DeepSpeed checkpoint whose pickles name anything but data (they are loaded unsafely)."""
-    files = sorted((directory / TAG).glob("*.pt"))
+    files = sorted((directory / tag).glob("*.pt"))
     if not files:
-        raise ValueError(f"{directory} holds no DeepSpeed checkpoint files ({TAG}/*.pt)")
+        raise ValueError(f"{directory} holds no DeepSpeed checkpoint files ({tag}/*.pt)")
     refuse_unsafe_pickles(files, "load it")
+
+
+def deepspeed_tag(source: Path) -> tuple[Path, str] | None:
+    """(checkpoint directory, tag) where `source` is a DeepSpeed checkpoint: gpuscale's (its `TAG` folder), one
+    DeepSpeed's own save_checkpoint wrote (the HF Trainer's checkpoint-N: a `latest` file naming its global_stepN
+    folder), or such a tag folder itself (its mp_rank_00_model_states.pt); None for anything else."""
+    if not source.is_dir():
+        return None
+    if (source / TAG).is_dir():
+        return source, TAG
+    latest = source / "latest"
+    if latest.is_file():
+        tag = latest.read_text().strip()
+        if tag and (source / tag).is_dir():
+            return source, tag
+    if any(source.glob("mp_rank_*_model_states.pt")):
+        return source.parent, source.name
+    return None
 
 
 def refuse_unsafe_pickles(files: Iterable[Path], refusing: str) -> None:
@@ -191,11 +209,11 @@ def refuse_unsafe_pickles(files: Iterable[Path], refusing: str) -> None:
                              f"bookkeeping; refusing to {refusing} (a checkpoint must not run code)")
 
 
-def consolidate_deepspeed(directory: Path) -> dict[str, Any]:
-    """The fp32 weights of a DeepSpeed checkpoint directory as one plain state dict (no process group)."""
-    check_checkpoint_files(directory)
+def consolidate_deepspeed(directory: Path, tag: str = TAG) -> dict[str, Any]:
+    """The fp32 weights of a DeepSpeed checkpoint directory (`deepspeed_tag`) as one plain state dict (no process group)."""
+    check_checkpoint_files(directory, tag)
     import_deepspeed()
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-    state = get_fp32_state_dict_from_zero_checkpoint(str(directory), tag=TAG)
+    state = get_fp32_state_dict_from_zero_checkpoint(str(directory), tag=tag)
     return {name: tensor.detach().clone() for name, tensor in state.items()}

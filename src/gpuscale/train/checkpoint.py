@@ -52,8 +52,7 @@ from gpuscale.runtime.init import Runtime, current
 from gpuscale.runtime.sharded import load_all
 from gpuscale.runtime.speed import keeping_implementation
 from gpuscale.strategy import Strategy, strategy_of
-from gpuscale.strategy.deepspeed import TAG as DEEPSPEED_TAG
-from gpuscale.strategy.deepspeed import consolidate_deepspeed
+from gpuscale.strategy.deepspeed import consolidate_deepspeed, deepspeed_tag
 
 __all__ = ["Checkpointer", "ResumeState", "capture_rng", "restore_rng", "consolidate"]
 
@@ -334,7 +333,8 @@ class Checkpointer:
 
 
 def consolidate(source: str | Path, target: str | Path) -> Path:
-    """Write the plain model state dict of any gpuscale checkpoint (file or sharded directory) to `target`.
+    """Write the plain model state dict of any gpuscale checkpoint (file or sharded directory), or of a DeepSpeed
+    checkpoint another program wrote (the HF Trainer's checkpoint-N, or its global_stepN), to `target`.
 
     The result is what ``model.load_state_dict(torch.load(target, weights_only=True))`` takes, on
     one process, with no gpuscale and no process group. Runs without a process group.
@@ -345,8 +345,9 @@ def consolidate(source: str | Path, target: str | Path) -> Path:
     if source.name.endswith(SUM_SUFFIX) or source.name == SUMS:
         meant = source.with_name(source.name[:-len(SUM_SUFFIX)]) if source.name.endswith(SUM_SUFFIX) else source.parent
         raise ValueError(f"{source} holds the SHA-256 sums of a checkpoint, not the checkpoint; give {meant}")
-    if source.is_dir() and (source / DEEPSPEED_TAG).is_dir():
-        model = consolidate_deepspeed(source)
+    deepspeed = deepspeed_tag(source)
+    if deepspeed is not None:
+        model = consolidate_deepspeed(*deepspeed)
     elif source.is_dir():
         model = load_all(source)["model"]
     else:
