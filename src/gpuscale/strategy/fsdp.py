@@ -13,7 +13,8 @@ Checkpoints are sharded: every rank writes its own shards with torch.distributed
 (DCP) into one directory, so no rank ever holds the whole model; resuming reads them back, also on
 another number of ranks. `gpuscale consolidate` turns such a directory into one plain state dict.
 `full_state_dict` (for inference, or a small model) gathers everything on rank 0 instead. With a
-single process the model is left unsharded.
+single process the model is left unsharded and a checkpoint is one plain file, as DDP's: it resumes on
+more ranks too (its optimizer state, numbered in the optimizer's order, is renamed by parameter).
 """
 
 from __future__ import annotations
@@ -133,6 +134,7 @@ class FSDPStrategy(ScriptStep):
         if not _is_sharded(model):
             optimizer.load_state_dict(state)
             return
+        state = _keyed_by_name(model, optimizer, state)
         set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
 
     def writes_checkpoint(self, rt: Runtime) -> bool:
@@ -170,3 +172,33 @@ def _is_sharded(model: nn.Module) -> bool:
     from torch.distributed.fsdp import FSDPModule
 
     return isinstance(model, FSDPModule)
+
+
+def _keyed_by_name(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> dict[str, Any]:
+    """A full optimizer state keyed by parameter name, as set_optimizer_state_dict(full_state_dict=True) reads it.
+
+    One process writes the optimizer's own ``optimizer.state_dict()``, which numbers the parameters
+    in the optimizer's order (as DDP and plain runs do); sharded ranks key states by name. A numbered
+    state is renamed by that order, which the same script gives the optimizer on any number of ranks,
+    to the names torch itself gives this optimizer's parameters (read locally: no collective).
+    """
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    groups = state["param_groups"]
+    if all(isinstance(pid, str) for group in groups for pid in group["params"]):
+        return state  # keyed by name already (written by sharded ranks)
+    names = [group["params"] for group in get_optimizer_state_dict(model, optimizer)["param_groups"]]
+    if [len(group["params"]) for group in groups] != [len(group) for group in names]:
+        raise ValueError(
+            f"the checkpoint's optimizer has {[len(g['params']) for g in groups]} parameters per group and this "
+            f"one {[len(g) for g in names]}; build the optimizer over the same parameters, in the same groups"
+        )
+    name_of = {
+        pid: name
+        for group, named in zip(groups, names, strict=True)
+        for pid, name in zip(group["params"], named, strict=True)
+    }
+    return {
+        "state": {name_of[pid]: value for pid, value in state["state"].items()},
+        "param_groups": [{**group, "params": named} for group, named in zip(groups, names, strict=True)],
+    }
