@@ -44,8 +44,10 @@ def _check(summary: dict, world_size: int, launcher: str) -> None:
     assert summary["epochs"] == 8 and summary["steps"] == 8 * (2000 // 32)
     assert summary["samples"] == summary["steps"] * 32
     split = summary["time_split_s"]
-    assert set(split) == {"startup", "data_wait", "compute", "exposed_comm", "imbalance", "eval", "checkpoint", "probe"}
+    assert set(split) == {"startup", "data_wait", "compute", "exposed_comm", "imbalance", "eval", "checkpoint", "probe",
+                          "after_training"}
     assert all(v >= 0 for v in split.values()) and split["compute"] > 0 and split["eval"] > 0
+    assert sum(split.values()) == pytest.approx(summary["time_to_result_s"])  # the phases are the whole run
     # the sync probe measured this run (ddp), and its replays are charged to their own phase
     assert summary["sync_probe"]["status"] == "measured" and split["probe"] > 0
     assert summary["samples_per_s"] > 0 and summary["peak_memory_bytes"] > 0

@@ -202,3 +202,17 @@ def test_on_a_node_without_gpus_accelerate_is_told_to_distribute_over_the_ranks(
     monkeypatch.setattr(pinning, "no_gpu_hardware", lambda: False)
     environ = {}
     assert not pinning.distribute_on_cpus(two, environ) and environ == {}
+
+
+def test_the_cpu_flag_gpuscale_set_is_taken_back_for_deepspeed_and_a_users_never(monkeypatch):
+    """Accelerate turns DeepSpeed off under ACCELERATE_USE_CPU: gpuscale's Trainer arguments for DeepSpeed take back
+    the flag gpuscale set, never one the user set."""
+    two = detect_env({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "h", "MASTER_PORT": "1"})
+    monkeypatch.setattr(pinning, "no_gpu_hardware", lambda: True)
+    environ: dict[str, str] = {}
+    pinning.distribute_on_cpus(two, environ)
+    pinning.withdraw_cpu_flag(environ)
+    assert environ == {}
+    users = {"ACCELERATE_USE_CPU": "1"}
+    pinning.withdraw_cpu_flag(users)
+    assert users == {"ACCELERATE_USE_CPU": "1"}

@@ -57,6 +57,7 @@ Evaluations after ``train()`` belong in ``meter.phase("eval")``, as in a hand-wr
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,7 @@ from gpuscale.measure import syncprobe
 from gpuscale.measure.metrics import Meter
 from gpuscale.runtime.data import BatchPlan
 from gpuscale.runtime.init import Runtime, current
+from gpuscale.runtime.pinning import withdraw_cpu_flag
 from gpuscale.runtime.speed import check_compile_mode, warn_compiled_sdpa
 from gpuscale.strategy import gradient_bytes
 from gpuscale.strategy.deepspeed import refuse_unsafe_pickles
@@ -142,6 +144,7 @@ def trainer_arguments(
         if compile_mode:
             arguments["torch_compile_mode"] = compile_mode
     if strategy == "deepspeed":
+        withdraw_cpu_flag(os.environ)  # Accelerate turns DeepSpeed off under the ACCELERATE_USE_CPU gpuscale set
         arguments["deepspeed"] = build_config(plan, resolved, zero_stage=zero_stage, offload=offload,
                                               clip_grad_norm=float(max_grad_norm), user_config=user_config,
                                               client_optimizer=True)

@@ -59,7 +59,7 @@ from gpuscale.detect.topology import (
 
 __all__ = ["RANK_CORES", "GPU_CORES", "PLACED", "OMP_FROM_LAUNCHER", "plan_node", "rank_cores_text",
            "placed_source", "place_this_rank", "size_thread_pools", "sysfs_gpu_cores", "gpus_known_only_to_torch",
-           "GPU_DRIVER_FILES", "no_gpu_hardware", "no_gpu_here", "node_gpu_count", "distribute_on_cpus"]
+           "GPU_DRIVER_FILES", "no_gpu_hardware", "no_gpu_here", "node_gpu_count", "distribute_on_cpus", "withdraw_cpu_flag"]
 
 RANK_CORES = "GPUSCALE_RANK_CORES"
 """`gpuscale run`'s plan for its workers: how it was made, then one core list per local rank ("gpu-local:0-3;4-7")."""
@@ -180,13 +180,28 @@ the launcher's processes on its own on a node without GPUs (1.15: DistributedTyp
 N ranks train N copies."""
 
 
+ACCELERATE_CPU_SET = "GPUSCALE_SET_ACCELERATE_USE_CPU"
+"""Set beside ACCELERATE_USE_CPU where gpuscale, not the user, set it: Accelerate turns DeepSpeed off under it, so
+`gpuscale.integrations.hf.trainer_arguments` takes it back for a Trainer on DeepSpeed (`withdraw_cpu_flag`)."""
+
+
 def distribute_on_cpus(env: DistEnv, environ: MutableMapping[str, str]) -> bool:
     """On a node without GPUs, tell Accelerate and the HF Trainer to distribute over the launcher's ranks (gloo), as
-    `accelerate launch --cpu` does, unless the user set ACCELERATE_USE_CPU; True where it did."""
+    `accelerate launch --cpu` does, unless the user set ACCELERATE_USE_CPU; True where it did. (Accelerate then
+    leaves DeepSpeed off: a script of one's own that gives the Trainer a DeepSpeed config on such a node sets
+    ACCELERATE_USE_CPU=0; gpuscale's own Trainer arguments take it back themselves.)"""
     if env.world_size <= 1 or ACCELERATE_USE_CPU in environ or not no_gpu_hardware():
         return False
     environ[ACCELERATE_USE_CPU] = "true"
+    environ[ACCELERATE_CPU_SET] = "1"
     return True
+
+
+def withdraw_cpu_flag(environ: MutableMapping[str, str]) -> None:
+    """Take back the ACCELERATE_USE_CPU that `distribute_on_cpus` set (not a user's): for a Trainer on DeepSpeed,
+    which Accelerate would otherwise turn off."""
+    if environ.pop(ACCELERATE_CPU_SET, None):
+        environ.pop(ACCELERATE_USE_CPU, None)
 
 
 def node_gpu_count(environ: Mapping[str, str]) -> int:
