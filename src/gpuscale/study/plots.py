@@ -136,6 +136,16 @@ def _points(rows: list[dict[str, Any]], value: Any) -> tuple[list[int], list[flo
     return [w for w, _ in pairs], [v for _, v in pairs]
 
 
+def _by_nodes(rows: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """The rows of one scaling as lines: one, unlabelled, where all ran on the same number of nodes; else one per node
+    count (" on 1 node", " on 2 nodes"): 2 processes on one node and 2 nodes of 1 are two points at 2 devices, and
+    one line through both would zig-zag between what are two layouts."""
+    counts = sorted({int(r.get("nodes") or 1) for r in rows})
+    if len(counts) == 1:
+        return [("", rows)]
+    return [(f" on {n} node{'s' if n > 1 else ''}", [r for r in rows if int(r.get("nodes") or 1) == n]) for n in counts]
+
+
 def throughput_plot(results: dict[str, Any], path: Path) -> Path:
     """Training throughput (samples/s) vs devices per scaling, with the ideal line and the prediction."""
     groups = _by_scaling(results)
@@ -150,14 +160,20 @@ def throughput_plot(results: dict[str, Any], path: Path) -> Path:
         sizes = [r["world_size"] for r in rows]
         ideal_x = sorted(set(sizes) | {base["world_size"]}) if base else []
         ideal = [base["samples_per_s"] * w / base["world_size"] for w in ideal_x] if base else []
-        xs, ys = _points(rows, lambda r: r["samples_per_s"])
-        px, py = _points(rows, lambda r: r.get("predicted_samples_per_s"))
+        ys: list[float] = []
+        py: list[float] = []
         if base:
             ax.plot(ideal_x, ideal, "--", color="#777777", label=f"ideal ({base['name']} per device x devices)")
-        if xs:
-            ax.plot(xs, ys, marker=marker, color=colour, label="measured")
-        if px:
-            ax.plot(px, py, ":", marker=".", color=colour, alpha=0.7, label="predicted")
+        for index, (where, line) in enumerate(_by_nodes(rows)):
+            xs, measured = _points(line, lambda r: r["samples_per_s"])
+            px, predicted = _points(line, lambda r: r.get("predicted_samples_per_s"))
+            style = ("-", "-.", "--", (0, (1, 1)))[index % 4]
+            if xs:
+                ax.plot(xs, measured, marker=marker, color=colour, linestyle=style, label=f"measured{where}")
+            if px:
+                ax.plot(px, predicted, ":", marker=".", color=colour, alpha=0.7, label=f"predicted{where}")
+            ys += measured
+            py += predicted
         _integer_ticks(ax, sizes)
         ax.set_ylim(0, max([*ideal, *ys, *py, 0.0]) * 1.1 or 1.0)
         ax.set_xlabel(devices_label(results))
@@ -180,14 +196,20 @@ def efficiency_plot(results: dict[str, Any], path: Path) -> Path | None:
     for index, (key, rows) in enumerate(groups.items()):
         colour, marker, line = _style(key, index)
         name = _group_title(key).replace(" scaling", "")
-        xs, ys = _points(rows, lambda r: None if r.get("efficiency") is None else 100 * r["efficiency"])
+        ys: list[float] = []
+        for number, (where, members) in enumerate(_by_nodes(rows)):
+            xs, measured = _points(members, lambda r: None if r.get("efficiency") is None else 100 * r["efficiency"])
+            mx, modelled = _points(members, lambda r: None if r.get("predicted_efficiency") is None
+                                   else 100 * r["predicted_efficiency"])
+            if xs:
+                ax.plot(xs, measured, marker=marker, color=colour, label=f"{name}{where}",
+                        linestyle=line if not where else ("-", "-.", "--", (0, (1, 1)))[number % 4])
+            if mx:
+                ax.plot(mx, modelled, ":", marker=".", color=colour, alpha=0.7, label=f"{name}{where} (predicted)")
+            ys += measured
         px, py = _points(rows, lambda r: None if r.get("predicted_efficiency") is None
                          else 100 * r["predicted_efficiency"])
         ahead = _not_run(results, rows)
-        if xs:
-            ax.plot(xs, ys, marker=marker, color=colour, linestyle=line, label=name)
-        if px:
-            ax.plot(px, py, ":", marker=".", color=colour, alpha=0.7, label=f"{name} (predicted)")
         if ahead and px:
             ax.plot([px[-1], *(c["world_size"] for c in ahead)], [py[-1], *(100 * c["efficiency"] for c in ahead)], ":",
                     color=colour, alpha=0.7)
