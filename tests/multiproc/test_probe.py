@@ -163,7 +163,8 @@ def test_each_kind_of_script_is_studied_unchanged(tmp_path, client):
         if world == 2:  # every client trains a DDP model on two ranks: DDP's timers split the step
             assert row["sync_probe"]["status"] == "measured" and row["sync_probe"]["source"] == "ddp_timers", (name, row["sync_probe"])
             assert row["time_split_s"]["exposed_comm"] is not None and row["time_split_s"]["imbalance"] is not None
-            # one model, not copies: the HF Trainer too, on CPUs under torchrun without ACCELERATE_USE_CPU (docs/studies.md)
+            # one model, not copies: the HF Trainer and Accelerate too, written as their docs write them (on CPUs gpuscale
+            # sets ACCELERATE_USE_CPU for them: docs/studies.md)
             assert row["synchronised"] is True and row["speedup"] is not None, name
     report = (out / "report.md").read_text()
     # says which runs the probe measured and what it could not measure
