@@ -263,3 +263,17 @@ def test_monitored_devices_get_a_utilisation_table(tmp_path):
     assert '<table id="utilisation">' in page and '>93%</td>' in page
     without = make_results(tmp_path / "other")
     assert "## Utilisation" not in format_markdown(without) and 'id="utilisation"' not in render_html(without, {})
+
+
+def test_the_waterfall_labels_a_part_within_its_noise_as_the_table_does():
+    """data -1% and imbalance 2% are within a noise of 3%: the table reads them "~0% (±3%)", and so does the bar."""
+    from gpuscale.study.plot_runs import _waterfall_panel
+    from gpuscale.study.plotting import pyplot
+
+    row = {"name": "strong-1x2", "world_size": 2, "ideal_samples_per_s": 200.0, "efficiency": 0.8,
+           "loss_breakdown": {"data": -0.01, "exposed_comm": 0.15, "imbalance": 0.02, "jitter": 0.0, "compute": 0.04, "rest": 0.0},
+           "part_noise": dict.fromkeys(("data", "exposed_comm", "imbalance", "jitter", "compute", "rest"), 0.03)}
+    fig, ax = pyplot().subplots()
+    _waterfall_panel(ax, row)
+    assert [t.get_text() for t in ax.texts] == ["~0%", "-15%", "~0%", "~0%", "-4%", "~0%", "80%"]
+    pyplot().close(fig)

@@ -2,7 +2,8 @@
 
 - `waterfall_plot` (plots/waterfall-<run>.png): one figure per run with more devices than its baseline,
   titled with its name: a bar at ideal throughput (100%), one falling bar per measured part of the loss
-  (data, exposed communication, imbalance, jitter, per-device compute, rest; rising where a part was a gain), and
+  (data, exposed communication, imbalance, jitter, per-device compute, rest; rising where a part was a gain; labelled
+  "~0%" where the table reads it so, within its noise), and
   the measured efficiency at the end, all in % of ideal; the predicted efficiency is a dashed line and
   the predicted parts are marked with a cross.
 - `utilisation_plot` (plots/utilisation-<run>.png): per run with a timeline, util % vs seconds since
@@ -17,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from gpuscale.detect.log import get_logger
+from gpuscale.study.explain import part_share
 from gpuscale.study.numbers import three_figures
-from gpuscale.study.parts import PARTS
+from gpuscale.study.parts import PARTS, noise_of
 from gpuscale.study.plotting import pyplot, save
 
 __all__ = ["waterfall_plot", "utilisation_plot"]
@@ -45,7 +47,8 @@ def _waterfall_panel(ax: Any, row: dict[str, Any]) -> None:
             continue
         loss = 100.0 * share
         ax.bar(i, -loss, bottom=level, color=_PART_COLOURS[part] if loss >= 0 else "#59a14f", edgecolor="#555555")
-        ax.text(i, level - max(loss, 0.0), "0%" if abs(loss) < 0.5 else f"{-loss:+.0f}%", ha="center", va="top",
+        within = part_share(share, noise_of(row, part), remainder=part == "rest").startswith("~0%")  # as the table says it
+        ax.text(i, level - max(loss, 0.0), "~0%" if within or abs(loss) < 0.5 else f"{-loss:+.0f}%", ha="center", va="top",
                 fontsize="x-small")
         if predicted.get(part) is not None:
             ax.plot([i], [level - 100.0 * predicted[part]], "x", color="black", markersize=8)
