@@ -63,6 +63,10 @@ def test_the_profiles_map_follows_the_visible_gpus():
     env, environ = _env(1, 2, GPUSCALE_GPU_CORES=lumi, ROCR_VISIBLE_DEVICES="2,3")
     plan = pinning.plan_node(env, "auto", environ, range(64), _no_gpus)
     assert plan.source == "gpu-local" and plan.cores == (tuple(range(17, 24)), tuple(range(25, 32)))
+    # a map of one GPU for two local ranks on GPUs 0 and 1: the message names both
+    env, environ = _env(1, 2, GPUSCALE_GPU_CORES="0-1")
+    with pytest.raises(ValueError, match=r"lists 1 GPUs, but this node's 2 local ranks use GPUs \[0, 1\]"):
+        pinning.plan_node(env, "auto", environ, range(64), _no_gpus)
 
 
 def test_bind_none_leaves_everything_alone():

@@ -136,8 +136,9 @@ def _gpu_cores_from_map(env: DistEnv, environ: Mapping[str, str]) -> list[list[i
 def _by_visible_gpu(per_gpu: list[list[int] | None], env: DistEnv, environ: Mapping[str, str],
                     source: str) -> list[list[int] | None]:
     visible = visible_devices(environ)
-    physical = [int(v) for v in visible] if visible and all(v.isdigit() for v in visible) else list(range(len(per_gpu)))
     ranks = env.local_world_size
+    # local rank i uses the i-th visible GPU, or GPU i where no variable restricts them
+    physical = [int(v) for v in visible] if visible and all(v.isdigit() for v in visible) else list(range(max(ranks, len(per_gpu))))
     if len(physical) < ranks or max(physical[:ranks]) >= len(per_gpu):
         raise ValueError(f"{source} lists {len(per_gpu)} GPUs, but this node's {ranks} local ranks use GPUs "
                          f"{physical[:ranks]}; it needs one entry per GPU of the node")
