@@ -101,6 +101,9 @@ def test_a_rank_that_refuses_to_start_ends_its_peers_waiting_in_the_rendezvous(t
     peer = procs[1 - refusing]
     reason = "WORLD_SIZE=2 is not a multiple of LOCAL_WORLD_SIZE=4"
     assert procs[refusing].returncode == 1 and reason in outcomes[refusing][1]
+    # the refusing rank says it in one line, no traceback, as any rank's wrong input
+    assert f"[gpuscale] rank {refusing}/2 on {HOST} failed: {reason}" in outcomes[refusing][1]
+    assert "Traceback" not in outcomes[refusing][1], outcomes[refusing][1]
     assert peer.returncode == 1, outcomes[1 - refusing][1][-2000:]
     assert f"[gpuscale] rank {1 - refusing} on {HOST} stops: rank {refusing} on {HOST} refused to start: {reason}" in outcomes[1 - refusing][1]
     assert elapsed < BOUND_S, f"the peer needed {elapsed:.0f} s"

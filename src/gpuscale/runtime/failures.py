@@ -26,6 +26,7 @@ import socket
 import sys
 import time
 import traceback
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ from gpuscale.base.exits import EXIT_STOPPED
 from gpuscale.base.files import atomic_write_json
 from gpuscale.detect.env import DistEnv
 
-__all__ = ["FAILURE_DIR", "EXIT_DIR", "PEER_SYMPTOMS", "report_failure", "is_peer_symptom", "note_failure", "quiet_excepthook",
+__all__ = ["FAILURE_DIR", "EXIT_DIR", "PEER_SYMPTOMS", "report_failure", "report_refusal", "is_peer_symptom", "note_failure", "quiet_excepthook",
            "one_line_for_a_lost_peer", "lost_peer_report", "LOST_PEER_PAUSE_S"]
 
 FAILURE_DIR = "GPUSCALE_FAILURE_DIR"
@@ -46,6 +47,21 @@ PEER_SYMPTOMS = ("Connection closed by peer", "Connection reset by peer", "remot
                  "NCCL communicator was aborted", "ProcessGroupNCCL is aborted")
 """Error texts of a collective whose peer went away: a rank failing so is a victim, not the cause."""
 _REPORTED = "_gpuscale_reported"  # set on an exception whose report went out: Python's hook must not print it again
+
+
+def report_refusal(environ: Mapping[str, str], exc: ValueError) -> None:
+    """One line for a rank whose launcher variables gpuscale refused (no DistEnv could be made of them), named as the
+    variables name it, instead of Python's traceback; nothing for one process (the caller says it, once)."""
+    try:
+        world = int(environ.get("WORLD_SIZE") or environ.get("SLURM_NTASKS") or 1)
+    except ValueError:
+        world = 0  # unreadable: several processes, likely
+    if world == 1:
+        return
+    rank = environ.get("RANK") or environ.get("SLURM_PROCID") or "?"
+    sys.stderr.write(f"[gpuscale] rank {rank}/{world or '?'} on {socket.gethostname()} failed: {exc}\n")
+    sys.stderr.flush()
+    _mark_reported(exc)
 
 
 def report_failure(env: DistEnv, exc: BaseException) -> None:

@@ -58,7 +58,7 @@ from gpuscale.detect.env import DistEnv, detect_env, visible_devices
 from gpuscale.detect.launchtime import launch_time, process_start_time
 from gpuscale.detect.log import configure_logging, format_placements, get_logger
 from gpuscale.detect.topology import BindingPlan, allowed_cores, format_cpulist, set_affinity
-from gpuscale.runtime.failures import report_failure
+from gpuscale.runtime.failures import report_failure, report_refusal
 from gpuscale.runtime.pinning import OMP_FROM_LAUNCHER  # set where gpuscale run, not the user, put OMP_NUM_THREADS=1
 from gpuscale.runtime.placement import choose_device, plan_cores
 from gpuscale.runtime.refusal import announce_refusal, watch_for_refusal
@@ -248,6 +248,7 @@ def init(
     try:
         env = detect_env(os.environ)
     except ValueError as exc:  # this rank will not join the rendezvous: its peers must not wait there for it
+        report_refusal(os.environ, exc)
         announce_refusal(str(exc))
         raise
     configure_logging(env.rank, env.world_size)
