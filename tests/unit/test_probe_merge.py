@@ -269,3 +269,15 @@ def test_the_ddp_schedule_says_what_a_short_run_leaves_out():
     assert "the first 10 left out as warm-up where at least 10 came after them, else the first one" in text
     probes = [{"probes": [{"step": s} for s in range(1, 17)]}]  # steps 1-16: 6 after the warm-up
     assert len(_common_probes(probes, 10)) == 15
+
+
+def test_ranks_in_a_group_with_no_backend_are_said_to_have_trained_copies():
+    """Accelerate 1.15 on CPUs, not told to distribute: each rank joins a group of 2 with no backend ("undefined") and
+    trains alone; gpuscale run's lines say the throughput is two copies', not one model's."""
+    alone = {"world": {"world_size": 2, "backend": "undefined"}}
+    records = [_record(rank, passes=_two_epochs_with_eval(), **{**alone, "world": {**alone["world"], "rank": rank}}) for rank in (0, 1)]
+    summary, _ = merge_records(records, world_size=2)
+    assert summary["probe"]["synchronised"] is False
+    assert "the 2 ranks trained independent copies of the model" in describe(summary)
+    together, _ = merge_records([_record(rank, passes=_two_epochs_with_eval(), ddp={"parameters": 10}) for rank in (0, 1)], world_size=2)
+    assert together["probe"]["synchronised"] is True and "independent copies" not in describe(together)

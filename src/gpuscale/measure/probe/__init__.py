@@ -135,6 +135,9 @@ def describe(summary: dict[str, Any]) -> str:
                      f"startup {split['startup']:.1f} s, evaluation {split['eval']:.1f} s, "
                      + (f"after training {split['after_training']:.1f} s, " if split.get("after_training") is not None else "")
                      + f"time to result {summary['time_to_result_s']:.1f} s")
+    if world > 1 and (summary.get("probe") or {}).get("synchronised") is False:
+        lines.append(f"  the {world} ranks trained independent copies of the model (none made a DDP model or joined a process "
+                     f"group that communicates): the throughput is {world} copies', not one model's (docs/studies.md)")
     if not summary["complete"]:
         lines.append(f"  incomplete: {summary['probe']['why']}")
     return "\n".join(lines)
