@@ -38,7 +38,7 @@ CONNECT_S = 20.0
 """How long a refusing rank waits for rank 0's store to come up."""
 LINGER_S = 30.0
 """How long a refusing rank 0 keeps its store up for the peers to read why."""
-_POLL_S = 0.5
+_POLL_S = 1.0  # each waiting rank asks the store once a second: light on a store of thousands of ranks
 
 
 def _rendezvous(environ: Mapping[str, str]) -> tuple[str, int, int] | None:
