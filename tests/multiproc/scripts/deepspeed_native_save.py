@@ -14,5 +14,7 @@ for _ in range(2):
     loss = engine(torch.randn(4, 8)).pow(2).sum()
     engine.backward(loss)
     engine.step()
-engine.save_checkpoint(sys.argv[1])
-torch.save({k: v.detach().clone() for k, v in engine.module.state_dict().items()}, sys.argv[2])
+engine.save_checkpoint(sys.argv[1])  # collective: every rank writes its part
+if dist.get_rank() == 0:
+    torch.save({k: v.detach().clone() for k, v in engine.module.state_dict().items()}, sys.argv[2])
+dist.destroy_process_group()
