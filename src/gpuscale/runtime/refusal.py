@@ -82,6 +82,7 @@ def announce_refusal(message: str, environ: Mapping[str, str] = os.environ) -> N
         store = _client(address, port, CONNECT_S)
         if store is not None:
             store.set(REFUSED_KEY, text)
+            store.add(_SEEN_KEY, 1)  # a peer that refused too waits for nothing: a refusing rank 0 need not linger for it
         return
     try:
         store = dist.TCPStore(address, port, is_master=True, timeout=datetime.timedelta(seconds=LINGER_S),
