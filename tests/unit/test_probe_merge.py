@@ -281,3 +281,29 @@ def test_ranks_in_a_group_with_no_backend_are_said_to_have_trained_copies():
     assert "the 2 ranks trained independent copies of the model" in describe(summary)
     together, _ = merge_records([_record(rank, passes=_two_epochs_with_eval(), ddp={"parameters": 10}) for rank in (0, 1)], world_size=2)
     assert together["probe"]["synchronised"] is True and "independent copies" not in describe(together)
+
+
+def test_the_zero_step_a_checkpoint_resume_takes_to_make_the_optimizer_state_is_no_training_step(tmp_path):
+    """torch.distributed.checkpoint makes an optimizer's state before it loads a checkpoint into it (an fsdp resume):
+    one step at learning rate 0 on zero gradients, through the optimizer's own step, which the probe's global step
+    hook sees. It is not counted; the first real step is, and so is a warm-up's first step at learning rate 0."""
+    import torch
+    from torch.distributed.checkpoint.state_dict import _init_optim_state
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    from gpuscale.measure.probe.recorder import Recorder
+
+    recorder = Recorder(str(tmp_path), 0)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    hook = register_optimizer_step_post_hook(recorder.step)
+    try:
+        _init_optim_state(optimizer)  # what set_optimizer_state_dict does first
+        assert optimizer.state and recorder.optimizers == {}
+        model(torch.randn(3, 4)).sum().backward()
+        optimizer.step()
+        warm = torch.optim.SGD(model.parameters(), lr=0.0)  # a warm-up that starts at 0 trains on real gradients
+        warm.step()
+    finally:
+        hook.remove()
+    assert [entry["steps"] for entry in recorder.optimizers.values()] == [1, 1]
