@@ -163,3 +163,15 @@ def test_gptneo_help_states_the_real_defaults(capsys):
     said = " ".join(capsys.readouterr().out.split())
     assert "the --ds-config's stage, else 2)" in said
     assert "gradient_clipping under deepspeed, else 1.0" in said
+
+
+def test_an_auto_in_the_users_config_is_the_scripts_to_fill(monkeypatch, ds_config):
+    """The HF Trainer's configs say "auto" for what the script fills in: "gradient_clipping": "auto" takes the
+    script's clipping (gptneo: the Trainer's 1.0, or --max-grad-norm; vit: the course's 1.0), never refused."""
+    path = ds_config('{"zero_optimization": {"stage": 2}, "gradient_clipping": "auto"}')
+    arguments = _gptneo_arguments(["--strategy", "deepspeed", "--ds-config", path])
+    assert arguments["deepspeed"]["gradient_clipping"] == arguments["max_grad_norm"] == 1.0
+    typed = _gptneo_arguments(["--strategy", "deepspeed", "--ds-config", path, "--max-grad-norm", "0.3"])
+    assert typed["deepspeed"]["gradient_clipping"] == typed["max_grad_norm"] == 0.3
+    vit_path = ds_config(COURSE_HJSON.replace('"gradient_clipping": 1.0', '"gradient_clipping": "auto"'))
+    assert _vit_config(monkeypatch, ["--strategy", "deepspeed", "--ds-config", vit_path])["gradient_clipping"] == 1.0

@@ -144,7 +144,10 @@ def _fill_batch(config: dict[str, Any], plan: BatchPlan) -> None:
 
 
 def _agree(what: str, option: Any, in_config: Any, *, default: Any) -> Any:
-    """The option's value, the config's, or the default; ValueError if option and config differ."""
+    """The option's value, the config's, or the default; ValueError if option and config differ. A config's "auto"
+    (as the HF Trainer's configs write it: filled in from the script) is no value of its own."""
+    if in_config == "auto":
+        in_config = None
     if option is not None and in_config is not None and option != in_config:
         raise ValueError(f"{what} is {option} on the command line but {in_config} in the DeepSpeed config; make them agree")
     if option is not None:

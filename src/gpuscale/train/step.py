@@ -363,7 +363,7 @@ def _zero_stage(args: argparse.Namespace) -> int | None:
 
 def ds_config_setting(args: argparse.Namespace, *keys: str) -> Any:
     """What the --ds-config of a deepspeed run sets at `keys`, e.g. ``ds_config_setting(args, "gradient_clipping")``;
-    None when the run is not deepspeed, has no --ds-config or the config leaves it out.
+    None when the run is not deepspeed, has no --ds-config or the config leaves it out or says "auto".
 
     For a script's own option whose default must yield to the user's config, as --zero-stage's does: pass None
     where the config sets it (`setup` and `trainer_arguments` then take the config's), the default elsewhere.
@@ -373,7 +373,7 @@ def ds_config_setting(args: argparse.Namespace, *keys: str) -> Any:
     value: Any = load_config(args.ds_config)
     for key in keys:
         value = value.get(key) if isinstance(value, dict) else None
-    return value
+    return None if value == "auto" else value  # "auto": the script's to fill in, as in the HF Trainer's configs
 
 
 def loader_options(args: argparse.Namespace) -> dict[str, Any]:
