@@ -6,6 +6,7 @@ exception, SIGKILL), and a rank that hangs alive (only the collective timeout ca
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 import subprocess
@@ -78,22 +79,25 @@ def test_ranks_started_by_hand_do_not_hang_when_a_peer_vanishes(mode):
         assert "a peer rank failed first" in _failure_lines(results[0].stderr)[0]
 
 
-@pytest.mark.parametrize("refusing", [(0,), (1,), (0, 1)], ids=["rank0", "rank1", "both"])
-def test_a_rank_that_refuses_to_start_ends_its_peers_waiting_in_the_rendezvous(tmp_path, refusing):
+@pytest.mark.parametrize("world, refusing", [(2, (0,)), (2, (1,)), (2, (0, 1)), (3, (1,))],
+                         ids=["rank0", "rank1", "both", "rank1-of-3"])
+def test_a_rank_that_refuses_to_start_ends_its_peers_waiting_in_the_rendezvous(tmp_path, world, refusing):
     """Ranks started by hand (or by srun without --kill-on-bad-exit), one of which gpuscale.init() refuses before
-    the rendezvous (its LOCAL_WORLD_SIZE of 4 cannot divide a world of 2): nobody ends its peer, which waited in
-    the rendezvous for the group's whole timeout. The refusing rank leaves its reason in the rendezvous store; the
-    peer says it and ends with exit code 1, within seconds, whichever of the two hosts the store. Where both refuse,
-    the rank 0 that hosts the store does not linger for a peer that refused too."""
+    the rendezvous (its LOCAL_WORLD_SIZE of 4 cannot divide the world): nobody ends its peers, which waited in the
+    rendezvous for the group's whole timeout. The refusing rank leaves its reason in the rendezvous store; every peer
+    says it and ends with exit code 1, within seconds, whichever of them hosts the store (rank 0 stays until all have
+    read it). Where all refuse, the rank 0 that hosts the store does not linger for peers that refused too. Each
+    peer notes that it is a victim, not a cause, for the launcher's last line."""
     script = tmp_path / "join.py"
     script.write_text("import torch, gpuscale\nwith gpuscale.init() as rt:\n    torch.distributed.all_reduce(torch.ones(1))\n")
-    port = str(free_port())
+    port, notes = str(free_port()), tmp_path / "notes"
+    notes.mkdir()
     procs = []
-    for rank in range(2):
+    for rank in range(world):
         extra = {"LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "4"} if rank in refusing else {"LOCAL_RANK": str(rank)}
         procs.append(subprocess.Popen([sys.executable, str(script)], text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      env=clean_env(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
-                                                    **extra)))
+                                      env=clean_env(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                                                    GPUSCALE_FAILURE_DIR=str(notes), **extra)))
     start = time.monotonic()
     try:
         outcomes = [proc.communicate(timeout=BOUND_S) for proc in procs]
@@ -101,15 +105,16 @@ def test_a_rank_that_refuses_to_start_ends_its_peers_waiting_in_the_rendezvous(t
         for proc in procs:
             proc.kill()
     elapsed = time.monotonic() - start
-    reason = "WORLD_SIZE=2 is not a multiple of LOCAL_WORLD_SIZE=4"
-    for rank in range(2):
+    reason = f"WORLD_SIZE={world} is not a multiple of LOCAL_WORLD_SIZE=4"
+    for rank in range(world):
         said = outcomes[rank][1]
         assert procs[rank].returncode == 1, said[-2000:]
         if rank in refusing:  # one line, no traceback, as any rank's wrong input
-            assert f"[gpuscale] rank {rank}/2 on {HOST} failed: {reason}" in said and "Traceback" not in said, said
+            assert f"[gpuscale] rank {rank}/{world} on {HOST} failed: {reason}" in said and "Traceback" not in said, said
         else:
-            assert f"[gpuscale] rank {rank} on {HOST} stops: rank {1 - rank} on {HOST} refused to start: {reason}" in said
-    assert elapsed < (BOUND_S if len(refusing) == 1 else refusal.LINGER_S - 5), f"the ranks needed {elapsed:.0f} s"
+            assert f"[gpuscale] rank {rank} on {HOST} stops: rank {refusing[0]} on {HOST} refused to start: {reason}" in said, said
+            assert json.loads((notes / f"rank-{rank}.json").read_text())["symptom"] is True  # a victim
+    assert elapsed < (BOUND_S if len(refusing) < world else refusal.LINGER_S - 5), f"the ranks needed {elapsed:.0f} s"
 
 
 def test_a_rank_that_hangs_alive_is_ended_by_the_collective_timeout():

@@ -324,3 +324,24 @@ def test_env_tells_what_init_set_from_what_the_shell_had(single_process, monkeyp
     assert "  TOKENIZERS_PARALLELISM=false  (set by gpuscale.init() here; unset before)" in listed
     assert "  OMP_NUM_THREADS=7\n" in listed + "\n"  # the user's own: init keeps it, so nothing to say
     assert "TOKENIZERS_PARALLELISM" not in os.environ  # and put back after
+
+
+def test_a_deepspeed_checkpoint_is_told_by_its_layout_whoever_wrote_it(tmp_path):
+    """gpuscale's (a `deepspeed` tag folder), DeepSpeed's own save_checkpoint (a `latest` file naming global_stepN, as
+    in the HF Trainer's checkpoint-N), or such a tag folder itself: ZeRO-1/2's mp_rank_00_model_states.pt, or
+    ZeRO-3's zero_pp_rank_0_mp_rank_00_model_states.pt. A sharded or plain checkpoint is none of them."""
+    from gpuscale.strategy.deepspeed import deepspeed_tag
+
+    ours = tmp_path / "step-000000010"
+    (ours / "deepspeed").mkdir(parents=True)
+    assert deepspeed_tag(ours) == (ours, "deepspeed")
+    trainer = tmp_path / "checkpoint-6"
+    (trainer / "global_step6").mkdir(parents=True)
+    (trainer / "latest").write_text("global_step6\n")
+    assert deepspeed_tag(trainer) == (trainer, "global_step6")
+    (trainer / "global_step6" / "zero_pp_rank_0_mp_rank_00_model_states.pt").write_bytes(b"")
+    assert deepspeed_tag(trainer / "global_step6") == (trainer, "global_step6")
+    sharded = tmp_path / "step-000000020"
+    sharded.mkdir()
+    (sharded / ".metadata").write_bytes(b"")
+    assert deepspeed_tag(sharded) is None and deepspeed_tag(tmp_path / "step-000000030.pt") is None

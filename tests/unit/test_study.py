@@ -977,7 +977,7 @@ def test_a_prediction_beyond_a_run_that_missed_it_carries_the_losses_the_model_l
     [said] = answer(results)
     assert said.endswith("Predicted, not run (the model: report.md's Prediction): 4 processes 3.0x (76% of ideal), 8 processes "
                          "4.8x (60% of ideal). It predicted 88% for 2 processes, which measured 68%; if the losses it leaves "
-                         "out keep their share of each step: 4 processes 2.35x (59% of ideal), 8 processes 3.71x (46% of "
+                         "out keep their share of each step: 4 processes 2.3x (59% of ideal), 8 processes 3.7x (46% of "
                          "ideal).")
     # the model met the run within its noise (0.05): the prediction stands as it is
     met = {**results, "rows": [base, {**top, "efficiency": 0.84, "speedup": 1.68, "samples_per_s": 168.0}]}

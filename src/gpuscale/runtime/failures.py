@@ -34,8 +34,8 @@ from gpuscale.base.exits import EXIT_STOPPED
 from gpuscale.base.files import atomic_write_json
 from gpuscale.detect.env import DistEnv
 
-__all__ = ["FAILURE_DIR", "EXIT_DIR", "PEER_SYMPTOMS", "report_failure", "report_refusal", "is_peer_symptom", "note_failure", "quiet_excepthook",
-           "one_line_for_a_lost_peer", "lost_peer_report", "LOST_PEER_PAUSE_S"]
+__all__ = ["FAILURE_DIR", "EXIT_DIR", "PEER_SYMPTOMS", "PEER_REFUSED", "report_failure", "report_refusal", "is_peer_symptom",
+           "note_failure", "quiet_excepthook", "one_line_for_a_lost_peer", "lost_peer_report", "LOST_PEER_PAUSE_S"]
 
 FAILURE_DIR = "GPUSCALE_FAILURE_DIR"
 """Set by `gpuscale run`: where each failing rank writes rank-N.json (time, symptom, message, repeat_of)."""
@@ -43,8 +43,10 @@ EXIT_DIR = "GPUSCALE_EXIT_DIR"
 """Set by a gpuscale batch script (to the same folder as FAILURE_DIR, which all its nodes see): where each of its
 tasks notes a non-zero exit, in task-<SLURM_PROCID>, one line `<unix time> <code> <rank> <host>` (rank `-`: a
 node's torchrun that a signal ended before any of its ranks failed). The batch script names the earliest."""
+PEER_REFUSED = "a peer refused to start"
+"""How a rank that stopped because a peer refused to start notes it (`gpuscale.runtime.refusal`): a victim."""
 PEER_SYMPTOMS = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing", "Broken pipe",
-                 "NCCL communicator was aborted", "ProcessGroupNCCL is aborted")
+                 "NCCL communicator was aborted", "ProcessGroupNCCL is aborted", PEER_REFUSED)
 """Error texts of a collective whose peer went away: a rank failing so is a victim, not the cause."""
 _REPORTED = "_gpuscale_reported"  # set on an exception whose report went out: Python's hook must not print it again
 

@@ -58,7 +58,7 @@ from gpuscale.detect.env import DistEnv, detect_env, visible_devices
 from gpuscale.detect.launchtime import launch_time, process_start_time
 from gpuscale.detect.log import configure_logging, format_placements, get_logger
 from gpuscale.detect.topology import BindingPlan, allowed_cores, format_cpulist, set_affinity
-from gpuscale.runtime.failures import report_failure, report_refusal
+from gpuscale.runtime.failures import PEER_REFUSED, note_failure, report_failure, report_refusal
 from gpuscale.runtime.pinning import OMP_FROM_LAUNCHER  # set where gpuscale run, not the user, put OMP_NUM_THREADS=1
 from gpuscale.runtime.placement import choose_device, plan_cores
 from gpuscale.runtime.refusal import announce_refusal, watch_for_refusal
@@ -277,10 +277,10 @@ def init(
         raise
     except BaseException as exc:
         failed = True
-        if isinstance(exc, ValueError) and rt is None and env.world_size > 1 and not dist.is_initialized():
-            announce_refusal(str(exc))  # refused before the rendezvous (device, cores): the peers wait there
         if not (isinstance(exc, SystemExit) and exc.code in (0, None)):
             report_failure(env, exc)
+        if isinstance(exc, ValueError) and rt is None and env.world_size > 1 and not dist.is_initialized():
+            announce_refusal(str(exc))  # refused before the rendezvous (device, cores): the peers wait there
         raise
     finally:
         _current = None
@@ -338,7 +338,10 @@ def _start_process_group(env: DistEnv, device: torch.device, backend: str | None
         ("MASTER_PORT", env.master_port),
     ):
         restorer.setenv(name, str(value))
-    with watch_for_refusal(env.rank):  # a peer that refused to start never comes: stop waiting for it
+    def victim(reason: str) -> None:  # for the launcher's last line: this rank did not fail on its own
+        note_failure(env, RuntimeError(f"{PEER_REFUSED}: {reason}"))
+
+    with watch_for_refusal(env.rank, on_refusal=victim):  # a peer that refused to start never comes: stop waiting for it
         dist.init_process_group(
             backend=chosen, init_method="env://", rank=env.rank, world_size=env.world_size,
             timeout=datetime.timedelta(seconds=timeout_s),

@@ -8,9 +8,11 @@ started by hand or by srun without --kill-on-bad-exit have no one to. So:
 
 - the refusing rank leaves its one-line reason in the rendezvous store at MASTER_ADDR:MASTER_PORT
   (`announce_refusal`): as a client of the store rank 0 hosts (waiting up to CONNECT_S for it to come up), or, where
-  it is itself rank 0, in a store it hosts there until every peer has read the reason (at most LINGER_S);
+  it is itself rank 0, in a store it hosts there until every peer has read the reason (at most LINGER_S); every rank
+  that read it, or refused too, marks it in the store;
 - every rank waiting in the rendezvous watches for that reason in a thread (`watch_for_refusal`) and, once it is
-  there, says which rank refused and why, and ends with exit code 1.
+  there, says which rank refused and why, and ends with exit code 1; rank 0, whose process hosts torch's store, only
+  once every rank has marked it (at most LINGER_S), since the store ends with it.
 
 Nothing happens under torchrun's agent store (TORCHELASTIC_USE_AGENT_STORE: the agent ends the workers), for one
 process, or without MASTER_ADDR and MASTER_PORT.
@@ -24,7 +26,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 
 import torch.distributed as dist
@@ -80,9 +82,12 @@ def announce_refusal(message: str, environ: Mapping[str, str] = os.environ) -> N
     text = f"rank {who} on {socket.gethostname()} refused to start: {message}"
     if not _is_rank_zero(environ):
         store = _client(address, port, CONNECT_S)
-        if store is not None:
-            store.set(REFUSED_KEY, text)
-            store.add(_SEEN_KEY, 1)  # a peer that refused too waits for nothing: a refusing rank 0 need not linger for it
+        try:
+            if store is not None:
+                store.set(REFUSED_KEY, text)
+                store.add(_SEEN_KEY, 1)  # a peer that refused too waits for nothing: rank 0 need not linger for it
+        except (RuntimeError, OSError):  # the store went away meanwhile: this rank's own error is what counts
+            pass
         return
     try:
         store = dist.TCPStore(address, port, is_master=True, timeout=datetime.timedelta(seconds=LINGER_S),
@@ -95,30 +100,56 @@ def announce_refusal(message: str, environ: Mapping[str, str] = os.environ) -> N
         time.sleep(_POLL_S)
 
 
+def _port_open(address: str, port: int) -> bool:
+    """Whether something listens at address:port (a plain connect: a TCPStore client that waits for a late store
+    logs c10d's retries and time-outs with backtraces)."""
+    try:
+        with socket.create_connection((address, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
 @contextmanager
-def watch_for_refusal(rank: int, environ: Mapping[str, str] = os.environ) -> Iterator[None]:
-    """Around the rendezvous: end this process (exit code 1, with the reason) if a peer announces it refused to start."""
+def watch_for_refusal(rank: int, environ: Mapping[str, str] = os.environ,
+                      on_refusal: Callable[[str], None] | None = None) -> Iterator[None]:
+    """Around the rendezvous: end this process (exit code 1, with the reason) if a peer announces it refused to start.
+    `on_refusal(reason)` runs first (the launcher's note that this rank is a victim, not a cause). Rank 0, whose
+    process hosts torch's store, stays until every other rank has read the reason (at most LINGER_S): the store ends
+    with it."""
     rendezvous = _rendezvous(environ)
     if rendezvous is None:
         yield
         return
-    address, port, _ = rendezvous
+    address, port, world = rendezvous
     formed = threading.Event()
 
     def watch() -> None:
-        store = _client(address, port, CONNECT_S)
-        while store is None and not formed.is_set():
-            store = _client(address, port, CONNECT_S)
+        while not formed.is_set() and not _port_open(address, port):
+            formed.wait(_POLL_S)
+        store = None if formed.is_set() else _client(address, port, CONNECT_S)
         while store is not None and not formed.is_set():
             if store.check([REFUSED_KEY]):
                 reason = store.get(REFUSED_KEY).decode(errors="replace")
-                store.add(_SEEN_KEY, 1)
+                seen = store.add(_SEEN_KEY, 1)
+                deadline = time.monotonic() + LINGER_S
+                while rank == 0 and seen < world and time.monotonic() < deadline:  # every rank's mark, its own too
+                    time.sleep(_POLL_S / 4)
+                    seen = store.add(_SEEN_KEY, 0)
+                if on_refusal is not None:
+                    on_refusal(reason)
                 sys.stderr.write(f"[gpuscale] rank {rank} on {socket.gethostname()} stops: {reason}\n")
                 sys.stderr.flush()
                 os._exit(1)  # the main thread waits in the rendezvous, in C++: nothing else can end it
             formed.wait(_POLL_S)
 
-    threading.Thread(target=watch, name="gpuscale-refusal-watch", daemon=True).start()
+    def guarded() -> None:
+        try:
+            watch()
+        except Exception:  # the store went away (its rank ended): the rendezvous itself fails and says so
+            return
+
+    threading.Thread(target=guarded, name="gpuscale-refusal-watch", daemon=True).start()
     try:
         yield
     finally:

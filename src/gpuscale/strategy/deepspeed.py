@@ -179,7 +179,8 @@ def check_checkpoint_files(directory: Path, tag: str = TAG) -> None:
 def deepspeed_tag(source: Path) -> tuple[Path, str] | None:
     """(checkpoint directory, tag) where `source` is a DeepSpeed checkpoint: gpuscale's (its `TAG` folder), one
     DeepSpeed's own save_checkpoint wrote (the HF Trainer's checkpoint-N: a `latest` file naming its global_stepN
-    folder), or such a tag folder itself (its mp_rank_00_model_states.pt); None for anything else."""
+    folder), or such a tag folder itself (its mp_rank_00_model_states.pt, or ZeRO-3's zero_pp_rank_N_mp_rank_00_...);
+    None for anything else."""
     if not source.is_dir():
         return None
     if (source / TAG).is_dir():
@@ -189,7 +190,7 @@ def deepspeed_tag(source: Path) -> tuple[Path, str] | None:
         tag = latest.read_text().strip()
         if tag and (source / tag).is_dir():
             return source, tag
-    if any(source.glob("mp_rank_*_model_states.pt")):
+    if any(source.glob("*mp_rank_*_model_states.pt")):  # ZeRO-3's are zero_pp_rank_N_mp_rank_00_model_states.pt
         return source.parent, source.name
     return None
 

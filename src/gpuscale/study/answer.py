@@ -118,7 +118,7 @@ def _beyond(results: dict[str, Any], top: dict[str, Any]) -> str:
     The model knows communication only. Where the largest run measured less than the model predicted for it (beyond
     the noise), the losses the model leaves out are carried to the scales not run, as the same share of each step:
     "... It predicted 88% for 2 processes, which measured 68%; if the losses it leaves out keep their share of each
-    step: 4 processes 2.35x (59% of ideal)". Otherwise a prediction above the target beside a run that missed it
+    step: 4 processes 2.3x (59% of ideal)". Otherwise a prediction above the target beside a run that missed it
     would read as advice to ask for more."""
     prediction = results.get("prediction") or {}
     cells = prediction.get("cells") or []
@@ -128,8 +128,7 @@ def _beyond(results: dict[str, Any], top: dict[str, Any]) -> str:
         return ""
     said = []
     for cell in ahead:
-        where = f" on {cell['nodes']} nodes" if cell.get("nodes", 1) > 1 else ""
-        said.append(f"{_units(results, cell['world_size'])}{where} {cell['efficiency'] * cell['world_size']:.1f}x "
+        said.append(f"{_units(results, cell['world_size'])}{_on_nodes(cell)} {cell['efficiency'] * cell['world_size']:.1f}x "
                     f"({_pct(cell['efficiency'])} of ideal)")
     text = f" Predicted, not run (the model: report.md's Prediction): {', '.join(said)}"
     last = ahead[-1]
@@ -141,6 +140,10 @@ def _beyond(results: dict[str, Any], top: dict[str, Any]) -> str:
     return text + "." + _left_out(results, top, cells, ahead)
 
 
+def _on_nodes(cell: dict[str, Any]) -> str:
+    return f" on {cell['nodes']} nodes" if cell.get("nodes", 1) > 1 else ""
+
+
 def _left_out(results: dict[str, Any], top: dict[str, Any], cells: list[dict[str, Any]], ahead: list[dict[str, Any]]) -> str:
     """The scales not run with the losses the model left out of the largest run (its measured over its predicted
     efficiency) keeping their share of each step; "" where the model met that run within its noise, or was below it."""
@@ -150,7 +153,7 @@ def _left_out(results: dict[str, Any], top: dict[str, Any], cells: list[dict[str
     if modelled - top["efficiency"] <= max(NOISE_FLOOR, top.get("noise") or 0.0):
         return ""
     kept = top["efficiency"] / modelled
-    said = [f"{_units(results, c['world_size'])} {c['efficiency'] * kept * c['world_size']:.2f}x "
+    said = [f"{_units(results, c['world_size'])}{_on_nodes(c)} {c['efficiency'] * kept * c['world_size']:.1f}x "
             f"({_pct(c['efficiency'] * kept)} of ideal)" for c in ahead]
     return (f" It predicted {_pct(modelled)} for {_units(results, top['world_size'])}, which measured "
             f"{_pct(top['efficiency'])}; if the losses it leaves out keep their share of each step: {', '.join(said)}.")
