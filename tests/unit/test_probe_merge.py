@@ -304,6 +304,10 @@ def test_the_zero_step_a_checkpoint_resume_takes_to_make_the_optimizer_state_is_
         optimizer.step()
         warm = torch.optim.SGD(model.parameters(), lr=0.0)  # a warm-up that starts at 0 trains on real gradients
         warm.step()
+        plain = torch.optim.SGD(model.parameters(), lr=0.1)  # stateless: its state is made again at every save
+        plain.step()
+        plain.zero_grad()
+        _init_optim_state(plain)
     finally:
         hook.remove()
-    assert [entry["steps"] for entry in recorder.optimizers.values()] == [1, 1]
+    assert [entry["steps"] for entry in recorder.optimizers.values()] == [1, 1, 1]

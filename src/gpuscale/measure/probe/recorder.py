@@ -154,8 +154,8 @@ class Recorder:
         """An optimizer finished a step (torch.optim's global post-step hook)."""
         now = time.time()
         entry = self.optimizers.get(id(optimizer))
-        if entry is None and _state_setup_step(optimizer):
-            return  # not training: torch.distributed.checkpoint making the optimizer's state before a resume loads it
+        if _state_setup_step(optimizer):
+            return  # not training: torch.distributed.checkpoint making the optimizer's state
         if entry is None:
             entry = self.optimizers[id(optimizer)] = {"name": type(optimizer).__name__, "steps": 0, "first_step_at": now,
                                                       "warm_at": None, "last_step_at": now,
@@ -331,19 +331,22 @@ class Recorder:
 
 
 def _state_setup_step(optimizer: Any) -> bool:
-    """Whether an optimizer's first step is the one torch.distributed.checkpoint takes to make its state before it
-    loads a checkpoint into it (`_init_optim_state`, as an fsdp resume does): every learning rate 0 and every
-    gradient zeros. The gradients are looked at only for a first step with every learning rate 0 (a warm-up from 0
-    takes real gradients), so once at most; a DTensor's by its local shard, every rank its own."""
+    """Whether a step is one torch.distributed.checkpoint takes to make an optimizer's state (`_init_optim_state`: an
+    fsdp resume; every save of a stateless SGD's): every learning rate 0 and every gradient zeros. The gradients (a
+    DTensor's local shard) are looked at only where every learning rate is 0: a warm-up from 0 has real ones."""
     groups = getattr(optimizer, "param_groups", None) or []
     try:
-        if not groups or any(float(group.get("lr", 1.0)) != 0.0 for group in groups):
+        if not groups or not all(_zero_on_host(group.get("lr", 1.0)) for group in groups):
             return False
         grads = [p.grad for group in groups for p in group["params"] if getattr(p, "grad", None) is not None]
         local = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
         return bool(local) and not any(bool(torch.count_nonzero(g)) for g in local)
     except Exception:  # an optimizer of unusual make: count its step
         return False
+
+
+def _zero_on_host(lr: Any) -> bool:  # known without a device sync: DCP sets a float or a host tensor
+    return not (isinstance(lr, torch.Tensor) and lr.device.type != "cpu") and float(lr) == 0.0
 
 
 def _gradient_bytes(optimizer: Any) -> int | None:
