@@ -40,6 +40,8 @@ CONNECT_S = 20.0
 """How long a refusing rank waits for rank 0's store to come up."""
 LINGER_S = 30.0
 """How long a refusing rank 0 keeps its store up for the peers to read why."""
+JOIN_S = 5.0
+"""How long the rendezvous waits, once formed, for its watcher to let go of the store."""
 _POLL_S = 1.0  # each waiting rank asks the store once a second: light on a store of thousands of ranks
 
 
@@ -100,16 +102,6 @@ def announce_refusal(message: str, environ: Mapping[str, str] = os.environ) -> N
         time.sleep(_POLL_S)
 
 
-def _port_open(address: str, port: int) -> bool:
-    """Whether something listens at address:port (a plain connect: a TCPStore client that waits for a late store
-    logs c10d's retries and time-outs with backtraces)."""
-    try:
-        with socket.create_connection((address, port), timeout=1.0):
-            return True
-    except OSError:
-        return False
-
-
 @contextmanager
 def watch_for_refusal(rank: int, environ: Mapping[str, str] = os.environ,
                       on_refusal: Callable[[str], None] | None = None) -> Iterator[None]:
@@ -125,9 +117,9 @@ def watch_for_refusal(rank: int, environ: Mapping[str, str] = os.environ,
     formed = threading.Event()
 
     def watch() -> None:
-        while not formed.is_set() and not _port_open(address, port):
-            formed.wait(_POLL_S)
-        store = None if formed.is_set() else _client(address, port, CONNECT_S)
+        store = _client(address, port, CONNECT_S)
+        while store is None and not formed.is_set():
+            store = _client(address, port, CONNECT_S)
         while store is not None and not formed.is_set():
             if store.check([REFUSED_KEY]):
                 reason = store.get(REFUSED_KEY).decode(errors="replace")
@@ -149,8 +141,12 @@ def watch_for_refusal(rank: int, environ: Mapping[str, str] = os.environ,
         except Exception:  # the store went away (its rank ended): the rendezvous itself fails and says so
             return
 
-    threading.Thread(target=guarded, name="gpuscale-refusal-watch", daemon=True).start()
+    watcher = threading.Thread(target=guarded, name="gpuscale-refusal-watch", daemon=True)
+    watcher.start()
     try:
         yield
     finally:
         formed.set()
+        # its store client goes now, in its own thread: one still connected at the process's exit (a rank that fails
+        # right after the rendezvous) can end it with "terminate called without an active exception" (SIGABRT)
+        watcher.join(timeout=JOIN_S)
