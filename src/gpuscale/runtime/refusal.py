@@ -97,9 +97,15 @@ def announce_refusal(message: str, environ: Mapping[str, str] = os.environ) -> N
     except (RuntimeError, ValueError, OSError):  # the port is taken: someone else hosts it
         return
     store.set(REFUSED_KEY, text)
+    _wait_for_marks(store, world - 1)  # every other rank's: this one refused
+
+
+def _wait_for_marks(store: dist.TCPStore, count: int) -> None:
+    """Keep the store this process hosts up until `count` ranks have marked the refusal read (or refused too), at
+    most LINGER_S: the store ends with the process."""
     deadline = time.monotonic() + LINGER_S
-    while store.add(_SEEN_KEY, 0) < world - 1 and time.monotonic() < deadline:
-        time.sleep(_POLL_S)
+    while store.add(_SEEN_KEY, 0) < count and time.monotonic() < deadline:
+        time.sleep(_POLL_S / 4)
 
 
 @contextmanager
@@ -123,11 +129,9 @@ def watch_for_refusal(rank: int, environ: Mapping[str, str] = os.environ,
         while store is not None and not formed.is_set():
             if store.check([REFUSED_KEY]):
                 reason = store.get(REFUSED_KEY).decode(errors="replace")
-                seen = store.add(_SEEN_KEY, 1)
-                deadline = time.monotonic() + LINGER_S
-                while rank == 0 and seen < world and time.monotonic() < deadline:  # every rank's mark, its own too
-                    time.sleep(_POLL_S / 4)
-                    seen = store.add(_SEEN_KEY, 0)
+                store.add(_SEEN_KEY, 1)
+                if rank == 0:
+                    _wait_for_marks(store, world)  # every rank's mark, its own too
                 if on_refusal is not None:
                     on_refusal(reason)
                 sys.stderr.write(f"[gpuscale] rank {rank} on {socket.gethostname()} stops: {reason}\n")
