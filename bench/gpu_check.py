@@ -13,7 +13,8 @@ are missing), then the steps, each in its own processes with a time budget (kill
 
 Together under 20 minutes on one H100, and each step fits a 10-minute command. ``--quick`` gives the whole verdict
 in 8 minutes: the tests, then ``bench gpu --sweep quick`` (GPT-neo compiled into CUDA graphs at three batch x block
-points, each profiled) without the course-way baselines, within `QUICK_BUDGETS_S`. OUT_DIR/gpu-check.json (the results file,
+points, each profiled, and the best point's perplexity against the same point trained on eager attention) without the
+course-way baselines, within `QUICK_BUDGETS_S`. OUT_DIR/gpu-check.json (the results file,
 rewritten after each step, so a check cut off still says what it found) holds the machine, every step's outcome
 (the tests passed, failed and skipped by name; the bench's record), the total time and a verdict: "pass" when every
 step ran to its end, no GPU test failed, and the bench measured every example it was asked for; else "fail" with its
@@ -42,6 +43,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+from bench.gpu import describe_quality  # bench.gpu imports torch only inside its functions: no CUDA context here
 from bench.step_profile import format_attention  # which imports the standard library only
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,8 +51,10 @@ RESULTS = "gpu-check.json"
 STEPS = ("tests", "bench")
 BUDGETS_S = {"tests": 480, "bench": 540}  # 8 + 9 minutes: under 20 with the machine's record, each under 10
 # --quick: the whole verdict in 8 minutes on one H100 or H200. Measured (BENCHMARKS.md): tests 148 s (H100) and 117 s
-# (H200); the sweep's three points under CUDA graphs, with the peak, 278 s (H200)
-QUICK_BUDGETS_S = {"tests": 170, "bench": 290}
+# (H200); the sweep's three points under CUDA graphs, with the peak, 278 s (H200), before the sweep's perplexity
+# reference (the best point once more, uncompiled on eager attention: about 20-30 s on a GPU, mostly start-up, not yet
+# measured there). 20 s of the 8 minutes stay for recording the machine
+QUICK_BUDGETS_S = {"tests": 150, "bench": 310}
 TEST_TIMEOUT_S = 150  # each GPU test's own limit (pytest-timeout), so a hang names its test; the slowest took 87 s, four
 # side by side on one H100 (2026-11-27)
 TEST_WORKERS = 4  # GPU tests side by side (pytest-xdist), where the machine has it
@@ -311,8 +315,11 @@ def step_reasons(name: str, step: dict[str, Any]) -> list[str]:
         if (step["cases"] or step.get("sweep")) and (step["exit_code"] != 0 or step.get("record") is None):
             reasons.append(f"bench: exited with {step['exit_code']} and wrote no record (see {step['log']})")
         reasons += step.get("left_out", [])
-        reasons += [f"bench: GPT-neo {p['point']} not measured: {p['error']}"
-                    for p in (step.get("summary") or {}).get("sweep", []) if p.get("error")]
+        summary = step.get("summary") or {}
+        reasons += [f"bench: GPT-neo {p['point']} not measured: {p['error']}" for p in summary.get("sweep", []) if p.get("error")]
+        if (quality := summary.get("sweep_quality")) and quality.get("error"):
+            reasons.append(f"bench: GPT-neo {quality['point']} on {quality['attention']} attention (the perplexity's "
+                           f"reference) not measured: {quality['error']}")
     return reasons
 
 
@@ -346,7 +353,13 @@ def bench_summary(record: dict[str, Any] | None) -> dict[str, Any] | None:
             "datasheet_tflops": peak["datasheet"]["flops"] / 1e12 if peak.get("datasheet") else None,
             "speedup_vs_course": {case: e["speedup_vs_course"] for case, e in record["cases"].items()},
             "gptneo_mfu": mfu["mfu"] if mfu else None, "gptneo_mfu_datasheet": mfu.get("mfu_datasheet") if mfu else None,
-            "sweep": points, "sweep_best": (swept or {}).get("best"), "targets": record.get("targets")}
+            "sweep": points, "sweep_best": (swept or {}).get("best"), "sweep_quality": _quality_summary((swept or {}).get("quality")),
+            "targets": record.get("targets")}
+
+
+def _quality_summary(quality: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The best point's perplexity against its reference's, without the reference's log."""
+    return {k: v for k, v in quality.items() if k != "error_log"} if quality else None
 
 
 def summary_lines(results: dict[str, Any]) -> list[str]:
@@ -376,8 +389,9 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
             lines.append(f"  GPT-neo {p['point']}: " + (f"not measured: {p['error']}" if p["error"] else
                          f"MFU {100 * p['mfu']:.1f}%, {p['step_ms']:.1f} ms/step{kernels}; {p['bound']}"))
         if s and s.get("sweep_best"):
-            best = s["sweep_best"]
-            lines.append(f"  GPT-neo best: {best['per_device_batch']}x{best['block_size']} at MFU {100 * best['mfu']:.1f}%")
+            best, quality = s["sweep_best"], s.get("sweep_quality")
+            lines.append(f"  GPT-neo best: {best['per_device_batch']}x{best['block_size']} at MFU {100 * best['mfu']:.1f}%"
+                         + (f"; {describe_quality(quality)}" if quality else ""))
     lines.append(f"verdict: {results['verdict']} in {results.get('this_run_s', 0):.0f} s" + "".join(f"\n  {r}" for r in results["reasons"]))
     return lines
 

@@ -6,7 +6,8 @@
 #
 # --quick: the whole verdict in 8 minutes on one H100: every GPU test (four side by side, each within 150 s, each
 # result printed as it ends), then GPT-neo's sweep (16x512, 64x512, 32x1024, compiled into CUDA graphs, each point profiled: MFU, GPU
-# busy share, syncs per step, what bounds the step), without the course-way baselines the full check keeps.
+# busy share, syncs per step, what bounds the step; then the best point's perplexity against the same point trained on
+# eager attention, uncompiled), without the course-way baselines the full check keeps.
 #
 # From anywhere, on a machine with a GPU. It records the machine (nvidia-smi -L, Python, torch, CUDA, the packages),
 # runs `python -m pytest -q tests/gpu` (at most 8 minutes) and then `python -m bench gpu --compile` (at most 9),

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from procs import ROOT, run
 
 TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
@@ -71,6 +73,13 @@ def test_the_quick_gpu_check_runs_end_to_end_on_a_cpu(tmp_path, example_data):
         assert p["mfu"] > 0 and p["step_ms"] > 0 and p["perplexity"] > 0
         assert p["profile"]["steps"] == 2 and p["profile"]["bound"].startswith("no device activity traced")
         assert p["profile"]["attention_ms_per_step"] == {}  # a CPU traces no device kernel, attention's or other
+    # the best point again on transformers' eager attention, as its own summary says it ran, after the same tokens: the
+    # sweep's 8 steps of 4 blocks of 64 (fp32 on a CPU: the perplexities agree, so this checks the run, not the bound)
+    quality = bench["record"]["gptneo_sweep"]["quality"]
+    assert quality["attention"] == "eager" and quality["best_attention"] == "sdpa" and quality["compile_mode"] is None
+    assert quality["same_tokens"] and quality["tokens_trained"] == 8 * 4 * 64
+    assert quality["no_worse"] and quality["ratio"] == pytest.approx(1.0, abs=0.01)
+    assert bench["record"]["targets"]["gptneo best point's perplexity no worse than eager attention's"] is True
     lines = result.stdout.splitlines()
     summary = lines[max(i for i, line in enumerate(lines) if line.startswith("machine: ")):]
     assert len(summary) <= 11 and "verdict: pass" in result.stdout  # the summary's 10 lines, then where the results are

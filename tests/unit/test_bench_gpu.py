@@ -140,7 +140,7 @@ def test_steps_run_one_at_a_time_share_one_results_file(tmp_path, monkeypatch):
     assert bench["exit_code"] == 0 and bench["record"] == RECORD and bench["left_out"] == []
     assert bench["summary"] == {"gpu": "NVIDIA H100 80GB HBM3", "peak_tflops": 700.0, "datasheet_tflops": pytest.approx(989.4),
                                 "speedup_vs_course": {"gptneo": {"gpuscale": 2.2}}, "gptneo_mfu": 0.2,
-                                "gptneo_mfu_datasheet": 0.14, "sweep": [], "sweep_best": None,
+                                "gptneo_mfu_datasheet": 0.14, "sweep": [], "sweep_best": None, "sweep_quality": None,
                                 "targets": {"gpuscale >= 2x course": True}}
     assert results["steps"]["tests"]["failed"] and results["verdict"] == "fail"
     assert results["reasons"] == ["tests: test_fake_gpu::test_broken failed"]
@@ -229,3 +229,39 @@ def test_quick_runs_the_tests_then_gptneos_sweep_without_the_course_baselines(tm
     assert gpu_check.main([str(tmp_path), "--allow-cpu", "--quick"]) == 0
     assert seen["cases_asked"] == () and seen["sweep_asked"] == "quick" and seen["steps"] == gpu_check.STEPS
     assert seen["budgets"] == gpu_check.QUICK_BUDGETS_S and sum(seen["budgets"].values()) <= 8 * 60 - 20
+
+
+def _point(perplexity: float, tokens: int = 40 * 64 * 512, attention: str = "sdpa", **more: object) -> dict:
+    return {"per_device_batch": 64, "block_size": 512, "compile_mode": None, "attention": "default",
+            "attention_ran": attention, "perplexity": perplexity, "tokens_trained": tokens, "step_ms": 150.0, **more}
+
+
+@pytest.mark.parametrize("best, reference, ratio, no_worse", [
+    (_point(1010.0), _point(1000.0, attention="eager"), 1.01, True),      # 1% worse: within the 2% allowed
+    (_point(990.0), _point(1000.0, attention="eager"), 0.99, True),       # better
+    (_point(1030.0), _point(1000.0, attention="eager"), 1.03, False),     # 3% worse
+    (_point(1000.0), _point(1000.0, tokens=20 * 64 * 512, attention="eager"), 1.0, False),  # not the same tokens
+    (_point(1000.0), _point(1000.0, attention="sdpa"), 1.0, False),       # the reference did not run eager attention
+])
+def test_the_best_points_perplexity_is_held_against_eager_attentions(best, reference, ratio, no_worse):
+    quality = gpu.quality_against_reference(best, reference)
+    assert quality["ratio"] == pytest.approx(ratio) and quality["no_worse"] is no_worse and quality["point"] == "64x512"
+    line = gpu.describe_quality(quality)
+    assert f"{100 * (ratio - 1):+.1f}%" in line and "allowed +2%" in line
+    assert ("NOT the same tokens" in line) is (best["tokens_trained"] != reference["tokens_trained"])
+
+
+def test_a_reference_that_failed_is_said_and_fails_the_check(tmp_path, monkeypatch):
+    """An eager reference out of memory: the target is not met, the summary says why, and the check fails."""
+    failed = {**_point(0.0, attention="eager"), "error": "torch.OutOfMemoryError: CUDA out of memory", "error_log": ["..."]}
+    quality = gpu.quality_against_reference(_point(1000.0), failed)
+    assert quality["no_worse"] is None and "out of memory" in gpu.describe_quality(quality)
+    record = {**RECORD, "gptneo_sweep": {"points": [], "best": {"per_device_batch": 64, "block_size": 512, "mfu": 0.46,
+                                                                 "step_ms": 60.0}, "quality": quality}}
+    _fake_bench(monkeypatch, f"import json, sys, pathlib; pathlib.Path(sys.argv[1], 'gpu.json').write_text(json.dumps({record!r}))")
+    results = gpu_check.check(tmp_path, ("bench",), True, "unused", ("gptneo",), True, gpu_check.BUDGETS_S)
+    assert results["reasons"] == ["bench: GPT-neo 64x512 on eager attention (the perplexity's reference) not measured: "
+                                  "torch.OutOfMemoryError: CUDA out of memory"]
+    assert "error_log" not in results["steps"]["bench"]["summary"]["sweep_quality"]
+    best_line = next(line for line in gpu_check.summary_lines(results) if "GPT-neo best" in line)
+    assert "MFU 46.0%" in best_line and "not measured: torch.OutOfMemoryError" in best_line
