@@ -108,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
                 options["attention"] = args.attention
             if args.cases is not None:
                 options["cases"] = tuple(c for c in args.cases.split(",") if c)
+            options["progress"] = lambda so_far: write("gpu", so_far, args.out)  # what a run killed at its budget leaves
         record = module.run(**options)
         path = write(name, record, args.out)
         print(f"== {name} ({path})\n{module.report(record)}", flush=True)

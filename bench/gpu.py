@@ -347,10 +347,23 @@ def describe_quality(quality: dict[str, Any]) -> str:
             f"({100 * (quality['ratio'] - 1):+.1f}%, allowed +{100 * quality['allowance']:g}%){tokens}")
 
 
+def _best(points: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The measured point of highest MFU."""
+    measured = [p for p in points if "mfu" in p]
+    return max(measured, key=lambda p: p["mfu"]) if measured else None
+
+
+def _swept(points: list[dict[str, Any]], quality: dict[str, Any] | None = None) -> dict[str, Any]:
+    best = _best(points)
+    return {"points": points, "best": {k: best[k] for k in ("per_device_batch", "block_size", "mfu", "step_ms")} if best else None,
+            "quality": quality}
+
+
 def sweep(points: tuple[tuple[int, int], ...], peak: dict[str, Any], allow_cpu: bool,
-          compile_mode: str | None = None, attention: str | None = None) -> dict[str, Any]:
+          compile_mode: str | None = None, attention: str | None = None,
+          progress: Callable[[dict[str, Any]], None] = lambda swept: None) -> dict[str, Any]:
     """GPT-neo at each (batch, block) point, the best by MFU, and its perplexity against the same point trained on
-    transformers' eager attention, uncompiled (``quality``)."""
+    transformers' eager attention, uncompiled (``quality``). `progress` gets the sweep so far after each point."""
     with tempfile.TemporaryDirectory() as tmp:
         done = []
         for b, s in points:
@@ -358,24 +371,25 @@ def sweep(points: tuple[tuple[int, int], ...], peak: dict[str, Any], allow_cpu: 
             p = done[-1]
             print(f"sweep: GPT-neo {b} x {s}: " + (f"not measured: {p['error']}" if "error" in p else
                   f"{p['step_ms']:.1f} ms/step, MFU {100 * p['mfu']:.1f}%; {p['profile']['bound']}"), flush=True)
-        measured = [p for p in done if "mfu" in p]
-        best = max(measured, key=lambda p: p["mfu"]) if measured else None
-        quality = None
+            progress(_swept(done))
+        best, quality = _best(done), None
         if best is not None:
             b, s = best["per_device_batch"], best["block_size"]
             reference = sweep_point(b, s, peak, Path(tmp) / f"gptneo-{b}x{s}-{REFERENCE_ATTENTION}", allow_cpu,
                                     attention=REFERENCE_ATTENTION, compiled=False)
             quality = quality_against_reference(best, reference)
             print(f"sweep: GPT-neo {b} x {s}: {describe_quality(quality)}", flush=True)
-    return {"points": done, "best": {k: best[k] for k in ("per_device_batch", "block_size", "mfu", "step_ms")} if best else None,
-            "quality": quality}
+    return _swept(done, quality)
 
 
 def run(repeat: int = 1, cases: tuple[str, ...] = tuple(CASES), compile: bool = False, allow_cpu: bool = False,
         sweep_points: tuple[tuple[int, int], ...] | None = None, compile_mode: str | None = None,
-        attention: str | None = None) -> dict[str, Any]:
+        attention: str | None = None, progress: Callable[[dict[str, Any]], None] = lambda record: None) -> dict[str, Any]:
     """The benchmark's record: the peak, then each of `cases` run `repeat` times each way (the course's, gpuscale's
-    defaults, and compiled with `compile`), medians, speed-ups, GPT-neo's MFU and whether the targets are met."""
+    defaults, and compiled with `compile`), medians, speed-ups, GPT-neo's MFU and whether the targets are met.
+
+    `progress` gets the record so far (``"complete": False``, no targets) after the peak, each case and each sweep
+    point: `python -m bench gpu` writes it, so a run killed at its budget still leaves what it measured."""
     import torch
 
     if not torch.cuda.is_available() and not allow_cpu:
@@ -384,7 +398,8 @@ def run(repeat: int = 1, cases: tuple[str, ...] = tuple(CASES), compile: bool = 
     variants = {"course": COURSE, "gpuscale": []}
     if compile:
         variants["gpuscale+compile"] = ["--compile"]
-    results: dict[str, Any] = {"peak": matmul_peak(), "cases": {}}
+    results: dict[str, Any] = {"peak": matmul_peak(), "cases": {}, "allow_cpu": allow_cpu, "complete": False}
+    progress(results)
     with tempfile.TemporaryDirectory() as tmp:
         for case in cases:
             runs: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
@@ -400,21 +415,22 @@ def run(repeat: int = 1, cases: tuple[str, ...] = tuple(CASES), compile: bool = 
                 best = max(runs["gpuscale"] + runs.get("gpuscale+compile", []), key=lambda r: r["samples_per_s"])
                 entry["mfu"] = model_flops_utilisation(best["summary"], best["samples_per_s"], results["peak"])
             results["cases"][case] = entry
-    results["allow_cpu"] = allow_cpu
-    results["targets"] = {}
+            progress(results)
+    targets: dict[str, bool] = {}
     if results["cases"]:
-        results["targets"]["gpuscale >= 2x course"] = all(e["speedup_vs_course"]["gpuscale"] >= 2.0 for e in results["cases"].values())
+        targets["gpuscale >= 2x course"] = all(e["speedup_vs_course"]["gpuscale"] >= 2.0 for e in results["cases"].values())
     if "gptneo" in results["cases"]:
-        results["targets"]["gptneo MFU >= 40%"] = results["cases"]["gptneo"].get("mfu", {}).get("mfu", 0.0) >= 0.40
+        targets["gptneo MFU >= 40%"] = results["cases"]["gptneo"].get("mfu", {}).get("mfu", 0.0) >= 0.40
     if sweep_points:
-        swept = results["gptneo_sweep"] = sweep(sweep_points, results["peak"], allow_cpu, compile_mode, attention)
+        swept = results["gptneo_sweep"] = sweep(sweep_points, results["peak"], allow_cpu, compile_mode, attention,
+                                                progress=lambda so_far: progress({**results, "gptneo_sweep": so_far}))
         first = next((p for p in swept["points"] if (p["per_device_batch"], p["block_size"]) == (16, 512) and "mfu" in p), None)
         if first is not None:
-            results["targets"]["gptneo 16x512 MFU >= 35%"] = first["mfu"] >= 0.35
-        results["targets"]["gptneo best MFU >= 45%"] = bool(swept["best"] and swept["best"]["mfu"] >= 0.45)
+            targets["gptneo 16x512 MFU >= 35%"] = first["mfu"] >= 0.35
+        targets["gptneo best MFU >= 45%"] = bool(swept["best"] and swept["best"]["mfu"] >= 0.45)
         quality = swept["quality"]
-        results["targets"][f"gptneo best point's perplexity no worse than {REFERENCE_ATTENTION} attention's"] = bool(
-            quality and quality["no_worse"])
+        targets[f"gptneo best point's perplexity no worse than {REFERENCE_ATTENTION} attention's"] = bool(quality and quality["no_worse"])
+    results.update(targets=targets, complete=True)
     return results
 
 

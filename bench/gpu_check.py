@@ -288,7 +288,7 @@ def bench_step(out: Path, cases: tuple[str, ...], compile: bool, allow_cpu: bool
                 "cases": [], "record": None}
     result = run_budgeted(bench_command(out, cases, compile, allow_cpu, sweep), out / "bench.log", budget_s, env, echo="sweep: ")
     result["cases"] = list(cases)
-    result["record"] = json.loads(record_path.read_text()) if record_path.exists() else None
+    result["record"] = json.loads(record_path.read_text()) if record_path.exists() else None  # whole: bench.stats.write
     if result["exit_code"] != 0:
         result["log_tail"] = log_tail(out / "bench.log")
     return result
@@ -305,15 +305,18 @@ def bench_cases(requested: tuple[str, ...], machine: dict[str, Any]) -> tuple[tu
 def step_reasons(name: str, step: dict[str, Any]) -> list[str]:
     """Why one step's entry makes the check fail (empty: it passed)."""
     if step.get("timed_out"):
-        return [f"{name}: over its budget of {step['budget_s']:g} s, killed"]
+        cut = " (its record keeps what it measured before)" if (step.get("record") or {}).get("complete") is False else ""
+        return [f"{name}: over its budget of {step['budget_s']:g} s, killed{cut}"]
     reasons = []
     if name == "tests":
         reasons += [f"tests: {f['name']} failed" for f in step["failed"]]
         if step["exit_code"] != 0 and not step["failed"]:  # 5: no test collected, 2-4: pytest itself failed
             reasons.append(f"tests: pytest exited with {step['exit_code']} (see {step['log']})")
     if name == "bench":
-        if (step["cases"] or step.get("sweep")) and (step["exit_code"] != 0 or step.get("record") is None):
-            reasons.append(f"bench: exited with {step['exit_code']} and wrote no record (see {step['log']})")
+        record = step.get("record")
+        if (step["cases"] or step.get("sweep")) and (step["exit_code"] != 0 or record is None):
+            wrote = "wrote no record" if record is None else "its record stops where it did"
+            reasons.append(f"bench: exited with {step['exit_code']} and {wrote} (see {step['log']})")
         reasons += step.get("left_out", [])
         summary = step.get("summary") or {}
         reasons += [f"bench: GPT-neo {p['point']} not measured: {p['error']}" for p in summary.get("sweep", []) if p.get("error")]
@@ -349,7 +352,7 @@ def bench_summary(record: dict[str, Any] | None) -> dict[str, Any] | None:
     peak, mfu = record["peak"], record["cases"].get("gptneo", {}).get("mfu")
     swept = record.get("gptneo_sweep")
     points = [_point_summary(p) for p in (swept or {}).get("points", [])]
-    return {"gpu": (peak.get("gpu") or {}).get("name"), "peak_tflops": peak["flops"] / 1e12,
+    return {"complete": record.get("complete", True), "gpu": (peak.get("gpu") or {}).get("name"), "peak_tflops": peak["flops"] / 1e12,
             "datasheet_tflops": peak["datasheet"]["flops"] / 1e12 if peak.get("datasheet") else None,
             "speedup_vs_course": {case: e["speedup_vs_course"] for case, e in record["cases"].items()},
             "gptneo_mfu": mfu["mfu"] if mfu else None, "gptneo_mfu_datasheet": mfu.get("mfu_datasheet") if mfu else None,
@@ -382,7 +385,8 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
                 figures += f"; GPT-neo MFU {100 * s['gptneo_mfu']:.1f}% (measured peak)"
                 if s["gptneo_mfu_datasheet"] is not None:
                     figures += f", {100 * s['gptneo_mfu_datasheet']:.1f}% (data sheet)"
-        lines.append(f"bench: exit {b['exit_code']} in {b['seconds']:.0f} s{figures}" if b["command"] else "bench: not run")
+        cut = "; cut off, the figures so far" if s and not s["complete"] else ""
+        lines.append(f"bench: exit {b['exit_code']} in {b['seconds']:.0f} s{cut}{figures}" if b["command"] else "bench: not run")
         for p in (s or {}).get("sweep", [])[:4]:
             attention = p.get("attention_ms_per_step")
             kernels = f" (attention {format_attention(attention) or 'kernels: none'})" if attention is not None else ""

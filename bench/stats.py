@@ -39,9 +39,13 @@ def machine() -> dict[str, Any]:
 
 
 def write(name: str, record: dict[str, Any], out_dir: Path) -> Path:
+    """OUT_DIR/NAME.json: the record with the machine it ran on, whole or not at all (a reader, or a kill while it
+    writes, never sees half a file: `bench gpu` rewrites its record after every run it makes)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.json"
-    path.write_text(json.dumps({"benchmark": name, "machine": machine(), **record}, indent=2) + "\n")
+    beside = path.with_name(f".{path.name}.tmp")
+    beside.write_text(json.dumps({"benchmark": name, "machine": machine(), **record}, indent=2) + "\n")
+    os.replace(beside, path)
     return path
 
 

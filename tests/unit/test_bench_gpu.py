@@ -138,7 +138,7 @@ def test_steps_run_one_at_a_time_share_one_results_file(tmp_path, monkeypatch):
     results = gpu_check.check(tmp_path / "out", ("bench",), True, "unused", ("gptneo",), True, gpu_check.BUDGETS_S)
     bench = results["steps"]["bench"]
     assert bench["exit_code"] == 0 and bench["record"] == RECORD and bench["left_out"] == []
-    assert bench["summary"] == {"gpu": "NVIDIA H100 80GB HBM3", "peak_tflops": 700.0, "datasheet_tflops": pytest.approx(989.4),
+    assert bench["summary"] == {"complete": True, "gpu": "NVIDIA H100 80GB HBM3", "peak_tflops": 700.0, "datasheet_tflops": pytest.approx(989.4),
                                 "speedup_vs_course": {"gptneo": {"gpuscale": 2.2}}, "gptneo_mfu": 0.2,
                                 "gptneo_mfu_datasheet": 0.14, "sweep": [], "sweep_best": None, "sweep_quality": None,
                                 "targets": {"gpuscale >= 2x course": True}}
@@ -265,3 +265,43 @@ def test_a_reference_that_failed_is_said_and_fails_the_check(tmp_path, monkeypat
     assert "error_log" not in results["steps"]["bench"]["summary"]["sweep_quality"]
     best_line = next(line for line in gpu_check.summary_lines(results) if "GPT-neo best" in line)
     assert "MFU 46.0%" in best_line and "not measured: torch.OutOfMemoryError" in best_line
+
+
+def test_the_record_is_written_after_every_point_so_a_cut_off_run_keeps_its_figures(monkeypatch):
+    """`run` hands its record on after the peak and after each sweep point (incomplete, no targets yet), then whole."""
+    measured = {(16, 512): 0.36, (64, 512): 0.46}
+    monkeypatch.setattr(gpu, "matmul_peak", lambda: {"flops": 7e14})
+
+    def point(batch, block, peak, out, allow_cpu, compile_mode=None, attention=None, compiled=True):
+        ran = "eager" if attention == "eager" else "sdpa"
+        return _point(1000.0, attention=ran, per_device_batch=batch, block_size=block, mfu=measured[(batch, block)],
+                      profile={"bound": "device"})
+
+    monkeypatch.setattr(gpu, "sweep_point", point)
+    seen: list[dict] = []
+    record = gpu.run(cases=(), allow_cpu=True, sweep_points=tuple(measured),
+                     progress=lambda so_far: seen.append(json.loads(json.dumps(so_far))))
+    assert [r["complete"] for r in seen] == [False, False, False] and not any("targets" in r for r in seen)
+    assert "gptneo_sweep" not in seen[0]
+    assert [len(r["gptneo_sweep"]["points"]) for r in seen[1:]] == [1, 2]
+    assert seen[1]["gptneo_sweep"]["best"]["mfu"] == 0.36 and seen[2]["gptneo_sweep"]["best"]["mfu"] == 0.46
+    assert record["complete"] is True and record["gptneo_sweep"]["quality"]["point"] == "64x512"
+    assert record["targets"] == {"gptneo 16x512 MFU >= 35%": True, "gptneo best MFU >= 45%": True,
+                                 "gptneo best point's perplexity no worse than eager attention's": True}
+
+
+def test_a_bench_killed_at_its_budget_reports_what_its_record_kept(tmp_path, monkeypatch):
+    partial = {**RECORD, "complete": False, "gptneo_sweep": {"points": [_point(1000.0, mfu=0.36, per_device_batch=16,
+                                                                               profile={"bound": "device"})],
+                                                              "best": None, "quality": None}}
+    partial.pop("targets")
+    _fake_bench(monkeypatch, "import json, sys, pathlib, time; "
+                f"pathlib.Path(sys.argv[1], 'gpu.json').write_text(json.dumps({partial!r})); time.sleep(60)")
+    results = gpu_check.check(tmp_path, ("bench",), True, "unused", ("gptneo",), True, {"tests": 1, "bench": 3.0})
+    bench = results["steps"]["bench"]
+    assert bench["timed_out"] and bench["summary"]["complete"] is False
+    assert [p["point"] for p in bench["summary"]["sweep"]] == ["16x512"] and bench["summary"]["sweep"][0]["mfu"] == 0.36
+    assert results["reasons"] == ["bench: over its budget of 3 s, killed (its record keeps what it measured before)"]
+    lines = gpu_check.summary_lines(results)
+    assert any("cut off, the figures so far" in line for line in lines)
+    assert any(line.startswith("  GPT-neo 16x512: MFU 36.0%") for line in lines)
