@@ -9,7 +9,8 @@ are missing), then the steps, each in its own processes with a time budget (kill
     tests    ``python -m pytest -v tests/gpu`` (OUT_DIR/gpu-tests.log, .xml, .jsonl), budget 8 minutes: each test
              within TEST_TIMEOUT_S (pytest-timeout, which names the test that hit it), four side by side where
              pytest-xdist is installed, each result printed and written to gpu-tests.jsonl as the test ends
-    bench    ``python -m bench gpu --compile --out OUT_DIR`` (OUT_DIR/gpu.json, OUT_DIR/bench.log), budget 9 minutes
+    bench    ``python -m bench gpu --compile --out OUT_DIR`` (OUT_DIR/gpu.json, OUT_DIR/bench.log), budget 9 minutes;
+             gpu.json is rewritten after every run the bench makes, so a bench killed at its budget keeps its figures
 
 Together under 20 minutes on one H100, and each step fits a 10-minute command. ``--quick`` gives the whole verdict
 in 8 minutes: the tests, then ``bench gpu --sweep quick`` (GPT-neo compiled into CUDA graphs at three batch x block
