@@ -181,10 +181,6 @@ def train(args: argparse.Namespace) -> dict:
                 loop.state["test_accuracy_before_finetune"] = before
                 log.info("test accuracy before fine-tuning: %.4f; unfreezing the last block", before)
                 net.unfreeze_last_block()
-                # With gradient accumulation an epoch may end inside an optimizer step: those micro-batches'
-                # gradients belong to the head's training and must not leak into fine-tuning's first step
-                for param in loop.training.module.parameters():  # not the wrapper's zero_grad: DeepSpeed's has no set_to_none
-                    param.grad = None
                 loop.training, loop.scheduler = setup_phase(loop.training.model, "fine-tune", plan, args, lrs["fine-tune"])
             training, scheduler = loop.training, loop.scheduler
             epoch_lr = scheduler.get_last_lr()[0]

@@ -84,8 +84,9 @@ def test_without_the_rule_the_large_batch_loses_accuracy(runs):
 def test_summary_records_the_rule_and_each_epochs_phase(runs):
     linear = runs["linear"]
     assert linear["global_batch"] == 256 and linear["per_device_batch"] == 32 and linear["grad_accum_steps"] == 8
-    # 8 epochs of 62 passes of 32 (the loader drops the incomplete 33rd batch), 8 passes per optimizer step
-    assert linear["steps"] == 8 * 62 // 8 and linear["samples"] == 8 * 62 * 32 == linear["steps"] * 256
+    # 8 epochs of 7 optimizer steps of 8 passes of 32: of an epoch's 62 whole batches (2,000 images: the loader drops the
+    # incomplete 63rd) the last 6 would be an incomplete step, and the loader leaves them out too
+    assert linear["steps"] == 8 * 7 and linear["samples"] == 8 * 56 * 32 == linear["steps"] * 256
     assert linear["lr"] == {
         "rule": "linear", "base_lr": 0.003, "lr": pytest.approx(0.024), "factor": 8.0, "base_batch": 32,
         "global_batch": 256, "warmup_steps": 0,

@@ -328,6 +328,37 @@ def test_eval_loader_same_every_pass():
     assert passes(loader, 2) == [[[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]] * 2
 
 
+def test_a_training_pass_with_accumulation_ends_on_a_whole_optimizer_step():
+    """232 samples, global batch 64 in micro-batches of 16 (accumulation 4): 14 micro-batches an epoch, of which the
+    last 2 would be half a step; the pass hands out 12 (3 steps), the next pass starts a fresh epoch, and a pass
+    resumed after 5 batches hands out the other 7 of those 12."""
+    plan = plan_batch(64, 1, scaling="strong", max_per_device=16)
+    assert (plan.per_device_batch, plan.grad_accum_steps) == (16, 4)
+    loader = make_loader(Indices(232), plan, rt=rt(), shuffle=False)
+    first, second = passes(loader, 2)
+    assert len(loader) == len(first) == len(second) == 12 and first == [list(range(16 * i, 16 * i + 16)) for i in range(12)]
+    assert loader.epoch == 2 and loader.batches_done == 0
+    stopped = make_loader(Indices(232), plan, rt=rt(), shuffle=False)
+    taken = list(itertools.islice(iter(stopped), 5))
+    resumed = make_loader(Indices(232), plan, rt=rt(), shuffle=False)
+    resumed.load_state_dict(stopped.state_dict())
+    rest = [b.tolist() for b in resumed]
+    assert [b.tolist() for b in taken] + rest == first and len(resumed) == 12
+
+
+def test_a_loader_of_fewer_batches_than_one_optimizer_step_is_refused():
+    plan = plan_batch(64, 1, scaling="strong", max_per_device=16)  # 4 micro-batches a step
+    with pytest.raises(ValueError, match=r"each rank gets 3 batch\(es\) of 16 an epoch, fewer than one optimizer step's 4"):
+        make_loader(Indices(60), plan, rt=rt())
+
+
+def test_an_accumulating_loader_that_keeps_incomplete_batches_hands_out_all():
+    """drop_last=False asks for every sample: nothing is left out, whole step or not."""
+    plan = plan_batch(8, 1, scaling="strong", max_per_device=4)
+    loader = make_loader(Indices(10), plan, rt=rt(), drop_last=False, shuffle=False)
+    assert [b.tolist() for b in loader] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]] and len(loader) == 3
+
+
 def test_loader_drop_last_false_keeps_partial_batch():
     loader = make_loader(Indices(10), plan_batch(4, 1), rt=rt(), drop_last=False, shuffle=False)
     assert [b.tolist() for b in loader] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]

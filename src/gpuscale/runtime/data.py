@@ -14,6 +14,7 @@ the nearest valid choices instead of silently training with 2 x 12 = 24 (docs/cl
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Iterator, Sized
 from typing import Any
@@ -93,6 +94,11 @@ class ShardedLoader:
     epoch number before the pass, so every epoch has a new order (docs/classic-bugs.md, bug 2), the same on
     all ranks. `state_dict()` records the epoch and the batches already taken in it; after
     `load_state_dict()` the next pass resumes with the next batch.
+
+    A training pass that drops incomplete batches (make_loader's default) also ends on a whole optimizer step: with
+    gradient accumulation it leaves out the micro-batches of a last incomplete step, as it leaves out a last incomplete
+    batch. Otherwise their gradients would be added into the next epoch's first step, and the checkpoint at the epoch's
+    end, which holds no gradients, would resume without them.
     """
 
     def __init__(self, loader: DataLoader, sampler: Sampler[int], plan: BatchPlan, train: bool,
@@ -104,7 +110,13 @@ class ShardedLoader:
         self.batches_done = 0
 
     def __len__(self) -> int:
-        return len(self.loader)
+        """The batches of a whole pass, from the epoch's start (a resumed pass hands out those after its position)."""
+        share = self.sampler.num_samples if isinstance(self.sampler, ResumableDistributedSampler) else len(self.sampler)  # type: ignore[arg-type]
+        batch = self.plan.per_device_batch
+        batches = share // batch if self.loader.drop_last else math.ceil(share / batch)
+        if self.train and self.loader.drop_last:
+            batches -= batches % self.plan.grad_accum_steps  # whole optimizer steps (see the class docstring)
+        return batches
 
     def set_epoch(self, epoch: int) -> None:
         """Start the next pass at the beginning of `epoch` (rarely needed: passes count themselves)."""
@@ -135,7 +147,7 @@ class ShardedLoader:
         if isinstance(self.sampler, ResumableDistributedSampler):
             self.sampler.set_epoch(self.epoch)
             self.sampler.start_index = self.batches_done * self.plan.per_device_batch
-        for batch in self.loader:
+        for batch in itertools.islice(self.loader, max(0, len(self) - self.batches_done)):  # no batch fetched past the end
             self.batches_done += 1
             yield batch if self.device is None else move_to_device(batch, self.device)
         if isinstance(self.sampler, ResumableDistributedSampler):
@@ -166,7 +178,7 @@ class ShardedLoader:
             if again and getattr(self.sampler, "rank", 0) == 0:
                 log.warning("resuming epoch %d after %d samples, not a whole number of this job's optimizer steps (%d "
                             "samples over all ranks): the last %d are trained again", self.epoch + 1, trained, per_step, again)
-        self.batches_done = min(self.batches_done, len(self.loader))
+        self.batches_done = min(self.batches_done, len(self))
 
 
 def _check_even_batches(loader: ShardedLoader) -> None:
@@ -231,7 +243,8 @@ def make_loader(
     """A loader of this rank's shard with the plan's per-device batch.
 
     train=True: shuffled (unless shuffle=False), padded to equal shares and dropping the last
-    incomplete batch (unless drop_last=False) so every step has exactly the global batch.
+    incomplete batch (unless drop_last=False) so every step has exactly the global batch; with gradient
+    accumulation, an epoch is a whole number of optimizer steps (see `ShardedLoader`).
     train=False: every sample exactly once over all ranks, in order; reduce metrics with
     `gpuscale.measure.metrics` to get the whole-dataset value.
     even (train=False only): pad the shards to equal length, as FSDP and ZeRO-3 need; iterate
@@ -283,4 +296,11 @@ def make_loader(
             f"each rank gets {math.ceil(len(dataset) / world)} samples, fewer than one batch of "
             f"{plan.per_device_batch}; use a smaller batch or more data"
         )
-    return ShardedLoader(loader, sampler, plan, train, device=rt.device if to_device and rt.device.type != "cpu" else None)
+    sharded = ShardedLoader(loader, sampler, plan, train, device=rt.device if to_device and rt.device.type != "cpu" else None)
+    if train and len(sharded) == 0:
+        raise ValueError(
+            f"each rank gets {len(loader)} batch(es) of {plan.per_device_batch} an epoch, fewer than one optimizer step's "
+            f"{plan.grad_accum_steps} (gradient accumulation); use a smaller global batch, a larger per-device maximum, "
+            "or more data"
+        )
+    return sharded

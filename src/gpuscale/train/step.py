@@ -160,6 +160,11 @@ class Training:
         return stepped
 
     @property
+    def pending_micro_batches(self) -> int:
+        """Micro-batches back-propagated since the last optimizer step: their gradients wait for the step's last one."""
+        return self._micro
+
+    @property
     def grad_norm(self) -> float | None:
         """The gradients' global norm before clipping at the last optimizer step (None without clipping). Kept on
         the device by the step and read here, so a step never waits for the GPU unless this is asked for."""
