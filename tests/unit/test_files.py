@@ -67,20 +67,20 @@ def test_cli_tightens_the_umask_while_a_verb_runs_and_restores_it(tmp_path, umas
     assert os.umask(0) == 0  # put back for the caller
 
 
-def test_a_run_that_trained_nothing_keeps_only_its_own_experiments_summary(tmp_path):
-    """A finished run started again took no step: the summary of the run that trained (same ranks, scaling and
-    batches) stands; another experiment's in a reused folder, or a summary with no steps, does not."""
-    from gpuscale.base.files import trained_summary
+def test_a_run_that_trained_nothing_finds_the_summary_of_the_run_that_trained(tmp_path):
+    """A finished run started again took no step: the summary of a run that trained is found, whatever its experiment
+    (its differences named key by key); a summary with no steps, or an unreadable one, is not."""
+    from gpuscale.base.files import experiment_differences, trained_summary
 
     untrained = {"world_size": 2, "scaling": "strong", "global_batch": 32, "per_device_batch": 16, "grad_accum_steps": 1,
                  "steps": 0}
     path = tmp_path / "summary.json"
-    assert trained_summary(path, untrained) is None  # none there
+    assert trained_summary(path) is None  # none there
     path.write_text(json.dumps({**untrained, "steps": 64, "samples_per_s": 1564.0}))
-    assert trained_summary(path, untrained)["samples_per_s"] == 1564.0
-    path.write_text(json.dumps({**untrained, "steps": 64, "global_batch": 64, "per_device_batch": 32}))
-    assert trained_summary(path, untrained) is None  # another experiment's
+    assert trained_summary(path)["samples_per_s"] == 1564.0 and experiment_differences(trained_summary(path), untrained) == []
+    path.write_text(json.dumps({**untrained, "steps": 64, "world_size": 1, "per_device_batch": 32}))
+    assert experiment_differences(trained_summary(path), untrained) == ["world_size 1, not 2", "per_device_batch 32, not 16"]
     path.write_text(json.dumps(untrained))
-    assert trained_summary(path, untrained) is None  # it trained nothing either
+    assert trained_summary(path) is None  # it trained nothing either
     path.write_text("{not json")
-    assert trained_summary(path, untrained) is None
+    assert trained_summary(path) is None

@@ -115,16 +115,20 @@ RUN_KEYS = ("world_size", "scaling", "global_batch", "per_device_batch", "grad_a
 """What makes two runs' summaries the same experiment: the ranks, the scaling and the batches."""
 
 
-def trained_summary(path: str | os.PathLike[str], untrained: dict[str, Any]) -> dict[str, Any] | None:
-    """The summary at `path` of a run that trained the experiment `untrained` (a run that took no step, a finished
-    run started again) is part of: the same `RUN_KEYS`, with steps taken. None for another experiment's, or none."""
+def trained_summary(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The summary at `path` if a run that took optimizer steps wrote it; None where there is none, it is unreadable,
+    or its run took no step. A run that takes none (a finished run started again) never writes over it."""
     try:
         kept = json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(kept, dict) or not kept.get("steps") or any(kept.get(k) != untrained.get(k) for k in RUN_KEYS):
-        return None
-    return kept
+    return kept if isinstance(kept, dict) and kept.get("steps") else None
+
+
+def experiment_differences(kept: dict[str, Any], other: dict[str, Any]) -> list[str]:
+    """How the experiment of summary `kept` differs from `other`'s, key by key of `RUN_KEYS` ("world_size 1, not
+    2"); empty for the same experiment."""
+    return [f"{key} {kept.get(key)}, not {other.get(key)}" for key in RUN_KEYS if kept.get(key) != other.get(key)]
 
 
 def has_python_shebang(path: str | os.PathLike[str]) -> bool:

@@ -82,6 +82,7 @@ class EpochLoop:
         self._averages: dict[str, Average] = {}
         self._partial: dict[str, list[float]] = {}
         self._stepped = False
+        self._warned_inside_step = False
         self._epoch: int | None = None
         if resume:
             self._resume()
@@ -95,8 +96,9 @@ class EpochLoop:
         self.state = restored.extra.get("state", self.state)
         self._partial = restored.extra.get("partial_epoch") or {}
         if self.start_epoch >= self.epochs and not self._partial:
-            log.warning("%s holds a finished run of %d epoch(s); nothing is trained (resume=False, or another "
-                        "checkpoint folder, trains anew)", restored.path, self.start_epoch)
+            log.warning("%s holds a finished run of %d epoch(s); nothing is trained (to train anew: another checkpoint "
+                        "folder, or EpochLoop(resume=False), which the examples' --no-resume gives)", restored.path,
+                        self.start_epoch)
 
     def average(self, name: str) -> Average:
         """A per-epoch `gpuscale.Average` (reset at every epoch's start) whose running sums a stop saves."""
@@ -113,8 +115,20 @@ class EpochLoop:
             self._start_averages()
             yield epoch
             self.resumed_inside_epoch = False
+            self._warn_inside_a_step(epoch)
             self._save(epoch + 1)
         self._epoch = None
+
+    def _warn_inside_a_step(self, epoch: int) -> None:
+        """Say so, once, where an epoch ends inside gradient accumulation (a loader that keeps incomplete batches,
+        drop_last=False): its last micro-batches' gradients join the next epoch's first step, and the checkpoint
+        written now does not hold them, so a run resumed from it steps without them."""
+        pending = self.training.pending_micro_batches
+        if pending and not self._warned_inside_step and self.rt.is_main:
+            self._warned_inside_step = True
+            log.warning("epoch %d ended inside an optimizer step (%d of its %d micro-batches): their gradients carry into "
+                        "the next epoch, and its checkpoint does not hold them; make_loader's default drop_last=True ends "
+                        "every epoch on a whole step", epoch + 1, pending, self.training.plan.grad_accum_steps)
 
     def _start_averages(self) -> None:
         for name, average in self._averages.items():
