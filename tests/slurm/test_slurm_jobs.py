@@ -36,6 +36,7 @@ def test_two_nodes_one_gpu_each_rendezvous_across_nodes(cluster, tmp_path, mode)
         assert all(r["master_port"] == 10000 + int(job_id) % 10000 for r in ranks)
     assert all(r["device"] == "cpu" for r in ranks)  # fake GPUs: CPU with gloo ...
     assert "torch sees none" in logs and logs.count("torch sees none") == 1  # ... said once
+    assert result.stderr.splitlines()[-1] == f"output: {tmp_path / f'job-{job_id}.out'}"  # where to read it, also on success
 
 
 def test_srun_one_node_tasks_bound_to_exactly_their_masks(cluster, tmp_path):

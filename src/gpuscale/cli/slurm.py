@@ -215,11 +215,9 @@ def run_submit(args: argparse.Namespace) -> int:
         print(_describe(info), file=sys.stderr)
     else:
         info = jobs.wait(job_id, poll_s=1.0, on_change=lambda i: print(_describe(i), file=sys.stderr, flush=True))
-    if info.succeeded:
-        return 0
-    if info.stdout_path:
+    if info.stdout_path:  # where the job's own lines are, failed or not (--follow printed them already)
         print(f"output: {info.stdout_path}", file=sys.stderr)
-    return info.exit_code or 1
+    return 0 if info.succeeded else info.exit_code or 1
 
 
 def run_status(args: argparse.Namespace) -> int:
