@@ -85,3 +85,11 @@ def test_the_readmes_batch_script_and_lint_run(tmp_path, monkeypatch, capsys):
     assert written.startswith("#!/bin/bash") and "--nodes=2" in written and "train.py" in written
     lint = next(line for line in command_lines() if line.startswith("gpuscale lint"))
     assert main(shlex.split(lint)[1:]) == 0, capsys.readouterr().out  # the README's own script has no classic mistake
+
+
+def test_the_manuals_ten_lines_are_the_readmes_that_run():
+    """docs/training.md's "library in ten lines" is the README's script (which the test above runs), not a fragment
+    that names data and a model it never defines."""
+    manual = (ROOT / "docs" / "training.md").read_text()
+    first = re.findall(r"```python\n(.*?)```", manual, re.S)[0]
+    assert first == readme_script()
