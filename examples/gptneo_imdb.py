@@ -274,7 +274,6 @@ def train(args: argparse.Namespace, callbacks: Sequence[Any] = (), make_data: Ca
         if args.num_samples:
             texts = sample(trainer.model, tokenizer, args, rt.device)
             gpuscale.print0("\n".join(f"--- sample {i + 1}/{len(texts)}:\n{t}" for i, t in enumerate(texts)))
-        log.info("summary written to %s", out / "summary.json")
         return summary
 
 
@@ -335,7 +334,7 @@ def main(argv: list[str] | None = None, **hooks: Any) -> int:
     except ValueError as exc:  # bad input: one line, not a traceback
         gpuscale.print0(f"gptneo_imdb: error: {exc}")
         return 2
-    gpuscale.print0(f"done in {time.perf_counter() - start:.1f} s")
+    gpuscale.print0(f"done in {time.perf_counter() - start:.1f} s in all (set-up, data, training, evaluation)")
     return 0
 
 
