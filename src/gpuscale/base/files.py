@@ -131,6 +131,24 @@ def experiment_differences(kept: dict[str, Any], other: dict[str, Any]) -> list[
     return [f"{key} {kept.get(key)}, not {other.get(key)}" for key in RUN_KEYS if kept.get(key) != other.get(key)]
 
 
+def write_or_keep(out_dir: str | os.PathLike[str], summary: dict[str, Any], timeline: Any) -> tuple[dict[str, Any], bool, str]:
+    """Write a run's `summary` and `timeline` (`write_run_files`), unless the run took no optimizer step (a finished
+    run started again) and `out_dir` holds the summary of a run that trained: that one is never written over. Returns
+    the summary that stands for the run (the one kept where it is of the same experiment, else this run's), whether
+    to warn, and the line that says what happened."""
+    path = Path(out_dir) / "summary.json"
+    trained = None if summary.get("steps") else trained_summary(path)
+    if trained is None:
+        write_run_files(out_dir, summary, timeline)
+        rate = summary.get("samples_per_s") or 0.0
+        shown = f"{rate:.0f}" if rate >= 100 else f"{rate:.3g}"
+        return summary, False, f"wrote {path}: {shown} train samples/s over {summary.get('steps') or 0} optimizer steps"
+    if not (differences := experiment_differences(trained, summary)):
+        return trained, False, f"this run took no optimizer step (nothing was left to train): kept {path}, the summary of the run that trained"
+    return summary, True, (f"this run took no optimizer step (its checkpoint holds a finished run): {path} stays the summary of the run "
+                           f"that trained ({'; '.join(differences)}), and this run's is not written; train anew in another output folder")
+
+
 def has_python_shebang(path: str | os.PathLike[str]) -> bool:
     """Whether the file's first line is a `#!` line that runs python (a script without the .py suffix)."""
     try:

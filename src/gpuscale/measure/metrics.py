@@ -36,7 +36,7 @@ import torch.distributed as dist
 from gpuscale._version import __version__
 from gpuscale.base import wrapped
 from gpuscale.base.batches import batch_len as _batch_len
-from gpuscale.base.files import experiment_differences, trained_summary, write_run_files
+from gpuscale.base.files import write_or_keep
 from gpuscale.detect.log import get_logger
 from gpuscale.measure.monitor import Monitor, device_stats, make_timeline, monitor_enabled
 from gpuscale.measure.probe.recorder import meter_created
@@ -382,27 +382,13 @@ class Meter:
         and ``out_dir/timeline.json`` (removed, when the monitor is off, so that it never describes
         another run than the summary), saying where in one line (INFO). A run that took no optimizer step (a finished
         run started again) never writes over the summary of a run that trained: it returns that one where it is of the
-        same experiment, else its own, unwritten, with a warning (`gpuscale.base.files.trained_summary`). Call
+        same experiment, else its own, unwritten, with a warning (`gpuscale.base.files.write_or_keep`). Call
         `summary` for numbers mid-run: it keeps the monitor going."""
         if self.monitor is not None:
             self.monitor.stop()
-        summary = self.summary(**metrics)
-        timeline = self._timeline()
-        path = Path(out_dir) / "summary.json"
-        trained = trained_summary(path) if self.rt.is_main and not summary.get("steps") else None
-        if trained is not None:  # a run that trained nothing never writes over the measurement of one that did
-            differences = experiment_differences(trained, summary)
-            if not differences:
-                log.info("this run took no optimizer step (nothing was left to train): kept %s, the summary of the run "
-                         "that trained", path)
-                return trained
-            log.warning("this run took no optimizer step (its checkpoint holds a finished run): %s stays the summary of "
-                        "the run that trained (%s), and this run's is not written; train anew in another output folder",
-                        path, "; ".join(differences))
+        summary, timeline = self.summary(**metrics), self._timeline()
+        if not self.rt.is_main:
             return summary
-        if self.rt.is_main:
-            write_run_files(out_dir, summary, timeline)
-            rate = summary.get("samples_per_s") or 0.0
-            log.info("wrote %s: %s train samples/s over %d optimizer steps", Path(out_dir) / "summary.json",
-                     f"{rate:.0f}" if rate >= 100 else f"{rate:.3g}", summary.get("steps") or 0)
-        return summary
+        standing, warn, line = write_or_keep(out_dir, summary, timeline)
+        (log.warning if warn else log.info)("%s", line)
+        return standing
