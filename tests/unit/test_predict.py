@@ -208,3 +208,93 @@ def test_a_damaged_summary_is_refused_in_one_line(damage, message):
     with pytest.raises(ValueError, match=message) as refused:
         predict.Baseline.from_summary(summary(**damage), run="weak-1x1")
     assert "\n" not in str(refused.value)
+
+
+WALKTHROUGH_BYTES = round(32.05 * 2**20)  # the walkthrough's runs/big: 33.6 MB, 1 MiB first bucket then two: 3 buckets
+
+
+def test_a_ring_of_one_gpu_per_node_has_only_inter_node_links():
+    """lumi-g: 50 GB/s and 10 us within a node, 100 GB/s and 20 us between. By hand, 3 buckets, S = 33.6 MB:
+    2x1 (every link between nodes): 2 * 1 * 20 us * 3 + 2 * 1/2 * S / 100 GB/s = 0.120 + 0.336 = 0.456 ms (it printed
+    0.8 ms: S over the intra-node 50 GB/s); 1x2 (within the node): 2 * 10 us * 3 + S / 50 GB/s = 0.060 + 0.672 = 0.732 ms;
+    2x2 (both: the slower of each): 2 * 3 * 20 us * 3 + 2 * 3/4 * S / 50 GB/s = 0.360 + 1.008 = 1.368 ms."""
+    from gpuscale.slurm.profiles import load_profile
+
+    link = predict.Link.from_profile(load_profile("lumi-g"))
+    base = predict.Baseline(step_time_s=0.0045, per_device_batch=32, grad_accum_steps=1, gradient_bytes=WALKTHROUGH_BYTES)
+    size = WALKTHROUGH_BYTES
+    assert size == pytest.approx(33.6e6, rel=1e-3)
+    comm = {name: predict.predict_cell(cell, base, link, 0.0, 32)["comm_s"]
+            for name, cell in (("2x1", Cell("weak", 2, 1)), ("1x2", Cell("weak", 1, 2)), ("2x2", Cell("weak", 2, 2)))}
+    assert comm["2x1"] == pytest.approx(2 * 1 * 20e-6 * 3 + size / 100e9) and round(1e3 * comm["2x1"], 3) == 0.456
+    assert comm["1x2"] == pytest.approx(2 * 1 * 10e-6 * 3 + size / 50e9) and round(1e3 * comm["1x2"], 3) == 0.732
+    assert comm["2x2"] == pytest.approx(2 * 3 * 20e-6 * 3 + 1.5 * size / 50e9) and round(1e3 * comm["2x2"], 3) == 1.368
+    for shape, figures in (((2, 1), (100e9, 20e-6)), ((1, 8), (50e9, 10e-6)), ((4, 8), (50e9, 20e-6))):
+        assert link.for_ring(*shape) == pytest.approx(figures), shape
+    # the batch sweet spot of 2x1 is the inter-node ring's too: 0.456 ms over 4.5 ms / 32 per sample = 3.24 -> 4 (not 6)
+    below = predict.predict([Cell("weak", 2, 1)], base, link, 0.0, 32).comm_dominates_below_batch
+    assert below == {"2x1": math.ceil(comm["2x1"] / (0.0045 / 32))} == {"2x1": 4}
+
+
+def test_gpuscale_predict_prints_the_inter_node_ring_for_one_gpu_per_node(tmp_path):
+    """The walkthrough's command: `gpuscale predict runs/big --profile lumi-g --step-time 0.045 --nodes 1,2`; weak-2x1's
+    all-reduce is 0.456 ms (above, by hand), printed to 0.1 ms: 0.5, where it printed 0.8."""
+    result = gpuscale_predict(tmp_path, summary(gradient_bytes=WALKTHROUGH_BYTES), "--profile", "lumi-g", "--step-time", "0.045",
+                              "--nproc", "1", "--nodes", "1,2", "--scaling", "weak")
+    assert result.returncode == 0, result.stderr
+    assert table_row(result.stdout, "weak-2x1")[4] == "0.5"
+
+
+def test_a_strong_scaling_shape_the_study_refuses_is_not_predicted_as_a_fraction():
+    """`gpuscale predict --nproc 3` of a run at global batch 32: 32 / 3 = 10.67 samples per device, a batch no study
+    can run. The cell says so in plan_batch's words (what the study refuses it with) and has no figures but its
+    all-reduce; 2 and 4 devices divide 32 (16 and 8 per device)."""
+    from gpuscale.base.batchplan import plan_batch
+
+    base = predict.Baseline.from_summary(summary(), run="weak-1x1")
+    link = predict.Link(intra_bandwidth=1e9, intra_latency=1e-4, source="measured (gloo, 2 processes)")
+    cells = matrix.cells([1, 2, 3, 4], [1], ["weak", "strong"])
+    prediction = predict.predict(cells, base, link, 0.0, 32).to_dict()
+    by = {c["name"]: c for c in prediction["cells"]}
+    refused = by["strong-1x3"]
+    with pytest.raises(ValueError) as study_says:
+        plan_batch(32, 3, "strong")
+    assert refused["refused"] == str(study_says.value) == (
+        "global batch 32 does not divide among 3 ranks (32 // 3 = 10 would silently train with 30); use a global batch of "
+        "30 or 33, or run on 1, 2, 4, 8 ranks")
+    assert all(refused[k] is None for k in ("per_device_batch", "compute_s", "step_time_s", "samples_per_s", "efficiency"))
+    assert refused["comm_s"] == pytest.approx(2 * 2 * 1e-4 * 3 + 2 * 2 / 3 * GRADIENT_BYTES / 1e9)  # the gradients' all-reduce stands
+    assert (by["strong-1x2"]["per_device_batch"], by["strong-1x4"]["per_device_batch"], by["weak-1x3"]["per_device_batch"]) == (16, 8, 32)
+    text = format_prediction(prediction, cells)
+    assert "10.67" not in text and "10.7" not in text
+    assert table_row(text, "strong-1x3")[2:] == ["—", "—", f"{1e3 * refused['comm_s']:.1f}", "—", "—", "—"]
+    assert f"strong-1x3: not predicted: {study_says.value}" in text.splitlines()
+
+
+def test_a_baseline_that_accumulated_keeps_whole_micro_batches_when_strong_scaled():
+    """A run of 4 micro-batches of 16 per step (global batch 64), 100 ms per step, strong-scaled to 32 devices: 2 samples
+    each. Keeping 4 micro-batches would make each 0.5 samples; as a study plans it (no device holding more per pass
+    than the baseline's 16) each device runs one pass of 2: compute 100 ms x 2 / 64 = 3.125 ms, 64 samples a step."""
+    base = predict.Baseline(step_time_s=0.1, per_device_batch=16, grad_accum_steps=4, gradient_bytes=1_000_000)
+    link = predict.Link(intra_bandwidth=1e12, intra_latency=0.0, source="test")
+    cell = predict.predict_cell(Cell("strong", 1, 32), base, link, 0.0, 64)
+    assert (cell["per_device_batch"], cell["grad_accum_steps"]) == (2, 1)
+    assert cell["compute_s"] == pytest.approx(0.003125)
+    assert cell["samples_per_s"] == pytest.approx(64 / cell["step_time_s"])
+    two = predict.predict_cell(Cell("strong", 1, 2), base, link, 0.0, 64)  # 32 each: 2 passes of 16
+    assert (two["per_device_batch"], two["grad_accum_steps"]) == (16, 2) and two["compute_s"] == pytest.approx(0.05)
+
+
+def test_a_refused_cell_is_shown_as_such_and_calibrates_nothing():
+    """The study's report says "does not divide" in the predicted runs' batch column; calibration skips the cell."""
+    from gpuscale.study.calibrate import link_fit, run_overlaps
+    from gpuscale.study.explain import prediction_table
+
+    cell = {"name": "strong-1x3", "world_size": 3, "nodes": 1, "per_device_batch": None, "compute_s": None, "comm_s": 0.01,
+            "exposed_comm_s": None, "step_time_s": None, "samples_per_s": None, "efficiency": None, "run": True,
+            "refused": "global batch 32 does not divide among 3 ranks"}
+    _, [row] = prediction_table({"prediction": {"cells": [cell]}})
+    assert row[3] == "does not divide" and row[-1] == "—"
+    measured = {"name": "strong-1x3", "world_size": 3, "samples_per_s": 250.0, "per_device_batch": 10,
+                "loss_breakdown": {"exposed_comm": 0.1}}
+    assert run_overlaps({"cells": [cell]}, [measured]) == {} and link_fit({"cells": [cell]}, [measured]) is None

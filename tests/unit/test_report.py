@@ -207,7 +207,7 @@ def test_html_is_self_contained(study):
     for src in srcs:
         assert src.startswith("data:image/png;base64,")
         assert base64.b64decode(src.split(",", 1)[1])[:8] == PNG_SIGNATURE
-    assert not re.search(r"(href|src)=\"(?!data:)", page), "nothing is fetched"
+    assert not re.search(r"(href|src)=\"(?!data:|#)", page), "nothing is fetched (a link within the page fetches nothing)"
     assert "<link" not in page and "http://" not in page and "https://" not in page
     assert len(re.findall(r'<tr data-row=', page.split('id="runs"')[1].split("</table>")[0])) == len(results["rows"])
 
@@ -277,3 +277,32 @@ def test_the_waterfall_labels_a_part_within_its_noise_as_the_table_does():
     _waterfall_panel(ax, row)
     assert [t.get_text() for t in ax.texts] == ["~0%", "-15%", "~0%", "~0%", "-4%", "~0%", "80%"]
     pyplot().close(fig)
+
+
+def test_each_page_points_to_its_own_prediction_section(study):
+    """The answer's "Predicted, not run", the exposed-communication flag and the predicted column's basis name the
+    model's section: report.html links its own heading, report.md its own; the terminal (no sections) names report.md's.
+    It said "the model: report.md's Prediction" on the HTML page."""
+    study_dir, results = study
+    PREDICTION_SECTION = "report.md's Prediction"  # as results.json and the terminal name it
+    results["answer"] = [f"Weak scaling to 4 processes: 3.51x the samples/s (87% of ideal). Predicted, not run (the model: "
+                         f"{PREDICTION_SECTION}): 8 processes 7.8x (97% of ideal)."]
+    results["rows"][2]["flags"] = [f"a faster interconnect ({PREDICTION_SECTION} models it)"]
+    pointers = 3  # the answer, the flag, the predicted column's basis
+    write_report(results, study_dir)
+    page, md = (study_dir / "report.html").read_text(), (study_dir / "report.md").read_text()
+    assert "report.md&#x27;s Prediction" not in page and "report.md's Prediction" not in page
+    assert page.count('the <a href="#prediction-section">Prediction</a> section') == pointers
+    assert page.count('<h2 id="prediction-section">Prediction</h2>') == 1
+    assert "report.md's Prediction" not in md and md.count("the [Prediction](#prediction) section") == pointers
+    assert "\n## Prediction\n" in md
+    assert "(the model: the [Prediction](#prediction) section): 8 processes" in md
+    assert format_table(results).count(PREDICTION_SECTION) >= 2  # the terminal points to the file
+    # no prediction, no section: the page names the command that makes one rather than a link to nothing
+    results["prediction"], results["answer"] = None, []
+    for row in results["rows"]:
+        row["predicted_samples_per_s"] = row["predicted_efficiency"] = row["predicted_breakdown"] = None
+    write_report(results, study_dir)
+    page = (study_dir / "report.html").read_text()
+    assert "#prediction-section" not in page and "a faster interconnect (<code>gpuscale predict</code> models it)" in page
+    assert "a faster interconnect (`gpuscale predict` models it)" in (study_dir / "report.md").read_text()

@@ -9,7 +9,10 @@ interconnect comes from a cluster profile (``--profile``, its intra_node_* and i
 figures, ``--set`` to change them) or is measured here (``--measure``: an all-reduce sweep on 2
 local processes). The ring all-reduce model (see `gpuscale.study.predict`) gives each shape's
 step time, throughput and efficiency, weak and strong, and the smallest per-device batch at which
-a step computes at least as long as it communicates: keep the batch at or above it.
+a step computes at least as long as it communicates: keep the batch at or above it. Each batch is
+exact, as a study plans it (`gpuscale.plan_batch`): a strong-scaling shape among whose devices the
+run's global batch does not divide is one a study refuses, so it gets no figures but its all-reduce,
+and a line under the table gives the refusal (the global batches that divide, the device counts that do).
 
 The step time is the run's device's, so the run must have been made on the kind of device the
 target has: a CPU run onto a profile with GPUs (``gpu_vendor`` amd or nvidia), a GPU run onto a
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +126,21 @@ def _link_words(link: dict[str, Any]) -> str:
     return f"{link['source']}: {words} (bandwidth per direction)"
 
 
+def _ms(seconds: float) -> str:
+    return f"{1e3 * seconds:.1f}"
+
+
+def _row(p: dict[str, Any], scaling: str, billed: bool) -> list[str]:
+    """One predicted cell's line of the table: "—" for a figure the model has none of (a cell whose batch does not
+    divide has only its all-reduce)."""
+    def shown(key: str, form: Callable[[Any], str]) -> str:
+        return "—" if p.get(key) is None else form(p[key])
+
+    row = [p["name"], scaling, shown("per_device_batch", _num), shown("compute_s", _ms), _ms(p["comm_s"]),
+           shown("exposed_comm_s", _ms), shown("samples_per_s", lambda v: f"{v:.1f}"), shown("efficiency", lambda v: f"{100 * v:.0f}")]
+    return row + ([shown("billed_per_m_samples", three_figures)] if billed else [])
+
+
 def format_prediction(prediction: dict[str, Any], cells: list[matrix.Cell]) -> str:
     """The baseline, the interconnect, the predicted table (units in its headers) and the batch sweet spot, as text."""
     scaling_of = {c.name: c.scaling for c in cells}
@@ -135,10 +154,7 @@ def format_prediction(prediction: dict[str, Any], cells: list[matrix.Cell]) -> s
     billed = prediction.get("billing")
     if billed:
         head.append(f"{billed['unit']}/1M samples")
-    rows = [[p["name"], scaling_of.get(p["name"], ""), _num(p["per_device_batch"]), f"{1e3 * p['compute_s']:.1f}",
-             f"{1e3 * p['comm_s']:.1f}", f"{1e3 * p['exposed_comm_s']:.1f}", f"{p['samples_per_s']:.1f}",
-             f"{100 * p['efficiency']:.0f}"] + ([three_figures(p["billed_per_m_samples"])] if billed else [])
-            for p in prediction["cells"]]
+    rows = [_row(p, scaling_of.get(p["name"], ""), bool(billed)) for p in prediction["cells"]]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
 
     def line(values: list[str]) -> str:
@@ -146,6 +162,9 @@ def format_prediction(prediction: dict[str, Any], cells: list[matrix.Cell]) -> s
 
     table = [line(head), "-" * len(line(head)), *(line(r) for r in rows)]
     lines += table
+    refused = [p for p in prediction["cells"] if p.get("refused")]
+    if refused:  # in the words the study refuses them in: the run's global batch cannot be shared exactly
+        lines += ["", *(f"{p['name']}: not predicted: {p['refused']}" for p in refused)]
     if prediction["comm_dominates_below_batch"]:
         lines.append("")
         for shape, batch in prediction["comm_dominates_below_batch"].items():
@@ -168,7 +187,7 @@ def add_billing(prediction: dict[str, Any], profile: Any) -> None:
         rate = billing.units_per_hour(profile, alloc)
         if rate is None:
             return
-        cell["billed_per_m_samples"] = rate * 1e6 / cell["samples_per_s"] / 3600
+        cell["billed_per_m_samples"] = None if cell["samples_per_s"] is None else rate * 1e6 / cell["samples_per_s"] / 3600
         rules.append(billing.rule_words(profile, alloc.partition))
     prediction["billing"] = {"unit": profile.billing_unit, "source": profile.billing_source,
                              "rules": "; ".join(dict.fromkeys(r for r in rules if r))}

@@ -12,7 +12,7 @@ From Python (a notebook), the same study:
 
 A study directory holds:
 
-    study.json              what was asked: the command, the launcher, the cells (written first)
+    study.json              what was asked: the command, the launcher, the cells, when it was started (written first)
     <cell>/summary.json     each run's summary (gpuscale.Meter), e.g. weak-1x2/ = weak scaling, 1 node x 2 processes
                             (weak-1x2.r2/ is its second run with --repeat; large-weak-1x2/ a --variant's)
     <cell>/timeline.json    each run's utilisation timeline (gpuscale.measure.monitor)
@@ -29,7 +29,8 @@ cost model), `report` and `plots` (Markdown, HTML, PNG).
 results.json, the contract between analysis and report (version 2):
 
     {"version": 2, "command": [...], "launcher": "local"|"slurm", "device": "cpu"|"cuda",
-     "device_name": str|None, "created": iso time,
+     "device_name": str|None, "created": iso time,   # when the study was started (study.json's); kept by every report
+     "report_written": iso time,      # when these results were derived: the study's end, or the last `gpuscale report`
      "rows": [ {                      # one per finished cell, sorted by scaling then world size
         "name": "weak-1x2", "variant": ""|"large", "scaling": "weak"|"strong", "nodes": 1, "nproc_per_node": 2, "world_size": 2,
         "run": "weak-1x2.r2",            # the folder of the run shown: the median of --repeat runs
@@ -69,7 +70,7 @@ results.json, the contract between analysis and report (version 2):
      "baseline": {"weak": "weak-1x1", "strong": "strong-1x1"},
      "missing_baseline": {"weak": "weak-1x1"},   # a planned baseline that did not finish: no speed-ups for that scaling
      "notes": ["The script ignored the batch the study planned: ...", ...],   # `experiments.check_experiments`'s findings
-     "prediction": {...} | None}    # predict.Prediction as a dict, when the study made one
+     "prediction": {...} | None}    # predict.Prediction as a dict, when the study made one; `analyse` keeps it
 
 One basis for both scalings: speed-up is training throughput (samples/s of optimizer steps, data
 waits included) over the baseline's (the smallest run of the same scaling), efficiency is

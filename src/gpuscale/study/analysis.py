@@ -1,6 +1,6 @@
 """From the runs' summaries to the study's table: speed-up, efficiency, and why not more. Pure.
 
-    results = analyse(study_dir)          # reads study.json and each cell's summary.json
+    results = analyse(study_dir)          # reads study.json, each cell's summary.json, results.json's prediction
     results["rows"][i]["speedup"], ...    # the schema is in gpuscale.study's docstring
 
 One basis for both scalings: training throughput, samples per second of optimizer steps (data
@@ -44,17 +44,19 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from gpuscale.study import otherload
-from gpuscale.study.answer import TARGET_EFFICIENCY, answer
+from gpuscale.study.answer import TARGET_EFFICIENCY, answer, check_target
 from gpuscale.study.cost import add_cost
 from gpuscale.study.experiments import check_experiments, group_key, missing_baseline_note, planned_baselines
 from gpuscale.study.flags import row_flags, set_flags, spread
 from gpuscale.study.matrix import SCALINGS, Cell
 from gpuscale.study.parts import NOISE_FLOOR, PARTS
 from gpuscale.study.parts import PART_LABELS as PART_LABELS  # re-exported: the report imports it from here
-from gpuscale.study.runner import STUDY_FILE, cell_from_entry, read_billing, read_study, read_summary
+from gpuscale.study.runner import STUDY_FILE, cell_from_entry, read_billing, read_study, read_summary, study_created
+from gpuscale.study.saved import RESULTS_FILE as RESULTS_FILE  # re-exported: the CLI writes it
+from gpuscale.study.saved import SAVED, saved_results, study_target
 
 RESULTS_VERSION = 2
 
@@ -317,10 +319,27 @@ def attach_prediction(rows: list[dict[str, Any]], prediction: dict[str, Any]) ->
         row["predicted_breakdown"] = predicted_breakdown(cell, row) if row["world_size"] > 1 else None
 
 
-def analyse(study_dir: Path, prediction: dict[str, Any] | None = None, target_efficiency: float = TARGET_EFFICIENCY) -> dict[str, Any]:
-    """The study's results (gpuscale.study's schema) from what is on disk; `target_efficiency`: the efficiency a run
-    must keep to be recommended (`study.answer`)."""
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def analyse(study_dir: Path, prediction: dict[str, Any] | Literal["saved"] | None = SAVED,
+            target_efficiency: float | None = None) -> dict[str, Any]:
+    """The study's results (gpuscale.study's schema) from what is on disk: `write_report(analyse(d), d)` writes the
+    report `gpuscale report d` writes.
+
+    `prediction`: the model's figures to put beside the runs; by default (SAVED) the study's own, from its results.json;
+    None for none. `target_efficiency`: the efficiency a run must keep to be recommended (`study.answer`); by default
+    the study's own (`study_target`), else TARGET_EFFICIENCY. results.json is read only where a default needs it
+    (ValueError naming the fix where it is damaged). "created" is the study's date (`runner.study_created`; a
+    study.json from before it kept one: results.json's), "report_written" the time of this analysis."""
     study, finished = load_cells(study_dir)
+    needs_saved = isinstance(prediction, str) or target_efficiency is None or study_created(study) is None
+    saved = saved_results(study_dir) if needs_saved else None
+    if isinstance(prediction, str):
+        prediction = (saved or {}).get("prediction")
+    own_target = study_target(study, saved)
+    target = check_target(next(t for t in (target_efficiency, own_target, TARGET_EFFICIENCY) if t is not None))
     rows = [row_from_summary(cell, summary, study_dir, runs) for cell, summary, runs in median_runs(finished)]
     variants = list(dict.fromkeys(c.variant for c, _ in finished))  # in the order they were asked for
     rows.sort(key=lambda r: (variants.index(r["variant"]), SCALINGS.index(r["scaling"]), r["world_size"], r["nodes"]))
@@ -336,12 +355,13 @@ def analyse(study_dir: Path, prediction: dict[str, Any] | None = None, target_ef
     results = {
         "version": RESULTS_VERSION, "command": study.get("command", []), "launcher": study.get("launcher"),
         "device": device, "device_name": first.get("device_name"),
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created": study_created(study) or study_created(saved or {}) or _now(), "report_written": _now(),
         "rows": rows, "baseline": baselines, "missing_baseline": missing, "prediction": prediction,
         "notes": checks + [missing_baseline_note(key, name) for key, name in missing.items()
                            if any(group_key(r["variant"], r["scaling"]) == key for r in rows)]
                  + [line for line in [otherload.warning(rows), otherload.during_warning(rows)] if line],
-        "target_efficiency": target_efficiency,
+        "target_efficiency": target,
+        **({"study_target_efficiency": own_target} if own_target is not None else {}),  # a what-if target is not the study's
     }
-    results["answer"] = answer(results, target_efficiency)
+    results["answer"] = answer(results, target)
     return results

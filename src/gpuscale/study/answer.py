@@ -4,9 +4,10 @@
 
 Built from the same numbers as the table, claiming nothing the table does not show, one sentence per scaling:
 its largest run against its baseline (speed-up, efficiency, what each sample costs in device-hours against
-the baseline's), the recommendation (the largest run whose efficiency stays at or above the target,
-`--target-efficiency`), the biggest measured loss beyond the noise with its cure where it kept a run from the
-target, and for weak scaling whether accuracy held.
+the baseline's; a speed-up below 1 reads as the slowdown it is), the recommendation (the largest run whose
+efficiency stays at or above the target, `--target-efficiency`, and whose throughput beats the baseline's beyond
+the noise: `faster`; where none beyond the baseline does, the baseline's scale), the biggest measured loss
+beyond the noise with its cure where it kept a run from the target, and for weak scaling whether accuracy held.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from typing import Any
 from gpuscale.study.flags import ACCURACY_DROP, pass_shrank
 from gpuscale.study.numbers import three_figures
 from gpuscale.study.parts import NOISE_FLOOR, PART_LABELS, noise_of
+from gpuscale.study.sections import PREDICTION_SECTION
 
-__all__ = ["TARGET_EFFICIENCY", "answer", "check_target"]
+__all__ = ["TARGET_EFFICIENCY", "answer", "check_target", "faster"]
 
 TARGET_EFFICIENCY = 0.75
 """The efficiency a run must keep to be recommended (`--target-efficiency`)."""
@@ -88,18 +90,21 @@ def _sentence(results: dict[str, Any], rows: list[dict[str, Any]], base: dict[st
         return None
     top = max(compared, key=lambda r: (r["world_size"], r["samples_per_s"]))
     label = f"{top['scaling'].capitalize()} scaling" + (f" ({top['variant']})" if top.get("variant") else "")
-    gain = "faster" if top["scaling"] == "strong" else "the samples/s"
-    text = f"{label} to {_units(results, top['world_size'])}: {top['speedup']:.2f}x {gain} ({_pct(top['efficiency'])} of ideal)"
+    text = f"{label} to {_units(results, top['world_size'])}: {_gain(results, top, base)} ({_pct(top['efficiency'])} of ideal)"
     if top.get("cost_ratio") is not None:
         text += f" for {top['cost_ratio']:.2f}x the device-hours per sample"
         if top.get("billed_per_m_samples") is not None and base.get("billed_per_m_samples") is not None:
             unit = (top.get("billing") or {}).get("unit", "billing units")
             text += (f" ({three_figures(top['billed_per_m_samples'])} {unit} per million samples against "
                      f"{three_figures(base['billed_per_m_samples'])})")
-    kept = [r for r in compared if r["efficiency"] >= target]
+    on_target = [r for r in compared if r["efficiency"] >= target]
+    kept = [r for r in on_target if faster(r, base)]  # paying for more devices for fewer samples/s is no recommendation
     best = max(kept, key=lambda r: (r["world_size"], r["samples_per_s"])) if kept else None
     if best is top:
         text += f"; ask for {_units(results, top['world_size'])}, the largest run at or above the {_pct(target)} target"
+    elif best is None and on_target:
+        text += (f"; ask for {_units(results, base['world_size'])}: no run beyond it both keeps the {_pct(target)} target "
+                 "and gets more samples/s than it beyond the noise")
     elif best is None:
         text += f"; no run beyond {_units(results, base['world_size'])} keeps the {_pct(target)} target"
     else:
@@ -109,6 +114,25 @@ def _sentence(results: dict[str, Any], rows: list[dict[str, Any]], base: dict[st
     if top["scaling"] == "weak":
         text += _accuracy(top, base)
     return text + "." + _beyond(results, top)
+
+
+def faster(row: dict[str, Any], base: dict[str, Any]) -> bool:
+    """Whether `row` got more samples/s than its baseline beyond the comparison's noise: its speed-up above 1 by more
+    than the noise (a share of ideal throughput, at least NOISE_FLOOR) times the devices over the baseline's. At 2
+    devices and 3% noise a speed-up must pass 1.06x: 1.05x is within the noise of no gain at all."""
+    devices = row["world_size"] / base["world_size"]
+    return row["speedup"] - max(NOISE_FLOOR, row.get("noise") or 0.0) * devices > 1
+
+
+def _gain(results: dict[str, Any], top: dict[str, Any], base: dict[str, Any]) -> str:
+    """The largest run's speed-up in words that never call a slowdown a gain: "1.36x faster" or "0.80x as fast: slower
+    than 1 process" (strong scaling), "1.80x the samples/s" or "0.93x the samples/s: fewer samples/s than 1 process" (weak)."""
+    speedup, than = top["speedup"], _units(results, base["world_size"])
+    if top["scaling"] == "strong":
+        if round(speedup, 2) > 1:
+            return f"{speedup:.2f}x faster"
+        return f"{speedup:.2f}x as fast" + (f": slower than {than}" if round(speedup, 2) < 1 else "")
+    return f"{speedup:.2f}x the samples/s" + (f": fewer samples/s than {than}" if round(speedup, 2) < 1 else "")
 
 
 def _beyond(results: dict[str, Any], top: dict[str, Any]) -> str:
@@ -130,7 +154,7 @@ def _beyond(results: dict[str, Any], top: dict[str, Any]) -> str:
     for cell in ahead:
         said.append(f"{_units(results, cell['world_size'])}{_on_nodes(cell)} {cell['efficiency'] * cell['world_size']:.1f}x "
                     f"({_pct(cell['efficiency'])} of ideal)")
-    text = f" Predicted, not run (the model: report.md's Prediction): {', '.join(said)}"
+    text = f" Predicted, not run (the model: {PREDICTION_SECTION}): {', '.join(said)}"
     last = ahead[-1]
     below = last["comm_dominates_below_batch"] if "comm_dominates_below_batch" in last else (  # its group's; older: the first's
         (prediction.get("comm_dominates_below_batch") or {}).get(f"{last['nodes']}x{last['world_size'] // max(1, last['nodes'])}"))

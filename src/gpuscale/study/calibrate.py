@@ -47,7 +47,8 @@ def _measured_exposed_s(row: dict[str, Any]) -> float | None:
 def _measured_cells(prediction: dict[str, Any], rows: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any], float]]:
     """(run, its predicted cell, its measured exposed communication in seconds per step) for each multi-device run
     the prediction modelled and the run measured."""
-    cells = {c["name"]: c for c in prediction.get("cells") or [] if c.get("run", True)}
+    # a cell whose batch the study would refuse (`predict.cell_batch`) has no compute to calibrate against
+    cells = {c["name"]: c for c in prediction.get("cells") or [] if c.get("run", True) and c.get("compute_s") is not None}
     found = []
     for row in rows:
         cell, exposed = cells.get(row["name"]), _measured_exposed_s(row)

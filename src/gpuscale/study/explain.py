@@ -6,6 +6,7 @@ terminal table, report.md and report.html alike, so the three always say the sam
     why_not_more(results)      -> [(run, "76% of an ideal 5050 samples/s; lost 24%: data 3%, ...")]
     prediction_facts(results)  -> [(key, label, text)]: interconnect, baseline, overlap, ... with units
     prediction_table(results)  -> (header, rows): the predicted cells, one unit per column
+    has_prediction(results)    -> whether the report has a Prediction section (facts or cells)
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from gpuscale.study.numbers import three_figures
 from gpuscale.study.parts import noise_of
 
 __all__ = ["DASH", "pct", "part_share", "shown_share", "why_not_more", "doubted_measurement", "rests_on", "REST_DOUBT",
-           "breakdown_cells", "prediction_facts", "prediction_table"]
+           "breakdown_cells", "prediction_facts", "prediction_table", "has_prediction"]
 
 DASH = "—"
 """What a missing value (None) renders as, everywhere."""
@@ -231,16 +232,29 @@ PREDICTION_HEADER = ["run", "devices", "nodes", "per-device batch", "compute (ms
                      "exposed communication (ms/step)", "step (ms)", "samples/s", "efficiency"]
 
 
+def has_prediction(results: dict[str, Any]) -> bool:
+    """Whether the report has a Prediction section: the prediction's facts or its predicted cells."""
+    return bool(prediction_facts(results) or prediction_table(results)[1])
+
+
+def _batch_text(cell: dict[str, Any]) -> str:
+    """A predicted cell's per-device batch in whole samples; "does not divide" where the study would refuse its global
+    batch (``refused``, `predict.cell_batch`); a fraction (a results.json from before the model planned exactly) to 2
+    decimals."""
+    batch = cell.get("per_device_batch")
+    if cell.get("refused"):
+        return "does not divide"
+    return DASH if batch is None else (f"{batch:.0f}" if float(batch).is_integer() else f"{batch:.2f}")
+
+
 def prediction_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """The predicted cells: each column with its unit, the per-device batch as whole samples where it is whole."""
+    """The predicted cells: each column with its unit, the per-device batch as whole samples (`_batch_text`)."""
     rows = []
     for cell in (results.get("prediction") or {}).get("cells") or []:
         def ms(key: str, c: dict[str, Any] = cell) -> str:
             return DASH if c.get(key) is None else f"{1e3 * c[key]:.3g}"
-        batch = cell.get("per_device_batch")
-        batch_text = DASH if batch is None else (f"{batch:.0f}" if float(batch).is_integer() else f"{batch:.2f}")
         name = str(cell.get("name")) + (" (not run)" if cell.get("run") is False else "")
-        rows.append([name, str(cell.get("world_size", DASH)), str(cell.get("nodes", DASH)), batch_text,
+        rows.append([name, str(cell.get("world_size", DASH)), str(cell.get("nodes", DASH)), _batch_text(cell),
                      ms("compute_s"), ms("comm_s"), ms("exposed_comm_s"), ms("step_time_s"),
                      DASH if cell.get("samples_per_s") is None else three_figures(cell['samples_per_s']),
                      pct(cell.get("efficiency"))])

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from gpuscale.study.parts import NOISE_FLOOR, PART_LABELS, PARTS, noise_of
+from gpuscale.study.sections import PREDICTION_SECTION
 
 __all__ = ["STARVED_FRACTION", "UNDERUSED_RATIO", "BUSY_PCT", "ACCURACY_DROP", "SPREAD", "PART_FLAG", "spread", "row_flags", "set_flags",
            "group_flags"]
@@ -95,7 +96,7 @@ def _utilisation_flags(row: dict[str, Any], device: str) -> list[dict[str, str]]
 _PART_FIXES = {
     "data": "the loader keeps up less well than on the baseline: more loader workers per rank, data decoded once, faster storage",
     "exposed_comm": "gradient synchronisation is not hidden behind compute: a larger per-device batch, gradient "
-                    "accumulation (fewer all-reduces per sample), a faster interconnect (report.md's Prediction models it)",
+                    f"accumulation (fewer all-reduces per sample), a faster interconnect ({PREDICTION_SECTION} models it)",
     "imbalance": "one rank is slower on average and sets the pace (each rank's waits are in the run's summary.json): uneven "
                  "shards or loader workers, a rank doing extra work (logging, evaluation on rank 0 only), a slower device or "
                  "a busier node",

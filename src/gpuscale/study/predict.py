@@ -5,18 +5,20 @@ A ring all-reduce of S bytes over N ranks takes
 
     T(N) = 2 (N - 1) * alpha * buckets  +  2 (N - 1) / N * S / B
 
-with alpha the latency of one ring step and B the bandwidth of the slowest link in the ring
-(between nodes once the job spans nodes). DDP sends gradients in buckets (25 MiB by default),
-each paying the latency; FSDP and ZeRO-3 move about 1.5x DDP's bytes. Part of T hides behind
-the backward pass: ``overlap`` is the share of the compute time that communication can run
+with alpha the latency of one ring step and B the bandwidth of the slowest link in the ring: within
+a node for a job on one node, between nodes for one device per node, the slower of the two for
+several devices on each of several nodes (`Link.for_ring`). DDP sends gradients in buckets (25 MiB
+by default), each paying the latency; FSDP and ZeRO-3 move about 1.5x DDP's bytes. Part of T hides
+behind the backward pass: ``overlap`` is the share of the compute time that communication can run
 alongside (0 = none: on CPUs gloo needs the cores the compute uses; about 0.5 on GPUs, where
 the backward pass is about two thirds of a step and the first buckets are not ready at once).
 
     step(N) = data(b) + compute(b) + max(0, T(N) - overlap * compute(b))
 
 where data(b) + compute(b) is the single-device step time scaled linearly to the per-device batch b
-(weak scaling keeps b, strong scaling divides the global batch by N), data(b) the part of it the
-run waited for its loader. A step waiting for data is not computing: no gradient is being made, and
+(weak scaling keeps b, strong scaling divides the global batch by N exactly, as the study plans it:
+`cell_batch`; a global batch that does not divide gets no figures, with the study's refusal),
+data(b) the part of it the run waited for its loader. A step waiting for data is not computing: no gradient is being made, and
 the all-reduce of the step before has ended, so only compute hides communication. The model is honest
 about what it leaves out: fixed per-step costs that do not shrink with the batch (it predicts strong
 scaling optimistically at tiny batches; a loader's wait per batch is one), stragglers.
@@ -40,6 +42,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from gpuscale.base.batchplan import plan_batch
 from gpuscale.study.baseline import Baseline as Baseline  # re-exported: predict.Baseline is how callers name it
 from gpuscale.study.baseline import check_step_time as check_step_time
 from gpuscale.study.matrix import Cell
@@ -62,13 +65,18 @@ class Link:
     measured: bool = False
     """Benchmarked here (`linkbench`), not a profile's figures: a study may scale it to fit its runs."""
 
-    def for_nodes(self, nodes: int) -> tuple[float, float]:
-        """(bandwidth, latency) of the ring's slowest link for a job on `nodes` nodes."""
+    def for_ring(self, nodes: int, nproc_per_node: int) -> tuple[float, float]:
+        """(bandwidth, latency) of the slowest link in the ring of a job of `nodes` nodes x `nproc_per_node` devices.
+
+        The ring has the links its shape has: on one node only links within it; with one device per node only links
+        between nodes (no two neighbours share a node); otherwise both, and the slower of each figure sets the pace."""
         if nodes <= 1:
             return self.intra_bandwidth, self.intra_latency
         if self.inter_bandwidth is None or self.inter_latency is None:
             raise ValueError(f"the interconnect figures ({self.source}) have no inter-node bandwidth and latency; "
                              "set inter_node_gbps and inter_node_latency_us in the profile (--set)")
+        if nproc_per_node <= 1:
+            return self.inter_bandwidth, self.inter_latency
         return min(self.inter_bandwidth, self.intra_bandwidth), max(self.inter_latency, self.intra_latency)
 
     def scaled(self, factor: float, why: str) -> Link:
@@ -167,22 +175,42 @@ def allreduce_seconds(num_bytes: float, world_size: int, bandwidth: float, laten
     return 2 * (world_size - 1) * latency * buckets + 2 * (world_size - 1) / world_size * num_bytes / bandwidth
 
 
+def cell_batch(cell: Cell, base: Baseline, base_global_batch: int) -> tuple[int, int]:
+    """(per-device batch, micro-batches per step) of a cell, exact as the study plans it (`gpuscale.plan_batch`).
+
+    Weak scaling keeps the baseline's; strong scaling shares its global batch among the cell's devices. A baseline
+    that accumulated micro-batches held no more per pass than its per-device batch: no device of the cell holds
+    more, as with --max-device-batch (fewer micro-batches where a device's share is smaller). ValueError in
+    plan_batch's words (the study's refusal) where the global batch does not divide among the cell's devices."""
+    if cell.scaling == "weak":
+        return base.per_device_batch, base.grad_accum_steps
+    most = base.per_device_batch if base.grad_accum_steps > 1 else None
+    plan = plan_batch(int(base_global_batch), cell.world_size, "strong", max_per_device=most)
+    return plan.per_device_batch, plan.grad_accum_steps
+
+
 def predict_cell(cell: Cell, base: Baseline, link: Link, overlap: float, base_global_batch: int) -> dict[str, Any]:
-    """Predicted step time, throughput and efficiency of one cell."""
+    """Predicted step time, throughput and efficiency of one cell; a cell whose batch the study would refuse
+    (`cell_batch`) has no figures but its all-reduce, and says why in ``refused``."""
     world = cell.world_size
-    # weak: each device keeps its batch; strong: the global batch is shared (micro-batches as in the baseline)
-    batch = base.per_device_batch if cell.scaling == "weak" else base_global_batch / (world * base.grad_accum_steps)
-    compute = base.compute_time_s * batch / base.per_device_batch
-    data = base.data_wait_s * batch / base.per_device_batch
-    bandwidth, latency = link.for_nodes(cell.nodes)
+    bandwidth, latency = link.for_ring(cell.nodes, cell.nproc_per_node)
     comm = allreduce_seconds(base.traffic_bytes, world, bandwidth, latency)  # once per optimizer step, not per micro-batch
+    shape = {"name": cell.name, "world_size": world, "nodes": cell.nodes}
+    try:
+        batch, accum = cell_batch(cell, base, base_global_batch)
+    except ValueError as exc:  # a fractional batch would predict a run that no study can make
+        return {**shape, "per_device_batch": None, "grad_accum_steps": None, "compute_s": None, "data_wait_s": None,
+                "comm_s": comm, "exposed_comm_s": None, "step_time_s": None, "samples_per_s": None, "efficiency": None,
+                "refused": str(exc)}
+    share = batch * accum / (base.per_device_batch * base.grad_accum_steps)  # of the baseline's samples per device step
+    compute = base.compute_time_s * share
+    data = base.data_wait_s * share
     exposed = max(0.0, comm - overlap * compute)  # only compute hides it: a step waiting for data makes no gradient
     step = data + compute + exposed
-    samples_per_step = batch * world * base.grad_accum_steps
-    samples_per_s = samples_per_step / step
+    samples_per_s = batch * accum * world / step
     base_rate = base.per_device_batch * base.grad_accum_steps / base.step_time_s
     return {
-        "name": cell.name, "world_size": world, "nodes": cell.nodes, "per_device_batch": batch,
+        **shape, "per_device_batch": batch, "grad_accum_steps": accum,
         "compute_s": compute, "data_wait_s": data, "comm_s": comm, "exposed_comm_s": exposed, "step_time_s": step,
         "samples_per_s": samples_per_s, "efficiency": samples_per_s / (base_rate * world),
     }
@@ -221,7 +249,7 @@ def predict(cells: list[Cell], base: Baseline, link: Link, overlap: float, base_
     dominates = {}
     for cell in sorted({(c.nodes, c.nproc_per_node) for c in cells if c.world_size > 1}):
         nodes, nproc = cell
-        bandwidth, latency = link.for_nodes(nodes)
+        bandwidth, latency = link.for_ring(nodes, nproc)
         comm = allreduce_seconds(base.traffic_bytes, nodes * nproc, bandwidth, latency)
         dominates[f"{nodes}x{nproc}"] = smallest_computing_batch(comm, per_sample, overlap)
     return Prediction(link=asdict(link), overlap=overlap, gradient_bytes=base.gradient_bytes, cells=predicted,

@@ -29,7 +29,8 @@ Stable hooks for tools and tests: the runs table is ``table#runs``; each of its 
 ``data-row`` (the run name) and ``data-key`` (a key of COLUMNS: the row's results.json key, or
 "layout" for nodes x procs); the breakdown is ``table#breakdown`` (data-key: a part of
 `analysis.PARTS`, or "lost") and ``ul#why``; the time split ``table#time-split``, flags
-``ul#flags``, the prediction ``table#prediction`` and ``table#predicted-runs``, and each plot a
+``ul#flags``, the prediction ``table#prediction`` and ``table#predicted-runs`` under the heading
+``h2#prediction-section`` (the texts that point to the model link it), and each plot a
 ``figure[data-plot]``. All text is escaped: a command or flag reading ``<script>`` shows as text.
 """
 
@@ -43,7 +44,7 @@ from typing import Any
 
 from gpuscale.base.files import atomic_write
 from gpuscale.measure.stepsplit import PHASES
-from gpuscale.study.explain import prediction_facts, prediction_table, why_not_more
+from gpuscale.study.explain import has_prediction, prediction_facts, prediction_table, why_not_more
 from gpuscale.study.plots import plot_paths, write_plots
 from gpuscale.study.report_cells import BASIS as BASIS  # re-exported: they were defined here
 from gpuscale.study.report_cells import (
@@ -72,6 +73,7 @@ from gpuscale.study.report_cells import (
 )
 from gpuscale.study.report_cells import Column as Column
 from gpuscale.study.report_html import render_html
+from gpuscale.study.sections import in_markdown
 
 __all__ = ["DASH", "COLUMNS", "columns", "format_table", "format_markdown", "render_html", "write_report"]
 
@@ -120,19 +122,24 @@ def format_markdown(results: dict[str, Any], plots: Iterable[str] | None = None)
     cols, texts = cells(results)
     command = command_line(results)
     fence = "`" * max(3, 1 + max((len(m) for m in re.findall(r"`+", command)), default=0))
+    linked = has_prediction(results)
+
+    def own(text: str) -> str:  # a pointer to the Prediction section is to report.md's own, as a link
+        return in_markdown(text, linked)
+
     out = ["# gpuscale scaling report", "", fence + "sh", command, fence, ""]
     out += [f"- {key}: {value}" for key, value in meta(results)] + [""]
     if answer_text(results):
-        out += ["## Answer", "", *answer_text(results), ""]
+        out += ["## Answer", "", *map(own, answer_text(results)), ""]
     out += ["## Runs", ""]
     out += _md_table([c.header for c in cols], texts, [c.numeric for c in cols])
-    out += [line for note in notes(results) for line in ("", f"**{note}**")]
-    out += ["", basis(results)]
+    out += [line for note in notes(results) for line in ("", f"**{own(note)}**")]
+    out += ["", own(basis(results))]
     breakdown = breakdown_rows(results)
     if breakdown:
         out += ["", "## Why not more", "", WHY_TEXT, ""]
         out += _md_table(BREAKDOWN_HEADER, breakdown, [False] + [True] * (len(BREAKDOWN_HEADER) - 1))
-        out += [""] + [f"- **{name}**: {text}" for name, text in why_not_more(results)]
+        out += [""] + [f"- **{name}**: {own(text)}" for name, text in why_not_more(results)]
     out += ["", "## Time split", "", SPLIT_TEXT, ""]
     out += _md_table(["run", *PHASE_NAMES.values(), "total"],
                      ([r["name"], *split_cells(r)] for r in results["rows"]), [False] + [True] * (len(PHASES) + 1))
@@ -141,7 +148,7 @@ def format_markdown(results: dict[str, Any], plots: Iterable[str] | None = None)
         out += ["", "## Utilisation", "", UTIL_TEXT, ""]
         out += _md_table(UTIL_HEADER, util, [False] * 5 + [True] * 4)
     out += ["", "## Flags", ""]
-    out += [f"- **{name}**: {flag}" for name, flag in flags(results)] or ["None."]
+    out += [f"- **{name}**: {own(flag)}" for name, flag in flags(results)] or ["None."]
     facts = prediction_facts(results)
     header, predicted = prediction_table(results)
     if facts or predicted:

@@ -18,6 +18,7 @@ from gpuscale.study.analysis import NOISE_FLOOR, PART_LABELS, PARTS, RESULTS_VER
 from gpuscale.study.explain import DASH, breakdown_cells
 from gpuscale.study.flags import group_flags
 from gpuscale.study.numbers import three_figures
+from gpuscale.study.sections import PREDICTION_SECTION
 
 __all__ = ["DASH", "Column", "COLUMNS", "BASIS", "basis", "checked_rows", "columns", "cells", "command_line", "flags",
            "meta", "notes", "answer_text", "WHY_HEADING", "WHY_TEXT", "SPLIT_TEXT", "PHASE_NAMES", "split_cells", "UTIL_HEADER", "UTIL_TEXT",
@@ -98,7 +99,7 @@ BASIS = {
     "efficiency": "speed-up and efficiency: train samples/s over the baseline's (the smallest run of the same scaling), "
                   "and over ideal (the baseline's samples/s per device x devices). With --repeat, the median run's, and in "
                   "brackets the range the runs spread over (each run's efficiency against the baseline's median).",
-    "predicted_efficiency": "predicted efficiency: the same quantity from the model (its inputs: report.md's Prediction).",
+    "predicted_efficiency": f"predicted efficiency: the same quantity from the model (its inputs: {PREDICTION_SECTION}).",
     "device_hours_per_m_samples": "device-h/1M samples: devices x hours to train a million samples at that throughput; "
                                   "cost/sample: the same over the baseline's (1 / efficiency).",
     "billed_per_m_samples": "{unit}/1M samples: what the cluster bills for a million samples at that throughput, by "
@@ -214,12 +215,14 @@ def flags(results: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def meta(results: dict[str, Any]) -> list[tuple[str, str]]:
-    """(key, value) of the study's launcher, device and creation time."""
+    """(key, value) of the study's launcher, device, creation time (the study's, kept by every report) and the time
+    the report was written (where results.json has one)."""
     device = results.get("device") or DASH
     if results.get("device_name"):
         device += f" ({results['device_name']})"
+    written = [("report written", str(results["report_written"]))] if results.get("report_written") else []
     return [("launcher", str(results.get("launcher") or DASH)), ("device", device),
-            ("created", str(results.get("created") or DASH))]
+            ("created", str(results.get("created") or DASH)), *written]
 
 
 WHY_HEADING = "Why not more (lost efficiency, % of ideal throughput, measured; the model's prediction in brackets)"

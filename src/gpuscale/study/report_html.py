@@ -2,7 +2,8 @@
 
 `render_html` joins the page's named parts: head, title and meta, runs, why not more, time split,
 utilisation, flags, prediction and plots. Every text comes from `gpuscale.study.report_cells` (the
-same as in report.md) and is escaped; the hooks tools and tests use (``table#runs``, ``data-row``,
+same as in report.md) and is escaped, a pointer to the Prediction section linked to the page's own
+(`gpuscale.study.sections`); the hooks tools and tests use (``table#runs``, ``data-row``,
 ``data-key``, ...) are listed in `gpuscale.study.report`.
 """
 
@@ -16,7 +17,7 @@ from typing import Any
 
 from gpuscale.measure.stepsplit import PHASES
 from gpuscale.study.analysis import PARTS
-from gpuscale.study.explain import prediction_facts, prediction_table, why_not_more
+from gpuscale.study.explain import has_prediction, prediction_facts, prediction_table, why_not_more
 from gpuscale.study.report_cells import (
     BREAKDOWN_HEADER,
     PHASE_NAMES,
@@ -37,6 +38,7 @@ from gpuscale.study.report_cells import (
     split_cells,
     utilisation_lines,
 )
+from gpuscale.study.sections import PREDICTION_ID, in_html
 
 __all__ = ["render_html"]
 
@@ -99,8 +101,13 @@ def _table(table_id: str, head: list[str], rows: Iterable[str]) -> list[str]:
     return [f'<div class="scroll"><table id="{table_id}">', *head, '<tbody>', *rows, '</tbody>', '</table></div>']
 
 
-def _items(pairs: Iterable[tuple[str, str]]) -> list[str]:
-    return [f'<li data-row="{_e(name)}"><strong>{_e(name)}</strong>: {_e(text)}</li>' for name, text in pairs]
+def _own(results: dict[str, Any], text: str) -> str:
+    """`text` escaped, a pointer to the Prediction section linked to the page's own (`sections.in_html`)."""
+    return in_html(text, has_prediction(results))
+
+
+def _items(results: dict[str, Any], pairs: Iterable[tuple[str, str]]) -> list[str]:
+    return [f'<li data-row="{_e(name)}"><strong>{_e(name)}</strong>: {_own(results, text)}</li>' for name, text in pairs]
 
 
 def _title(results: dict[str, Any]) -> list[str]:
@@ -111,15 +118,15 @@ def _title(results: dict[str, Any]) -> list[str]:
 
 def _answer(results: dict[str, Any]) -> list[str]:
     said = answer_text(results)
-    return ['<h2>Answer</h2>', '<div id="answer">', *(f'<p>{_e(line)}</p>' for line in said), '</div>'] if said else []
+    return ['<h2>Answer</h2>', '<div id="answer">', *(f'<p>{_own(results, line)}</p>' for line in said), '</div>'] if said else []
 
 
 def _runs(results: dict[str, Any], cols: list[Column], texts: list[list[str]]) -> list[str]:
     head = ['<thead><tr>', *(_th(c.header, c.key) for c in cols), '</tr></thead>']
     rows = (_tr(row["name"], (_td(t, c.key, row["name"], c.numeric) for c, t in zip(cols, line, strict=True)))
             for row, line in zip(results["rows"], texts, strict=True))
-    said = [f'<p class="note">{_e(note)}</p>' for note in notes(results)]
-    return ['<h2>Runs</h2>', *_table("runs", head, rows), *said, f'<p id="basis">{_e(basis(results))}</p>']
+    said = [f'<p class="note">{_own(results, note)}</p>' for note in notes(results)]
+    return ['<h2>Runs</h2>', *_table("runs", head, rows), *said, f'<p id="basis">{_own(results, basis(results))}</p>']
 
 
 def _why(results: dict[str, Any]) -> list[str]:
@@ -130,7 +137,7 @@ def _why(results: dict[str, Any]) -> list[str]:
     head = ['<thead><tr>', *(_th(h, k) for k, h in zip(keys, BREAKDOWN_HEADER, strict=True)), '</tr></thead>']
     rows = (_line(keys, line, 1) for line in breakdown)
     return ['<h2>Why not more</h2>', f'<p>{_e(WHY_TEXT)}</p>', *_table("breakdown", head, rows),
-            '<ul id="why">', *_items(why_not_more(results)), '</ul>']
+            '<ul id="why">', *_items(results, why_not_more(results)), '</ul>']
 
 
 def _time_split(results: dict[str, Any]) -> list[str]:
@@ -151,7 +158,7 @@ def _utilisation(results: dict[str, Any]) -> list[str]:
 
 def _flags(results: dict[str, Any]) -> list[str]:
     pairs = flags(results)
-    return ['<h2>Flags</h2>', *(['<ul id="flags">', *_items(pairs), '</ul>'] if pairs else ['<p id="flags">None.</p>'])]
+    return ['<h2>Flags</h2>', *(['<ul id="flags">', *_items(results, pairs), '</ul>'] if pairs else ['<p id="flags">None.</p>'])]
 
 
 def _prediction(results: dict[str, Any]) -> list[str]:
@@ -159,7 +166,7 @@ def _prediction(results: dict[str, Any]) -> list[str]:
     header, predicted = prediction_table(results)
     if not (facts or predicted):
         return []
-    out = ['<h2>Prediction</h2>', '<table id="prediction" class="wrap">', '<tbody>',
+    out = [f'<h2 id="{PREDICTION_ID}">Prediction</h2>', '<table id="prediction" class="wrap">', '<tbody>',
            *(f'<tr><th>{_e(label)}</th><td data-key="{_e(key)}">{_e(text)}</td></tr>' for key, label, text in facts),
            '</tbody>', '</table>']
     if predicted:

@@ -23,6 +23,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -158,10 +159,11 @@ def cell_from_entry(entry: Any) -> Cell:
 def record_study(out: Path, command: list[str], launcher: str, cells: list[Cell], batch: dict[str, Any] | None = None,
                  target_efficiency: float | None = None) -> None:
     """Write (or check) study.json: a study directory holds one command's runs only (and one batch); the target the
-    study was last run with (`gpuscale report`'s default) where given."""
+    study was last run with (`gpuscale report`'s default) where given; when it was first started (`study_created`)."""
     path = out / STUDY_FILE
     known: list[dict[str, Any]] = []
     batch = {k: v for k, v in (batch or {}).items() if v is not None}
+    previous: dict[str, Any] = {}
     if path.exists():
         previous = read_study(out)
         if previous.get("command") != command or previous.get("launcher") != launcher:
@@ -179,11 +181,29 @@ def record_study(out: Path, command: list[str], launcher: str, cells: list[Cell]
             known.append({"name": cell.name, "scaling": cell.scaling, "nodes": cell.nodes, "nproc_per_node": cell.nproc_per_node,
                           "variant": cell.variant, "variant_args": list(cell.variant_args), "repeat": cell.repeat})
     out.mkdir(parents=True, exist_ok=True)
-    if target_efficiency is None and path.exists():
-        target_efficiency = read_study(out).get("target_efficiency")
-    atomic_write_json(path, {"version": 1, "command": command, "launcher": launcher, "cells": known,
+    if target_efficiency is None:
+        target_efficiency = previous.get("target_efficiency")
+    created = study_created(previous) or _first_results_date(out) or datetime.now(timezone.utc).isoformat(timespec="seconds")
+    atomic_write_json(path, {"version": 1, "command": command, "launcher": launcher, "cells": known, "created": created,
                              **({"batch": batch} if batch else {}),
                              **({"target_efficiency": target_efficiency} if target_efficiency is not None else {})})
+
+
+def study_created(study: dict[str, Any]) -> str | None:
+    """When the study was started: study.json's "created" (kept by every rerun and report), None where a study.json
+    written before gpuscale kept it has none, or one that is not text."""
+    created = study.get("created")
+    return created if isinstance(created, str) else None
+
+
+def _first_results_date(out: Path) -> str | None:
+    """The date results.json carries where study.json (written before it kept one) has none: the study's first
+    analysis; None where it has none or cannot be read (a damaged one is `gpuscale report`'s to refuse)."""
+    try:
+        saved = json.loads((out / "results.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return study_created(saved) if isinstance(saved, dict) else None
 
 
 def tail(path: Path, lines: int = 12) -> str:
