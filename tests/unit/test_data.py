@@ -346,6 +346,28 @@ def test_a_training_pass_with_accumulation_ends_on_a_whole_optimizer_step():
     assert [b.tolist() for b in taken] + rest == first and len(resumed) == 12
 
 
+class LoggedIndices(Indices):
+    """Indices that note, in a file, every item a loader worker (a process of its own) loaded."""
+
+    def __init__(self, n: int, log) -> None:
+        super().__init__(n)
+        self.log = log
+
+    def __getitem__(self, i: int) -> int:
+        with open(self.log, "a") as f:
+            f.write(f"{i}\n")
+        return i
+
+
+def test_a_pass_cut_to_whole_steps_loads_none_of_the_samples_it_leaves_out(tmp_path):
+    """The cut is the sampler's, so a loader worker, which fetches ahead, never loads the left-out micro-batches."""
+    plan = plan_batch(64, 1, scaling="strong", max_per_device=16)
+    loader = make_loader(LoggedIndices(232, tmp_path / "loaded"), plan, rt=rt(), shuffle=False, num_workers=1)
+    yielded = [i for batch in loader for i in batch.tolist()]
+    assert yielded == list(range(192))
+    assert sorted(int(line) for line in (tmp_path / "loaded").read_text().split()) == yielded
+
+
 def test_a_loader_of_fewer_batches_than_one_optimizer_step_is_refused():
     plan = plan_batch(64, 1, scaling="strong", max_per_device=16)  # 4 micro-batches a step
     with pytest.raises(ValueError, match=r"each rank gets 3 batch\(es\) of 16 an epoch, fewer than one optimizer step's 4"):

@@ -14,7 +14,6 @@ the nearest valid choices instead of silently training with 2 x 12 = 24 (docs/cl
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable, Iterator, Sized
 from typing import Any
@@ -36,10 +35,12 @@ __all__ = ["BatchPlan", "plan_batch", "make_loader", "ShardedLoader", "Resumable
 
 
 class ResumableDistributedSampler(DistributedSampler):
-    """A DistributedSampler that can start an epoch part-way, at `start_index` of this rank's share.
+    """A DistributedSampler that can start an epoch part-way, at `start_index` of this rank's share, and end it
+    early, at `stop_index` (None: the share's end).
 
     Resuming a checkpoint taken mid-epoch then continues with exactly the samples that were next,
-    without loading the ones already seen. keyed=True yields ``(epoch, index)`` pairs instead of
+    without loading the ones already seen; an epoch of whole optimizer steps loads none it leaves out
+    (`ShardedLoader`). keyed=True yields ``(epoch, index)`` pairs instead of
     indices, for a dataset wrapped in `gpuscale.runtime.sample_seeds.SeededSamples`.
     """
 
@@ -47,16 +48,18 @@ class ResumableDistributedSampler(DistributedSampler):
                  keyed: bool = False) -> None:
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last)  # type: ignore[arg-type]
         self.start_index = 0
+        self.stop_index: int | None = None
         self.keyed = keyed
 
     def __iter__(self) -> Iterator[Any]:
-        indices = list(super().__iter__())[self.start_index :]
+        indices = list(super().__iter__())[self.start_index : self.stop_index]
         if self.keyed:
             return iter([(self.epoch, index) for index in indices])
         return iter(indices)
 
     def __len__(self) -> int:
-        return max(0, self.num_samples - self.start_index)
+        end = self.num_samples if self.stop_index is None else min(self.stop_index, self.num_samples)
+        return max(0, end - self.start_index)
 
 
 class EvalShardSampler(Sampler[int]):
@@ -147,7 +150,8 @@ class ShardedLoader:
         if isinstance(self.sampler, ResumableDistributedSampler):
             self.sampler.set_epoch(self.epoch)
             self.sampler.start_index = self.batches_done * self.plan.per_device_batch
-        for batch in itertools.islice(self.loader, max(0, len(self) - self.batches_done)):  # no batch fetched past the end
+            self.sampler.stop_index = len(self) * self.plan.per_device_batch  # whole steps: none loaded to be left out
+        for batch in self.loader:
             self.batches_done += 1
             yield batch if self.device is None else move_to_device(batch, self.device)
         if isinstance(self.sampler, ResumableDistributedSampler):
