@@ -112,6 +112,21 @@ def test_the_probe_can_be_turned_off(tmp_path):
     assert not (out / "summary.json").exists() and not list(out.glob("probe/*")) and "probe" not in result.stderr
 
 
+def test_a_run_that_takes_no_step_keeps_the_summary_of_the_run_that_trained(tmp_path):
+    """An unchanged script started again with nothing left to train (here: no epochs) writes no zero summary over the
+    measurement of the run that trained in the same folder, and says so."""
+    out = tmp_path / "again"
+    assert_ok(run(gpuscale_cmd("run", "--nproc-per-node", "1", "--summary", str(out), str(CLIENTS / "ddp_plain.py"),
+                               "--epochs", "1", "--samples", "64"), timeout=120))
+    trained = json.loads((out / "summary.json").read_text())
+    again = run(gpuscale_cmd("run", "--nproc-per-node", "1", "--summary", str(out), str(CLIENTS / "ddp_plain.py"),
+                             "--epochs", "0", "--samples", "64"), timeout=120)
+    assert_ok(again)
+    assert trained["steps"] > 0 and json.loads((out / "summary.json").read_text()) == trained
+    assert not (out / "summary-incomplete.json").exists()
+    assert f"this run took no optimizer step: kept {out / 'summary.json'}" in again.stderr
+
+
 @pytest.mark.parametrize("mode", ["kill", "raise"])
 def test_a_rank_that_dies_leaves_its_record(tmp_path, mode):
     out = tmp_path / "victim"

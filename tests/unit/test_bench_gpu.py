@@ -228,7 +228,8 @@ def test_quick_runs_the_tests_then_gptneos_sweep_without_the_course_baselines(tm
                         {"machine": {"gpus": [], "torch": "x", "missing": {}}, "steps": {}, "verdict": "pass", "reasons": []})
     assert gpu_check.main([str(tmp_path), "--allow-cpu", "--quick"]) == 0
     assert seen["cases_asked"] == () and seen["sweep_asked"] == "quick" and seen["steps"] == gpu_check.STEPS
-    assert seen["budgets"] == gpu_check.QUICK_BUDGETS_S and sum(seen["budgets"].values()) <= 8 * 60 - 20
+    # 10 s of the 8 minutes for the check's own work (3.2 s on the 2-core VM; bench/gpu_check.py)
+    assert seen["budgets"] == gpu_check.QUICK_BUDGETS_S and sum(seen["budgets"].values()) <= 8 * 60 - 10
 
 
 def _point(perplexity: float, tokens: int = 40 * 64 * 512, attention: str = "sdpa", **more: object) -> dict:

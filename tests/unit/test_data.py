@@ -331,7 +331,7 @@ def test_eval_loader_same_every_pass():
 def test_a_training_pass_with_accumulation_ends_on_a_whole_optimizer_step():
     """232 samples, global batch 64 in micro-batches of 16 (accumulation 4): 14 micro-batches an epoch, of which the
     last 2 would be half a step; the pass hands out 12 (3 steps), the next pass starts a fresh epoch, and a pass
-    resumed after 5 batches hands out the other 7 of those 12."""
+    resumed after its first step hands out the other 8 of those 12."""
     plan = plan_batch(64, 1, scaling="strong", max_per_device=16)
     assert (plan.per_device_batch, plan.grad_accum_steps) == (16, 4)
     loader = make_loader(Indices(232), plan, rt=rt(), shuffle=False)
@@ -339,7 +339,7 @@ def test_a_training_pass_with_accumulation_ends_on_a_whole_optimizer_step():
     assert len(loader) == len(first) == len(second) == 12 and first == [list(range(16 * i, 16 * i + 16)) for i in range(12)]
     assert loader.epoch == 2 and loader.batches_done == 0
     stopped = make_loader(Indices(232), plan, rt=rt(), shuffle=False)
-    taken = list(itertools.islice(iter(stopped), 5))
+    taken = list(itertools.islice(iter(stopped), 4))
     resumed = make_loader(Indices(232), plan, rt=rt(), shuffle=False)
     resumed.load_state_dict(stopped.state_dict())
     rest = [b.tolist() for b in resumed]
@@ -366,6 +366,18 @@ def test_a_pass_cut_to_whole_steps_loads_none_of_the_samples_it_leaves_out(tmp_p
     yielded = [i for batch in loader for i in batch.tolist()]
     assert yielded == list(range(192))
     assert sorted(int(line) for line in (tmp_path / "loaded").read_text().split()) == yielded
+
+
+def test_a_position_inside_an_accumulation_resumes_at_the_start_of_its_step(warnings_seen):
+    """A checkpoint written before epochs ended on whole steps can sit 2 micro-batches into a step of 4: the resumed
+    epoch starts at that step's first batch (its 2 batches trained again, and said), so it ends on a whole step."""
+    plan = plan_batch(64, 1, scaling="strong", max_per_device=16)
+    loader = make_loader(Indices(232), plan, rt=rt(), shuffle=False)
+    loader.load_state_dict({"epoch": 1, "batches_done": 6, "per_device_batch": 16, "world_size": 1})
+    assert loader.batches_done == 4 and warnings_seen == [
+        "resuming epoch 2 after 96 samples, not a whole number of this job's optimizer steps (64 samples over all ranks): "
+        "the last 32 are trained again"]
+    assert [b.tolist()[0] for b in loader] == [16 * i for i in range(4, 12)]
 
 
 def test_a_loader_of_fewer_batches_than_one_optimizer_step_is_refused():

@@ -80,6 +80,8 @@ def test_a_run_that_trained_nothing_finds_the_summary_of_the_run_that_trained(tm
     assert trained_summary(path)["samples_per_s"] == 1564.0 and experiment_differences(trained_summary(path), untrained) == []
     path.write_text(json.dumps({**untrained, "steps": 64, "world_size": 1, "per_device_batch": 32}))
     assert experiment_differences(trained_summary(path), untrained) == ["world_size 1, not 2", "per_device_batch 32, not 16"]
+    # a probed run that took no step saw no batch: what it does not know differs in nothing
+    assert experiment_differences(trained_summary(path), {**untrained, "per_device_batch": None}) == ["world_size 1, not 2"]
     path.write_text(json.dumps(untrained))
     assert trained_summary(path) is None  # it trained nothing either
     path.write_text("{not json")

@@ -23,7 +23,7 @@ import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NamedTuple
 
 __all__ = ["atomic_write", "atomic_write_json", "fsync_dir", "make_dir", "tighten_umask", "write_run_files"]
 
@@ -127,26 +127,38 @@ def trained_summary(path: str | os.PathLike[str]) -> dict[str, Any] | None:
 
 def experiment_differences(kept: dict[str, Any], other: dict[str, Any]) -> list[str]:
     """How the experiment of summary `kept` differs from `other`'s, key by key of `RUN_KEYS` ("world_size 1, not
-    2"); empty for the same experiment."""
-    return [f"{key} {kept.get(key)}, not {other.get(key)}" for key in RUN_KEYS if kept.get(key) != other.get(key)]
+    2"); empty for the same experiment. A key `other` does not know (None: a probed run that took no step saw no
+    batch) differs in nothing."""
+    return [f"{key} {kept.get(key)}, not {other.get(key)}" for key in RUN_KEYS
+            if other.get(key) is not None and kept.get(key) != other.get(key)]
 
 
-def write_or_keep(out_dir: str | os.PathLike[str], summary: dict[str, Any], timeline: Any) -> tuple[dict[str, Any], bool, str]:
-    """Write a run's `summary` and `timeline` (`write_run_files`), unless the run took no optimizer step (a finished
-    run started again) and `out_dir` holds the summary of a run that trained: that one is never written over. Returns
-    the summary that stands for the run (the one kept where it is of the same experiment, else this run's), whether
-    to warn, and the line that says what happened."""
+class Written(NamedTuple):
+    """What `write_or_keep` did: the summary that stands for the run, whether this run's was written, and the line to
+    say (``warn``: at WARNING, where the summary kept is another experiment's)."""
+
+    summary: dict[str, Any]
+    written: bool
+    warn: bool
+    line: str
+
+
+def write_or_keep(out_dir: str | os.PathLike[str], summary: dict[str, Any], timeline: Any, name: str = "summary.json") -> Written:
+    """Write a run's `summary` (as `name`) and `timeline` (`write_run_files`), unless the run took no optimizer step (a
+    finished run started again) and `out_dir` holds the summary.json of a run that trained: that one is never written
+    over, nor removed. The summary that stands is the one kept where it is of the same experiment, else this run's."""
     path = Path(out_dir) / "summary.json"
     trained = None if summary.get("steps") else trained_summary(path)
     if trained is None:
-        write_run_files(out_dir, summary, timeline)
+        write_run_files(out_dir, summary, timeline, name)
         rate = summary.get("samples_per_s") or 0.0
         shown = f"{rate:.0f}" if rate >= 100 else f"{rate:.3g}"
-        return summary, False, f"wrote {path}: {shown} train samples/s over {summary.get('steps') or 0} optimizer steps"
+        steps = summary.get("steps") or 0
+        return Written(summary, True, False, f"wrote {Path(out_dir) / name}: {shown} train samples/s over {steps} optimizer steps")
     if not (differences := experiment_differences(trained, summary)):
-        return trained, False, f"this run took no optimizer step (nothing was left to train): kept {path}, the summary of the run that trained"
-    return summary, True, (f"this run took no optimizer step (its checkpoint holds a finished run): {path} stays the summary of the run "
-                           f"that trained ({'; '.join(differences)}), and this run's is not written; train anew in another output folder")
+        return Written(trained, False, False, f"this run took no optimizer step: kept {path}, the summary of the run that trained")
+    return Written(summary, False, True, f"this run took no optimizer step: {path} stays the summary of the run that trained "
+                                         f"({'; '.join(differences)}), and this run's is not written; train anew in another output folder")
 
 
 def has_python_shebang(path: str | os.PathLike[str]) -> bool:

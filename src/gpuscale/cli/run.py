@@ -340,6 +340,9 @@ def _report_probe(args: argparse.Namespace, records: Any, world_size: int, code:
             return
         failure = f"gpuscale run ended with exit code {code}" if code else None
         summary = collect(path, args.summary, world_size=world_size, failure=failure)
+        if summary is not None and summary.get("kept"):  # no step taken, and a trained run's summary stays
+            print(f"gpuscale run: {summary['kept']}", file=sys.stderr, flush=True)
+            return
         if summary is None or (not summary["steps"] and args.summary is None):
             return  # no training to tell of (`-m gpuscale doctor`, an evaluation), and no file asked for
         text = describe({**summary, "complete": True}) if code else describe(summary)

@@ -97,7 +97,7 @@ class EpochLoop:
         self._partial = restored.extra.get("partial_epoch") or {}
         if self.start_epoch >= self.epochs and not self._partial:
             log.warning("%s holds a finished run of %d epoch(s); nothing is trained (to train anew: another checkpoint "
-                        "folder, or EpochLoop(resume=False), which the examples' --no-resume gives)", restored.path,
+                        "folder, EpochLoop(resume=False), or the examples' --no-resume)", restored.path,
                         self.start_epoch)
 
     def average(self, name: str) -> Average:
@@ -121,14 +121,16 @@ class EpochLoop:
 
     def _warn_inside_a_step(self, epoch: int) -> None:
         """Say so, once, where an epoch ends inside gradient accumulation (a loader that keeps incomplete batches,
-        drop_last=False): its last micro-batches' gradients join the next epoch's first step, and the checkpoint
-        written now does not hold them, so a run resumed from it steps without them."""
+        drop_last=False, or a pass left before its end): its last micro-batches' gradients join the next epoch's first
+        step, and the checkpoint written now does not hold them, so a run resumed from it steps without them."""
         pending = self.training.pending_micro_batches
         if pending and not self._warned_inside_step and self.rt.is_main:
             self._warned_inside_step = True
+            why = ("the pass was left before its end" if self.loader.loader.drop_last else
+                   "make_loader's default drop_last=True ends every epoch on a whole step")
             log.warning("epoch %d ended inside an optimizer step (%d of its %d micro-batches): their gradients carry into "
-                        "the next epoch, and its checkpoint does not hold them; make_loader's default drop_last=True ends "
-                        "every epoch on a whole step", epoch + 1, pending, self.training.plan.grad_accum_steps)
+                        "the next epoch, and its checkpoint does not hold them (%s)", epoch + 1, pending,
+                        self.training.plan.grad_accum_steps, why)
 
     def _start_averages(self) -> None:
         for name, average in self._averages.items():

@@ -389,6 +389,6 @@ class Meter:
         summary, timeline = self.summary(**metrics), self._timeline()
         if not self.rt.is_main:
             return summary
-        standing, warn, line = write_or_keep(out_dir, summary, timeline)
-        (log.warning if warn else log.info)("%s", line)
-        return standing
+        outcome = write_or_keep(out_dir, summary, timeline)
+        (log.warning if outcome.warn else log.info)("%s", outcome.line)
+        return outcome.summary

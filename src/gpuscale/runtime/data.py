@@ -174,7 +174,10 @@ class ShardedLoader:
         self.epoch, self.batches_done = int(state["epoch"]), int(state["batches_done"])
         saved_batch = int(state.get("per_device_batch", self.plan.per_device_batch))
         saved_world = int(state.get("world_size", self.plan.world_size))
-        if (saved_batch, saved_world) != (self.plan.per_device_batch, self.plan.world_size):
+        # another plan's position, or this plan's inside an accumulation (a checkpoint from before epochs ended on a
+        # whole step): resume at the start of the step that holds it
+        if (saved_batch, saved_world) != (self.plan.per_device_batch, self.plan.world_size) or (
+                self.train and self.batches_done % self.plan.grad_accum_steps):
             trained = self.batches_done * saved_batch * saved_world
             per_step = self.plan.per_device_batch * self.plan.world_size * self.plan.grad_accum_steps
             steps, again = divmod(trained, per_step)  # at an optimizer step's start: its micro-batches whole
@@ -248,7 +251,8 @@ def make_loader(
 
     train=True: shuffled (unless shuffle=False), padded to equal shares and dropping the last
     incomplete batch (unless drop_last=False) so every step has exactly the global batch; with gradient
-    accumulation, an epoch is a whole number of optimizer steps (see `ShardedLoader`).
+    accumulation, an epoch is a whole number of optimizer steps (see `ShardedLoader`). What is left out is the
+    end of each epoch's order: other samples every epoch when shuffled, the same ones with shuffle=False.
     train=False: every sample exactly once over all ranks, in order; reduce metrics with
     `gpuscale.measure.metrics` to get the whole-dataset value.
     even (train=False only): pad the shards to equal length, as FSDP and ZeRO-3 need; iterate

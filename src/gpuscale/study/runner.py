@@ -40,6 +40,7 @@ from gpuscale.study import otherload
 from gpuscale.study.matrix import SCALINGS, Cell, cpu_cores_for, local_argv
 from gpuscale.study.missing import SELF_MEASURED, ScriptProblem, missing_summary, self_measured_problem, summary_problem, unusable_summary
 from gpuscale.study.numbers import three_figures
+from gpuscale.study.saved import RESULTS_FILE
 
 STUDY_FILE = "study.json"
 LOG_FILE = "output.log"
@@ -197,10 +198,11 @@ def study_created(study: dict[str, Any]) -> str | None:
 
 
 def _first_results_date(out: Path) -> str | None:
-    """The date results.json carries where study.json (written before it kept one) has none: the study's first
-    analysis; None where it has none or cannot be read (a damaged one is `gpuscale report`'s to refuse)."""
+    """The date results.json carries where study.json (written before it kept one) has none: the last analysis's
+    (gpuscale rewrote it at every report then), the nearest to the study's start there is; None where it has none or
+    cannot be read (a damaged one is `gpuscale report`'s to refuse)."""
     try:
-        saved = json.loads((out / "results.json").read_text())
+        saved = json.loads((out / RESULTS_FILE).read_text())
     except (OSError, ValueError):
         return None
     return study_created(saved) if isinstance(saved, dict) else None

@@ -270,7 +270,7 @@ def run_study(spec: StudySpec, progress: Callable[[str], None] = print) -> Study
             progress(f"no prediction: {exc}")
     results = analysis.analyse(out, prediction, spec.target_efficiency)
     results["study_target_efficiency"] = spec.target_efficiency  # `gpuscale report`'s default; its --target-efficiency is a what-if
-    atomic_write_json(out / "results.json", results)
+    atomic_write_json(out / analysis.RESULTS_FILE, results)
     result = StudyResult(results=results, outcomes=outcomes)
     if results["rows"]:
         result.table = format_table(results)

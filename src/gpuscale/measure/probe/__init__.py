@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gpuscale.base.files import write_run_files
+from gpuscale.base.files import write_or_keep
 from gpuscale.measure.probe.merge import merge_records
 
 __all__ = ["SITE_DIR", "RECORDS", "SUMMARY", "INCOMPLETE_SUMMARY", "probe_enabled", "site_environ", "probe_environ", "read_records",
@@ -85,7 +85,10 @@ def summary_name(summary: Mapping[str, Any]) -> str:
 def collect(records_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str] | None, *, world_size: int | None = None,
             scaling: str | None = None, failure: str | None = None, step_samples: int | None = None) -> dict[str, Any] | None:
     """Merge the records of one run; write timeline.json and the summary into `out_dir` (if given), as
-    summary.json when the run is complete, else as summary-incomplete.json (the other one is removed).
+    summary.json when the run is complete, else as summary-incomplete.json (the other one is removed), but for a run
+    that took no optimizer step where `out_dir` holds the summary.json of a run that trained: that stands, and the
+    summary returned (the one kept where it is of the same experiment, else this run's) carries ``kept``, the line
+    that says so (`gpuscale.base.files.write_or_keep`).
 
     None when there is nothing to merge: no rank left a record (the probe was off, or the script
     never imported torch), or the script measured itself with gpuscale.Meter (its summary stays).
@@ -97,9 +100,12 @@ def collect(records_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str]
                                       step_samples=step_samples)
     if out_dir is not None:
         name = summary_name(summary)
-        stale = INCOMPLETE_SUMMARY if name == SUMMARY else SUMMARY  # an earlier run's, in the same folder
-        (Path(out_dir) / stale).unlink(missing_ok=True)
-        write_run_files(out_dir, summary, timeline, name)
+        outcome = write_or_keep(out_dir, summary, timeline, name)
+        if outcome.written:
+            stale = INCOMPLETE_SUMMARY if name == SUMMARY else SUMMARY  # an earlier run's, in the same folder
+            (Path(out_dir) / stale).unlink(missing_ok=True)
+        else:
+            return {**outcome.summary, "kept": outcome.line}
     return summary
 
 
