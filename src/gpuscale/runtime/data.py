@@ -174,10 +174,9 @@ class ShardedLoader:
         self.epoch, self.batches_done = int(state["epoch"]), int(state["batches_done"])
         saved_batch = int(state.get("per_device_batch", self.plan.per_device_batch))
         saved_world = int(state.get("world_size", self.plan.world_size))
-        # another plan's position, or this plan's inside an accumulation (a checkpoint from before epochs ended on a
-        # whole step): resume at the start of the step that holds it
-        if (saved_batch, saved_world) != (self.plan.per_device_batch, self.plan.world_size) or (
-                self.train and self.batches_done % self.plan.grad_accum_steps):
+        # a training position (another plan's, or this plan's inside an accumulation: a checkpoint from before epochs
+        # ended on a whole step) resumes at the start of the step that holds it; a whole step's stays where it is
+        if self.train or (saved_batch, saved_world) != (self.plan.per_device_batch, self.plan.world_size):
             trained = self.batches_done * saved_batch * saved_world
             per_step = self.plan.per_device_batch * self.plan.world_size * self.plan.grad_accum_steps
             steps, again = divmod(trained, per_step)  # at an optimizer step's start: its micro-batches whole
