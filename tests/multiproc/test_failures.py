@@ -178,6 +178,39 @@ def test_a_plain_script_whose_ranks_all_fail_alike_at_start_up_prints_the_error_
                                               f"and rank {1 - first} with the same error")
 
 
+_PARSING_SCRIPT = (  # both ranks reach the parse (a file barrier), before the agent stops the slower one
+    "import argparse, os, pathlib, time\nhere = pathlib.Path(__file__).parent\n"
+    "(here / f\"up-{os.environ['RANK']}\").touch()\n"
+    "while len(list(here.glob('up-*'))) < 2:\n    time.sleep(0.01)\n"
+    "parser = argparse.ArgumentParser(description='trains a model')\n"
+    "parser.add_argument('--epochs', type=int, required=True, help='passes over the data')\n"
+    "print('epochs', parser.parse_args().epochs)\n")
+
+
+def test_a_scripts_argparse_error_is_printed_by_one_rank_and_named_in_the_last_line(tmp_path):
+    """No gpuscale in the script: each rank parses the same wrong argument; argparse's usage and error come once,
+    unchanged, the job exits with argparse's code 2 and the last line names both ranks."""
+    script = tmp_path / "parses.py"
+    script.write_text(_PARSING_SCRIPT)
+    result = run(gpuscale_cmd("run", "--nproc-per-node", "2", str(script), "--epochs", "x"), timeout=BOUND_S + 30)
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output
+    assert output.count("parses.py: error: argument --epochs: invalid int value: 'x'") == 1, output
+    assert output.count("usage: parses.py [-h] --epochs EPOCHS") == 1, output
+    first = re.fullmatch(rf"gpuscale run: rank (\d) on {re.escape(HOST)} failed first \(exit code 2; its error is above\), "
+                         r"and rank (\d) with the same error", result.stderr.splitlines()[-1])
+    assert first is not None and {first.group(1), first.group(2)} == {"0", "1"}, result.stderr
+    assert len(output.splitlines()) == 3, output
+
+
+def test_a_scripts_help_is_printed_by_one_rank(tmp_path):
+    script = tmp_path / "parses.py"
+    script.write_text(_PARSING_SCRIPT)
+    result = run(gpuscale_cmd("run", "--nproc-per-node", "2", str(script), "--help"), timeout=BOUND_S + 30)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("passes over the data") == 1 and result.stdout.count("usage: parses.py") == 1, result.stdout
+
+
 def test_the_batch_scripts_node_agent_notes_the_first_failing_rank_and_leaves_torchruns_block_out(tmp_path):
     """`python -m gpuscale.agent`, a torchrun-mode batch script's task on each node: its exit code is the failing rank's own
     (torchrun's would be 1), it notes that rank, when and where for the batch script's last line, and prints no FAILED

@@ -35,7 +35,8 @@ from gpuscale.base.files import atomic_write_json
 from gpuscale.detect.env import DistEnv
 
 __all__ = ["FAILURE_DIR", "EXIT_DIR", "PEER_SYMPTOMS", "PEER_REFUSED", "report_failure", "report_refusal", "is_peer_symptom",
-           "note_failure", "quiet_excepthook", "one_line_for_a_lost_peer", "lost_peer_report", "LOST_PEER_PAUSE_S"]
+           "note_failure", "quiet_excepthook", "one_line_for_a_lost_peer", "one_usage_message_per_job", "lost_peer_report",
+           "LOST_PEER_PAUSE_S"]
 
 FAILURE_DIR = "GPUSCALE_FAILURE_DIR"
 """Set by `gpuscale run`: where each failing rank writes rank-N.json (time, symptom, message, repeat_of)."""
@@ -188,6 +189,45 @@ def one_line_for_a_lost_peer() -> None:
             sys.stderr = stderr
 
     sys.excepthook = hook
+
+
+def one_usage_message_per_job() -> None:
+    """For any script: argparse's usage error, and its --help, printed by one rank of the job, not by every rank.
+
+    Every rank parses the same command line, so one wrong argument has each rank print the same usage and error
+    (16 ranks, 32 lines), and --help prints the whole help once per rank. Where the launcher shares a failure
+    folder (`gpuscale run`, a gpuscale batch script), the first rank to say a message says it, unchanged; the
+    others print nothing and exit as argparse would (code 2 after an error, 0 after --help). Each rank notes its
+    error, the others' as a repeat of the first's, so the launcher's last line names the rank that printed it
+    and the ranks with the same error. Installed by gpuscale's start-up hook once the script imports argparse;
+    a parser class that overrides `error` or `print_help` without calling argparse's own is left as it is.
+    """
+    import argparse
+
+    rank = os.environ.get("RANK", "")
+    if not os.environ.get(FAILURE_DIR) or not rank.isdigit() or os.environ.get("WORLD_SIZE", "1") in ("", "0", "1"):
+        return
+    parser_class = argparse.ArgumentParser
+    error, print_help = parser_class.error, parser_class.print_help
+    if getattr(error, _REPORTED, False):
+        return
+
+    def error_once(self: argparse.ArgumentParser, message: str) -> Any:
+        said = f"{self.prog}: error: {message}"
+        first = _claim(f"usage {said}", int(rank))
+        note_failure(int(rank), SystemExit(said), first)
+        if first is None:
+            error(self, message)  # usage and error, exit code 2
+        self.exit(2)
+
+    def help_once(self: argparse.ArgumentParser, file: Any = None) -> None:
+        if file in (None, sys.stdout) and _claim(f"help {self.prog}", int(rank)) is not None:
+            return
+        print_help(self, file)
+
+    setattr(error_once, _REPORTED, True)
+    parser_class.error = error_once  # type: ignore[method-assign]
+    parser_class.print_help = help_once  # type: ignore[method-assign]
 
 
 def _a_collective_lost_its_peer(exc: BaseException) -> bool:

@@ -7,7 +7,8 @@ does three things for any script, gpuscale's or not, and must cost nothing measu
 1. before the script's first line, it places the rank (`gpuscale.runtime.pinning`: its cores, its thread
    pools), has a rank that only lost its peer say so in one line (`gpuscale.runtime.failures`), in a batch
    script notes a SIGUSR1 handler the script installs (`gpuscale.base.exits`) and, under torchrun, has it
-   end with its launcher (`gpuscale.base.lifeline`); none of them imports torch;
+   end with its launcher (`gpuscale.base.lifeline`); none of them imports torch; once the script imports
+   argparse, its usage error and --help are printed by one rank of the job, not by each;
 2. once the script's own ``import torch`` has finished, it registers the exit handler that ends a
    process group the script left open without gloo's abort at exit (`gpuscale.runtime.teardown`), and,
    where a records folder is named, lets `gpuscale.measure.probe.recorder` hook torch to measure the run;
@@ -135,25 +136,47 @@ def _after_torch_once_gpuscale_is_imported():
         _after_torch()
 
 
-class _AfterTorch:
-    """A meta-path finder that finds nothing itself: it wraps the loader of `torch` so that the
-    probe installs its hooks right after torch's own import has finished."""
+class _AfterImport:
+    """A meta-path finder that finds nothing itself: it wraps the loader of the module `name` so that `then` runs
+    right after that module's own import has finished (the module imported only if the script imports it)."""
+
+    def __init__(self, name, then):
+        self.name, self.then = name, then
 
     def find_spec(self, name, path=None, target=None):
-        if name != "torch":
+        if name != self.name:
             return None
         sys.meta_path.remove(self)
-        spec = importlib.util.find_spec("torch")
+        spec = importlib.util.find_spec(name)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        exec_torch = spec.loader.exec_module
+        exec_original = spec.loader.exec_module
+        then = self.then
 
         def exec_module(module):
-            exec_torch(module)
-            _after_torch_once_gpuscale_is_imported()
+            exec_original(module)
+            then()
 
         spec.loader.exec_module = exec_module
         return spec
+
+
+def _after_argparse():
+    """Once the script imports argparse: its usage error and its --help printed by one rank, not by each."""
+    try:
+        from gpuscale.runtime.failures import one_usage_message_per_job
+
+        one_usage_message_per_job()
+    except Exception as exc:
+        _say("every rank will print a usage error of the script's", exc)
+
+
+def _when_imported(name, then):
+    """Run `then` once `name` is imported: now if it already is, else right after the script's import of it."""
+    if name in sys.modules:
+        then()
+    else:
+        sys.meta_path.insert(0, _AfterImport(name, then))
 
 
 def _run_next_sitecustomize():
@@ -176,10 +199,8 @@ def _in_a_child_of_a_rank():
 
 if _a_rank():
     _before_the_script()
-    if "torch" in sys.modules:  # imported by something before us (another site hook): hook it now
-        _after_torch()
-    else:
-        sys.meta_path.insert(0, _AfterTorch())
+    _when_imported("torch", _after_torch_once_gpuscale_is_imported)  # now if another site hook imported it before us
+    _when_imported("argparse", _after_argparse)
 elif "RANK" in os.environ and os.environ.get("GPUSCALE_PROBE_OWNER"):
     _in_a_child_of_a_rank()
 _run_next_sitecustomize()
