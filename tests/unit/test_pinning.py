@@ -193,16 +193,18 @@ def test_a_child_of_a_rank_ignores_slurms_warning_and_keeps_its_cores(tmp_path):
 def test_on_a_node_without_gpus_accelerate_is_told_to_distribute_over_the_ranks(monkeypatch):
     """As `accelerate launch --cpu` does: without ACCELERATE_USE_CPU, Accelerate (and the HF Trainer) leaves each of a
     launcher's ranks on its own on a node without GPUs, and N ranks train N copies. Not for one rank, not where the
-    node has GPUs (whatever a visibility variable says), never over the user's own choice."""
+    node has GPUs (whatever a visibility variable says), never over the user's own choice. DeepSpeed's CPU
+    accelerator is told the node's process count, even for one rank."""
     two = detect_env({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "h", "MASTER_PORT": "1"})
     one = detect_env({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "h", "MASTER_PORT": "1"})
     monkeypatch.setattr(pinning, "no_gpu_hardware", lambda: True)
     environ: dict[str, str] = {"CUDA_VISIBLE_DEVICES": "0,1"}  # SLURM's GPUs of a node that has none
     assert pinning.distribute_on_cpus(two, environ) and environ["ACCELERATE_USE_CPU"] == "true"
+    assert environ["LOCAL_SIZE"] == "2"  # DeepSpeed's CPU accelerator counts its devices from it, as its launcher sets it
     environ = {}
-    assert not pinning.distribute_on_cpus(one, environ) and environ == {}
-    environ = {"ACCELERATE_USE_CPU": "0"}
-    assert not pinning.distribute_on_cpus(two, environ) and environ == {"ACCELERATE_USE_CPU": "0"}
+    assert not pinning.distribute_on_cpus(one, environ) and environ == {"LOCAL_SIZE": "1"}  # DeepSpeed's count only
+    environ = {"ACCELERATE_USE_CPU": "0", "LOCAL_SIZE": "4"}
+    assert not pinning.distribute_on_cpus(two, environ) and environ == {"ACCELERATE_USE_CPU": "0", "LOCAL_SIZE": "4"}
     monkeypatch.setattr(pinning, "no_gpu_hardware", lambda: False)
     environ = {}
     assert not pinning.distribute_on_cpus(two, environ) and environ == {}
@@ -216,7 +218,7 @@ def test_the_cpu_flag_gpuscale_set_is_taken_back_for_deepspeed_and_a_users_never
     environ: dict[str, str] = {}
     pinning.distribute_on_cpus(two, environ)
     pinning.withdraw_cpu_flag(environ)
-    assert environ == {}
+    assert environ == {"LOCAL_SIZE": "2"}  # DeepSpeed's CPU device count stays: DeepSpeed reads it
     users = {"ACCELERATE_USE_CPU": "1"}
     pinning.withdraw_cpu_flag(users)
     assert users == {"ACCELERATE_USE_CPU": "1"}

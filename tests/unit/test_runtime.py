@@ -30,6 +30,7 @@ def test_single_process_setup_and_full_restore():
         assert set(rt.cores) == before_aff  # one rank keeps every allowed core
         assert os.environ["OMP_NUM_THREADS"] == str(len(rt.cores)) == str(torch.get_num_threads())
         assert os.environ["TOKENIZERS_PARALLELISM"] == "false"
+        assert os.environ["LOCAL_SIZE"] == "1"  # DeepSpeed's CPU accelerator's device count, as its launcher sets it
         assert gpuscale.current() is rt
         assert rt.placements == [rt.placement()] and rt.placements[0]["rank"] == 0
     assert dict(os.environ) == before_env
@@ -41,9 +42,11 @@ def test_single_process_setup_and_full_restore():
 def test_user_settings_are_kept(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")
+    monkeypatch.setenv("LOCAL_SIZE", "3")
     with gpuscale.init():
         assert os.environ["OMP_NUM_THREADS"] == "1"
         assert os.environ["TOKENIZERS_PARALLELISM"] == "true"
+        assert os.environ["LOCAL_SIZE"] == "3"
 
 
 def test_exception_inside_propagates_and_state_is_reset(capsys):

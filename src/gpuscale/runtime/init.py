@@ -17,7 +17,8 @@ On entry, in this order:
    or the cores srun already chose. ``bind="none"`` (or GPUSCALE_BIND=none)
    leaves the affinity alone;
 4. size the thread pools: OMP_NUM_THREADS = cores of this rank and TOKENIZERS_PARALLELISM=false,
-   unless the user set them;
+   unless the user set them; on the CPU, LOCAL_SIZE = the node's process count unless set, as DeepSpeed's
+   own launcher sets it for its CPU accelerator (`gpuscale.runtime.pinning.DEEPSPEED_CPU_DEVICES`);
 5. export RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT so libraries that
    read them (HF Trainer, DeepSpeed) agree with gpuscale, then start the process group (nccl on
    GPUs, CUDA and ROCm alike; gloo on CPU) with a timeout (``timeout=`` seconds, or
@@ -59,7 +60,7 @@ from gpuscale.detect.launchtime import launch_time, process_start_time
 from gpuscale.detect.log import configure_logging, format_placements, get_logger
 from gpuscale.detect.topology import BindingPlan, allowed_cores, format_cpulist, set_affinity
 from gpuscale.runtime.failures import PEER_REFUSED, note_failure, report_failure, report_refusal
-from gpuscale.runtime.pinning import OMP_FROM_LAUNCHER  # set where gpuscale run, not the user, put OMP_NUM_THREADS=1
+from gpuscale.runtime.pinning import DEEPSPEED_CPU_DEVICES, OMP_FROM_LAUNCHER  # OMP_...: gpuscale run put OMP_NUM_THREADS=1
 from gpuscale.runtime.placement import choose_device, plan_cores
 from gpuscale.runtime.refusal import announce_refusal, watch_for_refusal
 from gpuscale.runtime.teardown import end_process_group
@@ -262,6 +263,8 @@ def init(
         dev = choose_device(env, device)
         plan = plan_cores(env, dev, bind)
         cores = _bind(env, plan, restorer)
+        if dev.type == "cpu" and DEEPSPEED_CPU_DEVICES not in os.environ:  # else DeepSpeed on CPU asks numactl each step
+            restorer.setenv(DEEPSPEED_CPU_DEVICES, str(env.local_world_size))
         chosen_backend = _start_process_group(env, dev, backend, timeout_s, restorer) if env.world_size > 1 else None
         rt = Runtime(
             env=env, device=dev, backend=chosen_backend, binding=plan, cores=tuple(cores),

@@ -25,7 +25,8 @@ Thread pools: OMP_NUM_THREADS is set to the rank's core count unless the user se
 placeholder 1 that `gpuscale run` and the batch scripts give torchrun, marked by
 GPUSCALE_OMP_FROM_LAUNCHER, does not count), and TOKENIZERS_PARALLELISM=false unless set.
 On a node without GPUs, ACCELERATE_USE_CPU=true unless set (`distribute_on_cpus`): Accelerate and the HF Trainer then
-distribute over the ranks, as under `accelerate launch --cpu`.
+distribute over the ranks, as under `accelerate launch --cpu`, and LOCAL_SIZE is the node's process count unless set
+(DeepSpeed's CPU accelerator counts its devices from it: `count_cpu_devices_for_deepspeed`).
 The rank notes ``GPUSCALE_PLACED=<pid>:<source>``: `gpuscale.init()` in the same process keeps
 that placement, and the rank's own child processes (which inherit the variable) keep the cores
 they inherit.
@@ -59,7 +60,8 @@ from gpuscale.detect.topology import (
 
 __all__ = ["RANK_CORES", "GPU_CORES", "PLACED", "OMP_FROM_LAUNCHER", "plan_node", "rank_cores_text",
            "placed_source", "place_this_rank", "size_thread_pools", "sysfs_gpu_cores", "gpus_known_only_to_torch",
-           "GPU_DRIVER_FILES", "no_gpu_hardware", "no_gpu_here", "node_gpu_count", "distribute_on_cpus", "withdraw_cpu_flag"]
+           "GPU_DRIVER_FILES", "no_gpu_hardware", "no_gpu_here", "node_gpu_count", "distribute_on_cpus", "withdraw_cpu_flag",
+           "DEEPSPEED_CPU_DEVICES", "count_cpu_devices_for_deepspeed"]
 
 RANK_CORES = "GPUSCALE_RANK_CORES"
 """`gpuscale run`'s plan for its workers: how it was made, then one core list per local rank ("gpu-local:0-3;4-7")."""
@@ -186,12 +188,28 @@ ACCELERATE_CPU_SET = "GPUSCALE_SET_ACCELERATE_USE_CPU"
 `gpuscale.integrations.hf.trainer_arguments` takes it back for a Trainer on DeepSpeed (`withdraw_cpu_flag`)."""
 
 
+DEEPSPEED_CPU_DEVICES = "LOCAL_SIZE"
+"""How many devices DeepSpeed's CPU accelerator counts on a node, as DeepSpeed's own launcher sets it (the node's
+process count; torchrun and srun do not). Without it every `device_count()`, which ZeRO-3 calls at every step, runs
+`numactl --hardware` in a subprocess, and each subprocess resets which warnings Python has shown: DeepSpeed's
+deprecation warnings then come at every step, two lines each, per rank (24 per rank in 10 steps on torch 2.13)."""
+
+
+def count_cpu_devices_for_deepspeed(local_world_size: int, environ: MutableMapping[str, str]) -> None:
+    """Tell DeepSpeed's CPU accelerator the node's process count (`DEEPSPEED_CPU_DEVICES`) unless it is set."""
+    environ.setdefault(DEEPSPEED_CPU_DEVICES, str(local_world_size))
+
+
 def distribute_on_cpus(env: DistEnv, environ: MutableMapping[str, str]) -> bool:
     """On a node without GPUs, tell Accelerate and the HF Trainer to distribute over the launcher's ranks (gloo), as
     `accelerate launch --cpu` does, unless the user set ACCELERATE_USE_CPU; True where it did. (Accelerate then
     leaves DeepSpeed off: a script of one's own that gives the Trainer a DeepSpeed config on such a node sets
-    ACCELERATE_USE_CPU=0; gpuscale's own Trainer arguments take it back themselves.)"""
-    if env.world_size <= 1 or ACCELERATE_USE_CPU in environ or not no_gpu_hardware():
+    ACCELERATE_USE_CPU=0; gpuscale's own Trainer arguments take it back themselves.) DeepSpeed's CPU accelerator
+    is told the node's process count too (`count_cpu_devices_for_deepspeed`), also for one process."""
+    if not no_gpu_hardware():
+        return False
+    count_cpu_devices_for_deepspeed(env.local_world_size, environ)
+    if env.world_size <= 1 or ACCELERATE_USE_CPU in environ:
         return False
     environ[ACCELERATE_USE_CPU] = "true"
     environ[ACCELERATE_CPU_SET] = "1"
