@@ -38,6 +38,10 @@ def test_lumis_worked_examples(lumi):
     cores = billing.Allocation(partition="small-g", nodes=1, gpus_per_node=1, cores_per_node=20, mem_gb_per_node=60,
                                whole_nodes=False)
     assert billing.units_per_hour(lumi, cores) == 1.5
+    # dev-g, LUMI's debugging partition, is billed as small-g: the same 2 GCDs for the 3 hours it allows = 3 GPU-hours
+    debug = billing.Allocation(partition="dev-g", nodes=1, gpus_per_node=2, cores_per_node=14, mem_gb_per_node=120,
+                               whole_nodes=False)
+    assert _hours(lumi, debug, 3) == 3
     # a standard-g node is 4 GPU-hours an hour whatever the job uses of it
     assert billing.units_per_hour(lumi, billing.Allocation(partition="standard-g", nodes=1, gpus_per_node=1,
                                                            cores_per_node=7, mem_gb_per_node=60, whole_nodes=True)) == 4

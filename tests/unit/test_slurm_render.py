@@ -387,6 +387,39 @@ def test_generic_nvidia_takes_a_container_through_pyxis():
     assert '--container-image="$IMAGE"' in srun and "IMAGE=/images/pytorch.sqsh" in text.splitlines()
 
 
+@pytest.mark.parametrize("image", [OLD_IMAGE, AI_FACTORY_IMAGE, "nvcr.io#nvidia/pytorch:24.10-py3"])
+def test_a_virtual_environment_made_in_the_container_is_activated_in_it(image):
+    """--venv with --container: the environment was made inside the image (on its Python, as the LUMI AI guide makes
+    it), so each task activates it there, after the image's own set-up ($WITH_CONDA), before anything else runs; the
+    batch shell on the host never sources it (its python3 would not be the one that runs)."""
+    venv = "/project/project_465000/venvs/my env"
+    profile = load_profile("generic-nvidia") if image.startswith("nvcr") else load_profile("lumi-g")
+    job = JobSpec(script="train.py", nodes=2, mode="srun", account="project_465000", container=image, venv=venv + "/",
+                  doctor=True)
+    text = render_sbatch(profile, job)
+    assert not [line for line in text.splitlines() if line.startswith("source")], "sourced on the host"
+    activate = f"source -- '{venv}/bin/activate' && {{ "
+    commands = _step_commands(text)
+    assert len(commands) == 2  # the doctor's step and the training's
+    for command in commands:
+        before = "$WITH_CONDA && " if image == OLD_IMAGE else ""
+        assert command.startswith(before + activate), command
+
+
+def test_lumis_debugging_partition_is_there_when_named_with_its_limits():
+    """dev-g (LUMI's partitions page): shared nodes, 3 hours, 32 nodes; never the default."""
+    lumi = load_profile("lumi-g")
+    job = JobSpec(script="train.py", nodes=2, account="p", container=AI_FACTORY_IMAGE, partition="dev-g")
+    assert "#SBATCH --partition=dev-g" in render_sbatch(lumi, job).splitlines()
+    assert "#SBATCH --exclusive" in render_sbatch(lumi, job).splitlines()  # every GCD of nodes it shares
+    with pytest.raises(ValueError, match="over partition dev-g's limit of 03:00:00"):
+        render_sbatch(lumi, JobSpec(script="train.py", account="p", container=AI_FACTORY_IMAGE, partition="dev-g",
+                                    time="04:00:00"))
+    with pytest.raises(ValueError, match="dev-g"):
+        render_sbatch(lumi, JobSpec(script="train.py", nodes=33, account="p", container=AI_FACTORY_IMAGE, partition="dev-g"))
+    assert "--partition=standard-g" in render_sbatch(lumi, JobSpec(script="train.py", account="p", container=AI_FACTORY_IMAGE))
+
+
 def test_a_python_whose_name_starts_with_a_percent_sign_is_refused():
     """bash takes a command whose first word starts with % for a job (`fg %x`: "no job control"), quoted or not."""
     with pytest.raises(ValueError, match=r"--python '%x': bash takes a command starting with % for a job; give its path instead"):

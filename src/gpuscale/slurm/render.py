@@ -29,6 +29,7 @@ import shlex
 from gpuscale._version import __version__
 from gpuscale.detect.env import SRUN_TASK_MARKER
 from gpuscale.detect.launchtime import LAUNCH_TIME
+from gpuscale.slurm.containers import ContainerSetup
 from gpuscale.slurm.jobspec import CPU_BINDS, MODES, JobSpec
 from gpuscale.slurm.profiles import Profile
 from gpuscale.slurm.stopping import requeue_block, stop_handling, task_exit_note
@@ -129,7 +130,8 @@ def render_sbatch(profile: Profile, job: JobSpec) -> str:
     """
     plan = validate_job(profile, job)
     blocks = (_header(profile, job, plan), _sbatch_options(profile, job, plan), ["", "set -euo pipefail", "", *_launch_time()],
-              _software(profile, job, plan), _rendezvous(), _environment(profile, job, plan), _venv(job), [*stop_handling(), ""],
+              _software(profile, job, plan), _rendezvous(), _environment(profile, job, plan), _venv(job, plan),
+              [*stop_handling(), ""],
               _launch(profile, job, plan))
     return "\n".join(line for block in blocks for line in block) + "\n"
 
@@ -276,16 +278,33 @@ def _environment(profile: Profile, job: JobSpec, plan: JobPlan) -> list[str]:
     return lines
 
 
-def _venv(job: JobSpec) -> list[str]:
-    """Activating the Python environment the script needs, if one was named."""
+def _venv(job: JobSpec, plan: JobPlan) -> list[str]:
+    """Activating the Python environment the script needs, if one was named: here on the host; in a container, where
+    the environment was made (inside it), in every task's command (`_in_container`)."""
     if not job.venv:
         return []
+    if plan.container:
+        return [f"# The Python environment the script needs ({job.venv}) is activated inside the container, in each task,",
+                "# after the image's own set-up: it was made there, on the image's Python.", ""]
     return [
         "# The Python environment the script needs.",
         "# shellcheck source=/dev/null",
-        f"source -- {_q(job.venv.rstrip('/') + '/bin/activate')}",
+        f"source -- {_activate_script(job.venv)}",
         "",
     ]
+
+
+def _activate_script(venv: str) -> str:
+    return _q(venv.rstrip("/") + "/bin/activate")
+
+
+def _in_container(image: ContainerSetup, job: JobSpec, inner: str) -> str:
+    """A task's command inside the container: the image's own activation, then the --venv's, then `inner`; nothing
+    runs if one of them fails."""
+    steps = [image.activate] if image.activate else []
+    if job.venv:
+        steps.append(f"source -- {_activate_script(job.venv)}")
+    return " && ".join([*steps, f"{{ {inner}; }}"]) if steps else inner
 
 
 def _launch(profile: Profile, job: JobSpec, plan: JobPlan) -> list[str]:
@@ -378,14 +397,14 @@ def _step_command(profile: Profile, job: JobSpec, plan: JobPlan, srun: list[str]
     """One srun line that runs `program` (default: the training) on every task, in the container if there is one."""
     inner = _python_command(profile, job, plan, program)
     image = plan.container
+    if image:
+        inner = _in_container(image, job, inner)
     if image and image.pyxis:  # srun starts the image (pyxis): the job's folder mounted at its own path, then the binds
-        inner = f"{image.activate} && {{ {inner}; }}" if image.activate else inner
         mounts = ",".join(['"$PWD:$PWD"', *(_q(bind) for bind in image.binds)])
         workdir = _q(image.workdir) if image.workdir else '"$PWD"'
         return " ".join([*srun, '--container-image="$IMAGE"', f"--container-mounts={mounts}", f"--container-workdir={workdir}",
                          "bash", "-c", _q(inner)])
     if image:
         binds = ["--bind", _q(",".join(image.binds))] if image.binds else []
-        inner = f"{image.activate} && {{ {inner}; }}" if image.activate else inner  # nothing runs if it fails
         return " ".join([*srun, image.exec, *binds, '"$IMAGE"', "bash", "-c", _q(inner)])
     return " ".join([*srun, "bash", "-c", _q(inner)])
