@@ -420,6 +420,22 @@ def test_lumis_debugging_partition_is_there_when_named_with_its_limits():
     assert "--partition=standard-g" in render_sbatch(lumi, JobSpec(script="train.py", account="p", container=AI_FACTORY_IMAGE))
 
 
+def test_a_generic_profile_takes_the_sites_own_partitions_and_leaves_their_limits_to_slurm():
+    """generic-nvidia cannot know a site's partitions (other_partitions): any name is taken as sharing nodes, with
+    no time or node limit of gpuscale's invention; a profile that lists its partitions still refuses others."""
+    nvidia = load_profile("generic-nvidia")
+    text = render_sbatch(nvidia, JobSpec(script="train.py", nodes=64, partition="a100", time="3-00:00:00"))
+    lines = text.splitlines()
+    assert {"#SBATCH --partition=a100", "#SBATCH --time=3-00:00:00", "#SBATCH --nodes=64", "#SBATCH --exclusive"} <= set(lines)
+    default = load_profile("generic-nvidia", {"full_node_partition": "a100"})
+    assert "#SBATCH --partition=a100" in render_sbatch(default, JobSpec(script="train.py")).splitlines()
+    assert "#SBATCH --partition=gpu" in render_sbatch(nvidia, JobSpec(script="train.py", gpus_per_node=2)).splitlines()
+    with pytest.raises(ValueError, match=r"--partition 'a100' is not a partition of lumi-g: standard-g, small-g, dev-g"):
+        render_sbatch(load_profile("lumi-g"), JobSpec(script="train.py", account="p", no_container=True, partition="a100"))
+    with pytest.raises(ValueError, match=r"full_node_partition='a100' is not one of its partitions"):
+        load_profile("lumi-g", {"full_node_partition": "a100"})
+
+
 def test_a_python_whose_name_starts_with_a_percent_sign_is_refused():
     """bash takes a command whose first word starts with % for a job (`fg %x`: "no job control"), quoted or not."""
     with pytest.raises(ValueError, match=r"--python '%x': bash takes a command starting with % for a job; give its path instead"):

@@ -51,8 +51,12 @@ def run(args: argparse.Namespace) -> int:
     for name, part in profile.partitions.items():
         role = [r for r, p in (("full nodes", profile.full_node_partition), ("partial nodes", profile.partial_node_partition)) if p == name]
         print(f"  partition   {name}: {'whole nodes' if part.whole_node else 'shared nodes (CPU masks need --exclusive)'}, "
-              f"max {part.max_time}" + (f", max {part.max_nodes} nodes" if part.max_nodes else "")
-              + (f"  [default for {' and '.join(role)}]" if role else ""))
+              + (f"max {part.max_time}" if part.max_time else "time limit SLURM's")
+              + (f", max {part.max_nodes} nodes" if part.max_nodes else "") + (f"  [default for {' and '.join(role)}]" if role else ""))
+    if profile.other_partitions:
+        unlisted = sorted({profile.full_node_partition, profile.partial_node_partition} - set(profile.partitions))
+        print("  partition   any other named with --partition: taken as sharing nodes, its limits SLURM's"
+              + (f" (default: {', '.join(unlisted)})" if unlisted else ""))
     for name in profile.partitions:
         rule = rule_words(profile, name)
         if rule:

@@ -99,7 +99,7 @@ def _gb(size: str | None) -> float | None:
 
 def allocation_of_plan(profile: Any, plan: Any, nodes: int) -> Allocation:
     """What a rendered job asks for (`gpuscale.slurm.validate.JobPlan`)."""
-    whole = bool(plan.exclusive) or profile.partitions[plan.partition].whole_node
+    whole = bool(plan.exclusive) or profile.partition(plan.partition).whole_node
     cores = plan.tasks_per_node * plan.cpus_per_task
     if plan.mem_per_node is not None:
         mem = _gb(plan.mem_per_node)
@@ -114,7 +114,7 @@ def default_allocation(profile: Any, nodes: int, gpus_per_node: int) -> Allocati
     """What gpuscale's batch script asks for by default on `profile` for `gpus_per_node` GPUs on each node: the
     profile's partition for that share, its cores per GPU and memory per GPU (a job of every GPU owns its nodes)."""
     partition = profile.partition_for(gpus_per_node)
-    whole = gpus_per_node >= profile.gpus_per_node or profile.partitions[partition].whole_node
+    whole = gpus_per_node >= profile.gpus_per_node or profile.partition(partition).whole_node
     per_gpu = _gb(profile.mem_per_gpu)
     return Allocation(partition=partition, nodes=nodes, gpus_per_node=gpus_per_node,
                       cores_per_node=profile.cpus_per_gpu() * gpus_per_node,

@@ -20,7 +20,9 @@ Schema (top level, then tables):
     full_node_partition = "standard-g"   # used when a job takes all GPUs of its nodes
     partial_node_partition = "small-g"   # used otherwise
     gpu_cores = ["49-55", ...]           # optional: cores next to each GPU, in GPU order
-    [partitions.NAME]  whole_node = true|false, max_time = "D-HH:MM:SS", max_nodes = N (optional)
+    [partitions.NAME]  whole_node = true|false, max_time = "D-HH:MM:SS", max_nodes = N (both optional: SLURM's)
+    other_partitions = false             # true: --partition may name one not listed (a generic profile), taken as
+                                         #   sharing nodes, its limits SLURM's (`gpuscale.slurm.partitions`)
     require_account = true               # refuse a job without --account (LUMI's SLURM refuses such jobs)
     require_software = true              # refuse a job that names no software environment: --container IMAGE,
                                          #   --module NAME, --venv DIR, or --no-container (the host's python3)
@@ -57,7 +59,6 @@ the image's file name (`gpuscale.slurm.containers`); `Profile.container_for` res
 from __future__ import annotations
 
 import difflib
-import json
 import math
 import os
 import re
@@ -72,7 +73,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 from gpuscale.detect.topology import parse_cpulist
-from gpuscale.slurm.billing import Billing, billing_from_dict, check_billing
+from gpuscale.slurm.billing import check_billing
 from gpuscale.slurm.containers import (
     Container,
     ContainerImage,
@@ -82,8 +83,9 @@ from gpuscale.slurm.containers import (
     images_from_dict,
     resolve,
 )
+from gpuscale.slurm.partitions import UNLISTED, Partition, check_partitions, partitions_from_dict, table_name
 from gpuscale.slurm.times import format_time, parse_time
-from gpuscale.slurm.values import ENV_NAME, MEMORY, SBATCH_SAFE, check_keys
+from gpuscale.slurm.values import ENV_NAME, MEMORY, check_keys
 
 __all__ = ["Profile", "Partition", "Container", "ContainerImage", "ContainerSetup", "load_profile", "list_profiles", "parse_override",
            "parse_time", "format_time", "profile_dirs"]
@@ -109,20 +111,6 @@ def profile_dirs() -> list[Path]:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Partition:
-    """A SLURM partition of the cluster."""
-
-    whole_node: bool
-    """True if jobs always get whole nodes (then CPU masks are safe without --exclusive)."""
-    max_time: str
-    """The partition's time limit (SLURM time)."""
-    max_nodes: int | None = None
-    """Most nodes one job may use, if limited."""
-    billing: Billing | None = None
-    """How the cluster bills a job here (`gpuscale.slurm.billing`), if the profile knows; its unit is the profile's."""
-
-
-@dataclass(frozen=True, kw_only=True)
 class Profile:
     """A cluster's nodes, partitions, software start-up and environment (see the module docstring)."""
 
@@ -134,6 +122,7 @@ class Profile:
     full_node_partition: str
     partial_node_partition: str
     partitions: dict[str, Partition]
+    other_partitions: bool = False
     mem_per_gpu: str | None = None
     full_node_mem: str | None = None
     forbid_cpus_per_gpu: bool = False
@@ -170,30 +159,17 @@ class Profile:
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{where}: {key}={value!r} must be a positive whole number")
-        for key in ("forbid_cpus_per_gpu", "require_account", "require_software", "clean_modules"):
+        for key in ("forbid_cpus_per_gpu", "require_account", "require_software", "clean_modules", "other_partitions"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"{where}: {key}={getattr(self, key)!r} must be true or false")
         for key in ("mem_per_gpu", "full_node_mem"):
             value = getattr(self, key)
             if value is not None and not (isinstance(value, str) and MEMORY.match(value)):
                 raise ValueError(f"{where}: {key}={value!r} is not a SLURM size; write e.g. \"60G\", \"4000M\" or \"0\" (all)")
-        if not self.partitions:
-            raise ValueError(f"{where}: needs at least one [partitions.NAME] table")
+        check_partitions(self.partitions, where)
         for key in ("full_node_partition", "partial_node_partition"):
-            if getattr(self, key) not in self.partitions:
+            if getattr(self, key) not in self.partitions and not self.other_partitions:
                 raise ValueError(f"{where}: {key}={getattr(self, key)!r} is not one of its partitions: {', '.join(map(_show, self.partitions))}")
-        for name, part in self.partitions.items():
-            if not SBATCH_SAFE.match(name):
-                raise ValueError(f"{where}: partition name {name!r} cannot go on an #SBATCH line; "
-                                 "use letters, digits and _ . , : % @ / + = - only")
-            try:
-                parse_time(part.max_time)
-            except ValueError as exc:
-                raise ValueError(f"{where} {_table(name)}: max_time: {exc}") from None
-            if not isinstance(part.whole_node, bool):
-                raise ValueError(f"{where} {_table(name)}: whole_node must be true or false")
-            if part.max_nodes is not None and (not isinstance(part.max_nodes, int) or isinstance(part.max_nodes, bool) or part.max_nodes < 1):
-                raise ValueError(f"{where} {_table(name)}: max_nodes={part.max_nodes!r} must be a positive whole number")
         if self.gpu_cores is not None:
             if len(self.gpu_cores) != self.gpus_per_node:
                 raise ValueError(f"{where}: gpu_cores lists {len(self.gpu_cores)} GPUs but gpus_per_node is {self.gpus_per_node}")
@@ -206,7 +182,7 @@ class Profile:
         warn = self.warn_before_end_s
         if not isinstance(warn, int) or isinstance(warn, bool) or not 0 <= warn <= 65535:  # sbatch --signal's range
             raise ValueError(f"{where}: warn_before_end_s={warn!r} must be a whole number of seconds in 0..65535")
-        check_billing(self.billing_unit, self.billing_source, [_table(n) for n, p in self.partitions.items() if p.billing], where)
+        check_billing(self.billing_unit, self.billing_source, [table_name(n) for n, p in self.partitions.items() if p.billing], where)
         check_containers(self.container, self.containers, where)
         _check_node_dirs(self.node_dirs, where)
         for table in ("env", "env_shell"):
@@ -221,6 +197,15 @@ class Profile:
         whose pattern matches the image's file name (exec and activate replaced, binds added); or those of the
         table `pattern` names, to show it."""
         return resolve(self.container or Container(), self.containers, image, pattern)
+
+    def partition(self, name: str) -> Partition:
+        """The partition `name`: one the profile lists, or, where it takes others (``other_partitions``), `UNLISTED`;
+        ValueError naming the ones it has otherwise."""
+        if name in self.partitions:
+            return self.partitions[name]
+        if self.other_partitions:
+            return UNLISTED
+        raise ValueError(f"--partition {name!r} is not a partition of {self.name}: {', '.join(self.partitions)}")
 
     def partition_for(self, gpus_per_node: int) -> str:
         """The default partition for a job using `gpus_per_node` GPUs on each node."""
@@ -254,12 +239,6 @@ def _where(name: Any, source: Any) -> str:
     return f"profile {_show(name)} ({_show(source)})"
 
 
-def _table(partition: Any) -> str:
-    """How the partition's table is written in TOML: [partitions.gpu], or quoted: [partitions."a b"]."""
-    bare = isinstance(partition, str) and re.fullmatch(r"[A-Za-z0-9_-]+", partition)
-    return f"[partitions.{partition}]" if bare else f"[partitions.{json.dumps(str(partition))}]"
-
-
 def _check_cpulist(cores: Any, where: str) -> None:
     """A gpu_cores entry: a core list like "49-55" that names at least one core, none past MAX_CORE."""
     hint = "write e.g. \"49-55\" or \"0-3,8\""
@@ -272,7 +251,6 @@ def _check_cpulist(cores: Any, where: str) -> None:
 
 
 _TOP_KEYS = {f.name for f in fields(Profile)} - {"name", "source"}
-_PARTITION_KEYS = {f.name for f in fields(Partition)}
 
 
 def profile_from_dict(name: str, data: dict[str, Any], source: str = "<dict>") -> Profile:
@@ -283,18 +261,7 @@ def profile_from_dict(name: str, data: dict[str, Any], source: str = "<dict>") -
     missing = sorted(required - set(data))
     if missing:
         raise ValueError(f"{where}: missing key {missing[0]!r} (required: {', '.join(sorted(required))})")
-    if not isinstance(data["partitions"], dict):
-        raise ValueError(f"{where}: partitions must be tables, e.g. [partitions.gpu] with whole_node and max_time")
-    partitions = {}
-    for part_name, part in data["partitions"].items():
-        if not isinstance(part, dict):
-            raise ValueError(f"{where}: {_table(part_name)} must be a table")
-        check_keys(part, _PARTITION_KEYS, f"{where} {_table(part_name)}")
-        if "whole_node" not in part or "max_time" not in part:
-            raise ValueError(f"{where} {_table(part_name)}: needs whole_node and max_time")
-        if "billing" in part:
-            part = {**part, "billing": billing_from_dict(part["billing"], f"{where} {_table(part_name)}")}
-        partitions[part_name] = Partition(**part)
+    partitions = partitions_from_dict(data["partitions"], where)
     container = container_from_dict(data["container"], where) if "container" in data else None
     containers = images_from_dict(data.get("containers", {}), where)
     values = {k: v for k, v in data.items() if k not in ("partitions", "container", "containers")}

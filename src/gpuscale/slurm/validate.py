@@ -45,7 +45,7 @@ def validate_job(profile: Profile, job: JobSpec) -> JobPlan:
     _check_software(profile, job)
     gpus = _gpus_per_node(profile, job)
     partition = _partition(profile, job, gpus)
-    part = profile.partitions[partition]
+    part = profile.partition(partition)
     time_s = _time_limit(job, partition, part)
     tasks = _tasks_per_node(job, gpus)
     _check_cpus_per_gpu(profile, job)
@@ -117,9 +117,7 @@ def _gpus_per_node(profile: Profile, job: JobSpec) -> int:
 def _partition(profile: Profile, job: JobSpec, gpus: int) -> str:
     """The partition (default: the profile's for this many GPUs): one of the profile's, holding this many nodes."""
     partition = job.partition or profile.partition_for(gpus)
-    if partition not in profile.partitions:
-        raise ValueError(f"--partition {partition!r} is not a partition of {profile.name}: {', '.join(profile.partitions)}")
-    part = profile.partitions[partition]
+    part = profile.partition(partition)
     if part.max_nodes is not None and job.nodes > part.max_nodes:
         raise ValueError(f"--nodes {job.nodes} is more than partition {partition} allows ({part.max_nodes})")
     return partition
@@ -128,7 +126,7 @@ def _partition(profile: Profile, job: JobSpec, gpus: int) -> str:
 def _time_limit(job: JobSpec, partition: str, part: Partition) -> int:
     """--time in seconds, within the partition's limit."""
     time_s = parse_time(job.time)
-    if time_s > parse_time(part.max_time):
+    if part.max_time is not None and time_s > parse_time(part.max_time):
         raise ValueError(f"--time {job.time} is over partition {partition}'s limit of {part.max_time}; ask for at most that")
     return time_s
 
