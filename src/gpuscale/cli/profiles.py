@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"  file        {profile.source}")
     print(f"  node        {profile.gpus_per_node} GPU(s) ({profile.gpu_vendor}), {profile.cpus_per_node} usable cores, "
           f"{profile.cpus_per_gpu()} cores per GPU" + (f", {profile.mem_per_gpu} per GPU" if profile.mem_per_gpu else "")
+          + (f" (at most {profile.node_mem} a node)" if profile.node_mem else "")
           + ("" if profile.full_node_mem is None else ", whole nodes: all their memory (--mem=0)" if profile.full_node_mem == "0"
              else f", whole nodes: --mem={profile.full_node_mem}"))
     for name, part in profile.partitions.items():

@@ -21,17 +21,14 @@ included: `units` takes it from the caller (a run's time to result, a predicted 
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from typing import Any
 
-from gpuscale.slurm.values import check_keys
+from gpuscale.slurm.values import check_keys, memory_gb
 
 __all__ = ["Billing", "Allocation", "billing_from_dict", "check_billing", "units_per_hour", "rule_words", "allocation_of_plan",
            "default_allocation", "record_for"]
 
-_SIZE = re.compile(r"^([0-9]+)([KMGT]?)\Z")
-_GB = {"K": 1 / 2**20, "M": 1 / 1024, "": 1 / 1024, "G": 1.0, "T": 1024.0}  # SLURM sizes: M is the default unit
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,21 +87,14 @@ class Allocation:
     whole_nodes: bool
 
 
-def _gb(size: str | None) -> float | None:
-    match = _SIZE.match(size or "")
-    if not match or size == "0":
-        return None
-    return int(match.group(1)) * _GB[match.group(2)]
-
-
 def allocation_of_plan(profile: Any, plan: Any, nodes: int) -> Allocation:
     """What a rendered job asks for (`gpuscale.slurm.validate.JobPlan`)."""
     whole = bool(plan.exclusive) or profile.partition(plan.partition).whole_node
     cores = plan.tasks_per_node * plan.cpus_per_task
     if plan.mem_per_node is not None:
-        mem = _gb(plan.mem_per_node)
+        mem = memory_gb(plan.mem_per_node)
     else:
-        per_gpu = _gb(plan.mem_per_gpu)
+        per_gpu = memory_gb(plan.mem_per_gpu)
         mem = None if per_gpu is None else per_gpu * plan.gpus_per_node
     return Allocation(partition=plan.partition, nodes=nodes, gpus_per_node=plan.gpus_per_node, cores_per_node=cores,
                       mem_gb_per_node=mem, whole_nodes=whole)
@@ -115,7 +105,7 @@ def default_allocation(profile: Any, nodes: int, gpus_per_node: int) -> Allocati
     profile's partition for that share, its cores per GPU and memory per GPU (a job of every GPU owns its nodes)."""
     partition = profile.partition_for(gpus_per_node)
     whole = gpus_per_node >= profile.gpus_per_node or profile.partition(partition).whole_node
-    per_gpu = _gb(profile.mem_per_gpu)
+    per_gpu = memory_gb(profile.mem_per_gpu)
     return Allocation(partition=partition, nodes=nodes, gpus_per_node=gpus_per_node,
                       cores_per_node=profile.cpus_per_gpu() * gpus_per_node,
                       mem_gb_per_node=None if per_gpu is None else per_gpu * gpus_per_node, whole_nodes=whole)

@@ -14,6 +14,7 @@ Schema (top level, then tables):
     gpus_per_node = 8                    # GPUs (GCDs on MI250X) per node
     cpus_per_node = 56                   # cores a job may use per node
     mem_per_gpu = "60G"                  # optional default for --mem-per-gpu
+    node_mem = "480G"                    # optional: the most memory a job may ask for on one node (checked)
     full_node_mem = "0"                  # optional: --mem of a job that owns whole nodes ("0": all of each node's
                                          #   memory; the default per CPU is often a fraction of it); else mem_per_gpu
     forbid_cpus_per_gpu = false          # refuse --cpus-per-gpu (it breaks GPU peer access on LUMI)
@@ -124,6 +125,7 @@ class Profile:
     partitions: dict[str, Partition]
     other_partitions: bool = False
     mem_per_gpu: str | None = None
+    node_mem: str | None = None
     full_node_mem: str | None = None
     forbid_cpus_per_gpu: bool = False
     gpu_cores: tuple[str, ...] | None = None
@@ -162,7 +164,7 @@ class Profile:
         for key in ("forbid_cpus_per_gpu", "require_account", "require_software", "clean_modules", "other_partitions"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"{where}: {key}={getattr(self, key)!r} must be true or false")
-        for key in ("mem_per_gpu", "full_node_mem"):
+        for key in ("mem_per_gpu", "full_node_mem", "node_mem"):
             value = getattr(self, key)
             if value is not None and not (isinstance(value, str) and MEMORY.match(value)):
                 raise ValueError(f"{where}: {key}={value!r} is not a SLURM size; write e.g. \"60G\", \"4000M\" or \"0\" (all)")

@@ -400,7 +400,8 @@ def _step_command(profile: Profile, job: JobSpec, plan: JobPlan, srun: list[str]
     if image:
         inner = _in_container(image, job, inner)
     if image and image.pyxis:  # srun starts the image (pyxis): the job's folder mounted at its own path, then the binds
-        mounts = ",".join(['"$PWD:$PWD"', *(_q(bind) for bind in image.binds)])
+        # and the stop marker's folder: enroot gives each container a /tmp of its own, which the batch shell never sees
+        mounts = ",".join(['"$PWD:$PWD"', '"$stop_dir:$stop_dir"', *(_q(bind) for bind in image.binds)])
         workdir = _q(image.workdir) if image.workdir else '"$PWD"'
         return " ".join([*srun, '--container-image="$IMAGE"', f"--container-mounts={mounts}", f"--container-workdir={workdir}",
                          "bash", "-c", _q(inner)])

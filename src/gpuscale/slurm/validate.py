@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from gpuscale.slurm.jobspec import CPU_BINDS, MODES, JobSpec
 from gpuscale.slurm.profiles import ContainerSetup, Partition, Profile
 from gpuscale.slurm.times import parse_time
-from gpuscale.slurm.values import ENV_NAME, MEMORY, SBATCH_SAFE
+from gpuscale.slurm.values import ENV_NAME, MEMORY, SBATCH_SAFE, memory_gb
 
 __all__ = ["JobPlan", "validate_job"]
 
@@ -53,7 +53,7 @@ def validate_job(profile: Profile, job: JobSpec) -> JobPlan:
     masks = _cpu_masks(profile, job, partition, part.whole_node or exclusive, gpus)
     cpus_per_task = _cpus_per_task(profile, job, gpus)
     mem_per_node = _mem_per_node(profile, job, gpus)
-    mem = None if mem_per_node is not None else _mem_per_gpu(profile, job)  # sbatch takes one of --mem and --mem-per-gpu
+    mem = None if mem_per_node is not None else _mem_per_gpu(profile, job, gpus)  # sbatch takes one of --mem and --mem-per-gpu
     image = _image(profile, job)
     container = profile.container_for(image) if image else None
     _check_env_names(job)
@@ -182,11 +182,20 @@ def _cpus_per_task(profile: Profile, job: JobSpec, gpus: int) -> int:
     return cpus_per_task
 
 
-def _mem_per_gpu(profile: Profile, job: JobSpec) -> str | None:
-    """Memory per GPU (default: the profile's), a SLURM size if given."""
+def _mem_per_gpu(profile: Profile, job: JobSpec, gpus: int) -> str | None:
+    """Memory per GPU (default: the profile's), a SLURM size with its unit if given, within what a node has for a job
+    (the profile's node_mem, if known)."""
     mem = job.mem_per_gpu or profile.mem_per_gpu
     if mem is not None and not MEMORY.match(mem):
         raise ValueError(f"--mem-per-gpu {mem!r} is not a SLURM size; write e.g. 60G or 4000M")
+    if job.mem_per_gpu and job.mem_per_gpu.isdigit():
+        raise ValueError(f"--mem-per-gpu {mem} has no unit, and SLURM reads {mem} megabytes; write {mem}G for gigabytes "
+                         f"(or {mem}M if megabytes are meant)")
+    per_gpu, node = memory_gb(mem), memory_gb(profile.node_mem)
+    if per_gpu is not None and node is not None and per_gpu * gpus > node + 1e-9:
+        most = f"{int(node // gpus)}G" if node >= gpus else f"{int(node * 1024 // gpus)}M"
+        raise ValueError(f"--mem-per-gpu {mem} x {gpus} GPUs is more than a node of {profile.name} has for a job "
+                         f"({profile.node_mem}); ask for at most {most} per GPU")
     return mem
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["ENV_NAME", "SBATCH_SAFE", "MEMORY", "check_keys"]
+__all__ = ["ENV_NAME", "SBATCH_SAFE", "MEMORY", "memory_gb", "check_keys"]
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 """An environment variable's name."""
@@ -18,6 +18,16 @@ SBATCH_SAFE = re.compile(r"^[A-Za-z0-9_.,:%@/+=-]+\Z")
 """A value for an #SBATCH line (partition, account, ...): sbatch splits the line itself, so no spaces, quotes or newlines."""
 MEMORY = re.compile(r"^[0-9]+[KMGT]?\Z")
 """A SLURM memory size: a number with an optional K, M, G or T."""
+_UNIT_GB = {"K": 1 / 2**20, "M": 1 / 1024, "": 1 / 1024, "G": 1.0, "T": 1024.0}  # SLURM sizes: M is the default unit
+
+
+def memory_gb(size: str | None) -> float | None:
+    """A SLURM memory size in GB (a bare number is megabytes, as SLURM reads it); None for none, "0" (all of a node's
+    memory) or a text that is not a size."""
+    if not size or size == "0" or not MEMORY.match(size):
+        return None
+    unit = size[-1] if size[-1].isalpha() else ""
+    return int(size[:-1] if unit else size) * _UNIT_GB[unit]
 
 
 def check_keys(found: dict, valid: set[str], where: str) -> None:
