@@ -443,6 +443,23 @@ def test_a_generic_profile_takes_the_sites_own_partitions_and_leaves_their_limit
         load_profile("lumi-g", {"full_node_partition": "a100"})
 
 
+@pytest.mark.parametrize("set_before, found", [({}, True), ({"HF_HOME": "/scratch/p/mine"}, False), ({"HF_TOKEN": "hf_x"}, False)])
+def test_lumi_jobs_keep_the_hugging_face_login_where_hf_home_moves_to_scratch(tmp_path, set_before, found):
+    """huggingface_hub reads the token from $HF_HOME/token: with HF_HOME moved to scratch, the job is pointed at the
+    token `hf auth login` saved in the home folder; a user's own HF_HOME or token is left alone."""
+    home = tmp_path / "home"
+    (home / ".cache" / "huggingface").mkdir(parents=True)
+    (home / ".cache" / "huggingface" / "token").write_text("hf_secret")
+    text = render_sbatch(load_profile("lumi-g"), JobSpec(script="train.py", account="p", no_container=True))
+    setup = text[text.index("# Your Hugging Face login"):text.index("# Rank 0's host")]
+    program = setup + '\necho "HF_TOKEN_PATH=${HF_TOKEN_PATH:-}"\n'
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), **set_before}
+    result = subprocess.run(["bash", "-euc", program], capture_output=True, text=True, env=env, timeout=30)
+    assert result.returncode == 0, result.stderr
+    expected = str(home / ".cache" / "huggingface" / "token") if found else ""
+    assert result.stdout.strip().splitlines()[-1] == f"HF_TOKEN_PATH={expected}"
+
+
 def test_a_python_whose_name_starts_with_a_percent_sign_is_refused():
     """bash takes a command whose first word starts with % for a job (`fg %x`: "no job control"), quoted or not."""
     with pytest.raises(ValueError, match=r"--python '%x': bash takes a command starting with % for a job; give its path instead"):

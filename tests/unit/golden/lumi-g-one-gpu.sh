@@ -30,6 +30,10 @@ module --quiet purge
 set -u
 while read -r name; do unset "$name"; done < <(compgen -e | grep -E '^(SINGULARITYENV|APPTAINERENV)_' || true)
 
+# Site set-up from the profile (modules and the like).
+# Your Hugging Face login, where HF_HOME moves to scratch below: the token `hf auth login` saved in your home.
+if [ -z "${HF_HOME:-}${HF_TOKEN_PATH:-}${HF_TOKEN:-}" ] && [ -f "${HOME:-}/.cache/huggingface/token" ]; then export HF_TOKEN_PATH="$HOME/.cache/huggingface/token"; fi
+
 # Modules asked for with --module, in order.
 set +u  # the module command reads variables that may be unset
 module load cray-python
