@@ -128,6 +128,30 @@ def test_a_rank_that_hangs_alive_is_ended_by_the_collective_timeout():
     assert "timed out" in result.stderr.lower() or "timeout" in result.stderr.lower()
 
 
+def test_a_plain_script_whose_rank_hangs_alive_is_ended_by_the_timeout_gpuscale_run_was_given(tmp_path):
+    """No gpuscale in the script: it starts its own gloo group, as the DDP tutorial does (torch's 30-minute default),
+    and rank 1 sleeps at step 3. `--timeout 10` ends the job well within a minute, with rank 0's timed-out all-reduce
+    named first. (A timeout the script passes itself is replaced too: tests/unit/test_collective_timeout.py.)"""
+    script = tmp_path / "stuck.py"
+    script.write_text(textwrap.dedent("""\
+        import time
+        import torch, torch.distributed as dist
+        dist.init_process_group("gloo")
+        for step in range(6):
+            if step == 3 and dist.get_rank() == 1:
+                time.sleep(600)
+            dist.all_reduce(torch.ones(4))
+        dist.destroy_process_group()
+        """))
+    start = time.monotonic()
+    result = run(gpuscale_cmd("run", "--nproc-per-node", "2", "--timeout", "10", str(script)), timeout=BOUND_S + 30)
+    elapsed = time.monotonic() - start
+    assert result.returncode != 0, result.stderr
+    assert elapsed < BOUND_S, f"ended after {elapsed:.0f} s"
+    assert f"gpuscale run: rank 0 on {HOST} failed first" in result.stderr, result.stderr
+    assert "timed out" in result.stderr.lower(), result.stderr
+
+
 def _story(*script: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
     result = run(gpuscale_cmd("run", "--nproc-per-node", "2", *script), timeout=BOUND_S + 30)
     lines = (result.stdout + result.stderr).splitlines()

@@ -344,8 +344,11 @@ def _start_process_group(env: DistEnv, device: torch.device, backend: str | None
     def victim(reason: str) -> None:  # for the launcher's last line: this rank did not fail on its own
         note_failure(env, RuntimeError(f"{PEER_REFUSED}: {reason}"))
 
+    # torch's own init_process_group: gpuscale's start-up hook gives the launcher's timeout to a script's own calls
+    # (gpuscale.runtime.collective_timeout), and init(timeout=) must win over it here
+    start_group = getattr(dist.init_process_group, "__wrapped__", dist.init_process_group)
     with watch_for_refusal(env.rank, on_refusal=victim):  # a peer that refused to start never comes: stop waiting for it
-        dist.init_process_group(
+        start_group(
             backend=chosen, init_method="env://", rank=env.rank, world_size=env.world_size,
             timeout=datetime.timedelta(seconds=timeout_s),
             device_id=device if device.type == "cuda" and chosen == "nccl" else None,  # binds NCCL's communicator to it

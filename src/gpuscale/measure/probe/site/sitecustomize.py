@@ -9,7 +9,8 @@ does three things for any script, gpuscale's or not, and must cost nothing measu
    script notes a SIGUSR1 handler the script installs (`gpuscale.base.exits`) and, under torchrun, has it
    end with its launcher (`gpuscale.base.lifeline`); none of them imports torch; once the script imports
    argparse, its usage error and --help are printed by one rank of the job, not by each;
-2. once the script's own ``import torch`` has finished, it registers the exit handler that ends a
+2. once the script's own ``import torch`` has finished, it has a process group the script starts use the timeout
+   ``gpuscale run --timeout`` asked for (`gpuscale.runtime.collective_timeout`), registers the exit handler that ends a
    process group the script left open without gloo's abort at exit (`gpuscale.runtime.teardown`), and,
    where a records folder is named, lets `gpuscale.measure.probe.recorder` hook torch to measure the run;
 3. then it runs the next ``sitecustomize`` on the path (a site's own, e.g. Debian's), as if this
@@ -92,6 +93,12 @@ def _after_torch():
             recorder.install()
         except Exception as exc:  # the probe never stops a training
             _say("probe: not recording this rank", exc)
+    try:
+        from gpuscale.runtime.collective_timeout import use_requested_timeout
+
+        use_requested_timeout()  # gpuscale run --timeout: also for a process group the script starts itself
+    except Exception as exc:
+        _say("the script's process group keeps its own collective timeout", exc)
     try:
         from gpuscale.runtime.teardown import install_exit_teardown
 
