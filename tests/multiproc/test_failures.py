@@ -45,7 +45,8 @@ def test_gpuscale_run_stops_everyone_when_a_rank_dies(mode):
         assert "Traceback" not in result.stderr and result.stderr.count("planted failure on rank 1") == 1
         # ... the victim says at most one line, after it: that a peer failed first (a second after it noticed, unless
         # the launcher stopped it meanwhile), with no traceback of its own
-        assert all(line.startswith("[gpuscale] rank 0/2") and "a peer rank failed first" in line for line in _failure_lines(result.stderr)[1:])
+        assert all(line.startswith("[gpuscale] rank 0/2") and "a peer rank failed or ended first" in line
+                   for line in _failure_lines(result.stderr)[1:])
         assert len(_failure_lines(result.stderr)) <= 2
         # ... and the launcher's last line names it as the first failure
         assert result.stderr.splitlines()[-1] == (f"gpuscale run: rank 1 on {HOST} failed first (exit code 1; its error is above); "
@@ -76,7 +77,7 @@ def test_ranks_started_by_hand_do_not_hang_when_a_peer_vanishes(mode):
     assert elapsed < BOUND_S, f"rank 0 needed {elapsed:.0f} s to notice its peer died"
     if mode == "raise":
         assert _failure_lines(results[1].stderr)[0] == f"[gpuscale] rank 1/2 on {HOST} failed: planted failure on rank 1"
-        assert "a peer rank failed first" in _failure_lines(results[0].stderr)[0]
+        assert "a peer rank failed or ended first" in _failure_lines(results[0].stderr)[0]
 
 
 @pytest.mark.parametrize("world, refusing", [(2, (0,)), (2, (1,)), (2, (0, 1)), (3, (1,))],
@@ -150,6 +151,26 @@ def test_a_plain_script_whose_rank_hangs_alive_is_ended_by_the_timeout_gpuscale_
     assert elapsed < BOUND_S, f"ended after {elapsed:.0f} s"
     assert f"gpuscale run: rank 0 on {HOST} failed first" in result.stderr, result.stderr
     assert "timed out" in result.stderr.lower(), result.stderr
+
+
+def test_a_rank_that_runs_out_of_batches_first_is_named_not_its_waiting_peer(tmp_path):
+    """Uneven inputs, the classic bug, in a plain DDP script: rank 1 trains 3 steps and exits 0, rank 0's fourth
+    all-reduce loses its peer. The last line names rank 1 as the one that ended, not rank 0 as a failure."""
+    script = tmp_path / "uneven.py"
+    script.write_text(textwrap.dedent("""\
+        import torch, torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        dist.init_process_group("gloo")
+        model = DDP(torch.nn.Linear(4, 1))
+        for step in range(3 if dist.get_rank() == 1 else 10):
+            model(torch.randn(8, 4)).sum().backward()
+        """))
+    result = run(gpuscale_cmd("run", "--nproc-per-node", "2", str(script)), timeout=BOUND_S + 30)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.splitlines()[-1] == (
+        f"gpuscale run: rank 1 on {HOST} ended (exit code 0) while rank 0 still waited in a collective (its error is "
+        "above): the ranks did not run the same collectives (uneven batches per rank, or one that returned early)")
+    assert f"[gpuscale] rank 0/2 on {HOST} stopped: a peer rank failed or ended first (" in result.stderr
 
 
 def _story(*script: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:

@@ -495,3 +495,22 @@ def test_a_collective_that_timed_out_names_the_ranks_it_waited_for():
     for other in ("CUDA out of memory", "<urlopen error timed out>", "[Errno 110] Connection timed out", "Read timed out."):
         notes[0]["message"] = other  # its own error, a download's timeout among them: rank 0 was the one waited for
         assert verdict(failures, notes, 3, "h")[1].endswith("; the other ranks were stopped"), other
+
+
+def test_a_rank_that_ended_cleanly_while_its_peer_waited_is_named_not_the_peer():
+    """The classic uneven-inputs bug: rank 1 ran out of batches and exited 0, rank 0's next all-reduce lost its peer.
+    torchrun names only rank 0; the line names rank 1 as the one that ended, on the node's ranks 2-3 as on 0-1."""
+    from types import SimpleNamespace
+
+    from gpuscale.launch.verdicts import verdict
+
+    lost = {"time": 100.2, "symptom": True, "message": "[pair.cc:553] Connection closed by peer [127.0.0.1]:1770"}
+    assert verdict({0: SimpleNamespace(timestamp=100, exitcode=1)}, {0: lost}, 2, "h") == (
+        1, "gpuscale run: rank 1 on h ended (exit code 0) while rank 0 still waited in a collective (its error is above): "
+           "the ranks did not run the same collectives (uneven batches per rank, or one that returned early)")
+    line = verdict({3: SimpleNamespace(timestamp=100, exitcode=1)}, {3: lost}, 2, "h")[1]  # the second node of 2 x 2
+    assert line.startswith("gpuscale run: rank 2 on h ended (exit code 0) while rank 3 still waited")
+    # a rank that failed of its own error is the cause, whoever exited 0
+    own = {"time": 100.2, "symptom": False, "message": "RuntimeError: boom"}
+    assert verdict({0: SimpleNamespace(timestamp=100, exitcode=1)}, {0: own}, 2, "h")[1] == (
+        "gpuscale run: rank 0 on h failed first (exit code 1; its error is above)")

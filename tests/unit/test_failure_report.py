@@ -78,7 +78,7 @@ def test_a_rank_that_lost_its_peer_says_one_line(tmp_path):
     result = raise_reported(f"RuntimeError({GLOO!r})", tmp_path=tmp_path)
     assert result.returncode == 1
     [line] = result.stderr.splitlines()
-    assert line.startswith(f"[gpuscale] rank 1/2 on {HOST} stopped: a peer rank failed first (")
+    assert line.startswith(f"[gpuscale] rank 1/2 on {HOST} stopped: a peer rank failed or ended first (")
 
 
 def test_one_process_leaves_a_usage_error_to_python():
@@ -115,7 +115,7 @@ def test_the_same_error_on_two_ranks_is_printed_by_the_first_only(tmp_path, monk
     report_failure(rank_env(0), ValueError(BATCH))
     err = capsys.readouterr().err.splitlines()
     assert err[0] == f"[gpuscale] rank 0/2 on {HOST} failed: something else"
-    assert "a peer rank failed first" in err[1] and err[2] == f"[gpuscale] rank 0/2 on {HOST} failed: {BATCH}" and len(err) == 3
+    assert "a peer rank failed or ended first" in err[1] and err[2] == f"[gpuscale] rank 0/2 on {HOST} failed: {BATCH}" and len(err) == 3
     assert sorted(p.name for p in tmp_path.iterdir() if ".rank-" in p.name) == []  # no claim left half-made
 
 

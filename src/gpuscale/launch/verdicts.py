@@ -90,6 +90,12 @@ def verdict(failures: Mapping[int, Any], notes: Mapping[int, Mapping[str, Any]],
         # every rank returned the same status and none raised: most likely the script's own verdict (gpuscale doctor's 1);
         # anything a rank printed is above. (One rank's exit that made the agent stop the others is a failure, below.)
         return min(codes), f"gpuscale run: every rank exited with code {min(codes)}"
+    ended = _ended_first(failures, notes, nproc)
+    if ended:
+        waited = ", ".join(map(str, sorted(failures)))
+        return 1, (f"gpuscale run: rank{'s' if len(ended) > 1 else ''} {', '.join(map(str, ended))} on {host} ended (exit code 0) "
+                   f"while rank{'s' if len(failures) > 1 else ''} {waited} still waited in a collective (its error is above): "
+                   "the ranks did not run the same collectives (uneven batches per rank, or one that returned early)")
     rank = first_failure(failures, notes)
     same = sorted(r for r, note in notes.items() if note.get("repeat_of") == rank and r in failures)
     code = _story_code(failures, notes, (rank, *same))
@@ -107,6 +113,15 @@ def verdict(failures: Mapping[int, Any], notes: Mapping[int, Mapping[str, Any]],
     elif others:
         line += "; the other ranks were stopped"
     return (128 - code if code < 0 else (code or 1)), line
+
+
+def _ended_first(failures: Mapping[int, Any], notes: Mapping[int, Mapping[str, Any]], nproc: int) -> list[int]:
+    """This node's ranks that exited 0 while every rank that failed only lost its peer: those ended first. (torchrun
+    gives each node a block of `nproc` consecutive ranks, and names only the failed ones.)"""
+    if not failures or not all((notes.get(rank) or {}).get("symptom") for rank in failures):
+        return []
+    first = min(failures) // nproc * nproc
+    return sorted(set(range(first, first + nproc)) - set(failures))
 
 
 TIMEOUT_SYMPTOMS = (re.compile(r"Timed out waiting \d+ms for (recv|send) operation"),  # gloo

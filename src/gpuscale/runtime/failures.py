@@ -140,8 +140,8 @@ def lost_peer_report(who: str, exc: BaseException, rank: int | None) -> str:
 def _lost_peer_line(who: str, exc: BaseException) -> str:
     first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     first = re.sub(r"^\[[^\]]*\.(?:cc|cpp|h):\d+\]\s*", "", first)  # gloo's "[.../pair.cc:553] " source location
-    return (f"{who} stopped: a peer rank failed first ({_shortened(first, 160)}); its report says why (its own, or for a "
-            "rank a signal ended, its launcher's)\n")
+    return (f"{who} stopped: a peer rank failed or ended first ({_shortened(first, 160)}); its report says why (its own, or "
+            "for a rank a signal ended or one that ended without an error, its launcher's)\n")
 
 
 def _shortened(text: str, limit: int) -> str:
