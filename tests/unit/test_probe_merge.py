@@ -242,7 +242,25 @@ def test_model_inputs_count_training_forwards_only():
     model(torch.zeros(9, 4))
     other(torch.zeros(2, 4))
     assert counted.as_dict() | {"first_at": None} == {"calls": 3, "samples": 13, "unknown_batch": None, "first_at": None,
-                                                      "batch_sizes": {"2": 1, "3": 1, "8": 1}}
+                                                      "after_last_step": 0, "batch_sizes": {"2": 1, "3": 1, "8": 1}}
+
+
+def test_model_inputs_count_the_forwards_whose_optimizer_step_came():
+    """A run that fails (or ends inside an accumulation) after a forward: that forward trained nothing. The counts are
+    those up to the last optimizer step, the forwards after it said apart."""
+    import torch
+
+    from gpuscale.measure.probe.model_inputs import ModelInputs
+
+    model, counted = torch.nn.Linear(4, 2), ModelInputs()
+    counted.watch(model)
+    for _ in range(2):  # two steps of two micro-batches of 8
+        model(torch.zeros(8, 4))
+        model(torch.zeros(8, 4))
+        counted.stepped()
+    model(torch.zeros(8, 4))  # the third step's first micro-batch; the rank then failed
+    inputs = counted.as_dict()
+    assert (inputs["calls"], inputs["samples"], inputs["after_last_step"]) == (4, 32, 1)
 
 
 def test_the_imbalance_clause_says_jitter_plainly_when_no_rank_is_slower_on_average():
@@ -257,6 +275,7 @@ def test_the_imbalance_clause_says_jitter_plainly_when_no_rank_is_slower_on_aver
     assert _slow_rank(summary(0.0, None)) == ": all of it jitter, no rank slower on average"
     assert _slow_rank(summary(0.00001, 1)) == ": all of it jitter, no rank slower on average"  # 0.1%: rounds to none
     assert _slow_rank(summary(0.0031, 1)) == ": 31% of it rank 1 slower on average, the rest jitter"
+    assert _slow_rank(summary(0.00999, 1)) == ": all of it rank 1 slower on average, no jitter"  # rounds to 100%: no rest
 
 
 def test_the_ddp_schedule_says_what_a_short_run_leaves_out():

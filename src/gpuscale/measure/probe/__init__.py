@@ -117,6 +117,8 @@ def _slow_rank(summary: dict[str, Any]) -> str:
     persistent = per_step["persistent_imbalance"] / per_step["imbalance"]
     if slow is None or round(100 * persistent) == 0:
         return ": all of it jitter, no rank slower on average"
+    if round(100 * persistent) >= 100:
+        return f": all of it rank {slow} slower on average, no jitter"
     return f": {100 * persistent:.0f}% of it rank {slow} slower on average, the rest jitter"
 
 

@@ -6,7 +6,9 @@ the model the script trains (the largest `DistributedDataParallel` it made, foun
 finds it): a forward pre-hook (public: ``register_forward_pre_hook``) reads the batch dimension of
 the first tensor argument, in training mode with gradients on (an evaluation under ``no_grad`` or
 ``model.eval()`` does not count). One forward is one micro-batch; the merge uses these counts only
-for a rank whose training saw no DataLoader (`gpuscale.measure.probe.merge`, ``samples_from``).
+for a rank whose training saw no DataLoader (`gpuscale.measure.probe.merge`, ``samples_from``), and only the forwards
+up to the last optimizer step (`stepped`): a forward whose step never came (the run failed, or ended in the middle of
+an accumulation) trained nothing.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ class ModelInputs:
         self.sizes: dict[int, int] = {}
         self.unknown: str | None = None  # the type of an input whose batch size could not be read
         self.first_at: float | None = None
+        self.stepped_calls = 0  # the forwards and samples up to the last optimizer step
+        self.stepped_samples = 0
         self._handle: Any = None
 
     def watch(self, module: torch.nn.Module) -> None:
@@ -54,9 +58,17 @@ class ModelInputs:
         self.samples += size
         self.sizes[size] = self.sizes.get(size, 0) + 1
 
+    def stepped(self) -> None:
+        """The optimizer stepped: every forward so far trained the model."""
+        self.stepped_calls, self.stepped_samples = self.calls, self.samples
+
     def as_dict(self) -> dict[str, Any] | None:
-        """The record's "inputs": None if the model never trained on a forward pass."""
+        """The record's "inputs": None if the model never trained on a forward pass. ``calls`` and ``samples`` are
+        those of the forwards up to the last optimizer step (all of them where none stepped); ``after_last_step`` the
+        forwards after it."""
         if not self.calls:
             return None
-        return {"calls": self.calls, "samples": None if self.unknown else self.samples, "unknown_batch": self.unknown,
-                "first_at": self.first_at, "batch_sizes": {str(k): v for k, v in sorted(self.sizes.items())}}
+        calls, samples = (self.stepped_calls, self.stepped_samples) if self.stepped_calls else (self.calls, self.samples)
+        return {"calls": calls, "samples": None if self.unknown else samples, "unknown_batch": self.unknown,
+                "after_last_step": self.calls - calls, "first_at": self.first_at,
+                "batch_sizes": {str(k): v for k, v in sorted(self.sizes.items())}}

@@ -115,8 +115,7 @@ class Recorder:
         self.signal: str | None = None
         self.monitor: Any = None
         self._lock = threading.RLock()  # reentrant: a signal's handler may interrupt at_exit's write in the same thread
-        self._handling_signal = False
-        self._finished = False
+        self._handling_signal = self._finished = False
         self._flusher: threading.Thread | None = None
         self.launcher = _launcher()
         self.ddp: weakref.ref[Any] | None = None  # the largest DistributedDataParallel module made
@@ -168,6 +167,7 @@ class Recorder:
         if entry is self._main_optimizer():
             step_s = now - self.last_step_at if self.last_step_at is not None else None
             self.last_step_at = now
+            self.inputs.stepped()
         if entry["steps"] == WARMUP_STEPS:
             entry["warm_at"] = now
         if self.current is not None:
