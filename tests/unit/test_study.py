@@ -122,6 +122,22 @@ def test_lost_efficiency_splits_into_measured_parts_computed_by_hand(tmp_path):
     assert any("lost 15% of ideal throughput to exposed communication" in f for f in s["flags"])
 
 
+def test_a_one_process_baseline_without_ddp_has_no_communication_to_compare_against(tmp_path):
+    """Accelerate, Lightning and the Trainer wrap no DDP model on one process: the baseline times no communication,
+    imbalance or jitter, and has none of them. The 2-process run's measured parts are its loss, not "not measured"."""
+    base = _summary(1, "weak", 100.0, 10.0)  # 0.01 s per sample: 0.32 s per step of 32
+    base["step_breakdown_s"] = {"step": 0.32, "data_wait": 0.032, "compute": None, "exposed_comm": None, "imbalance": None,
+                                "jitter": None, "persistent_imbalance": None, "other": None}
+    weak = _summary(2, "weak", 160.0, 10.0)  # 0.0125 s per sample on a device: 0.4 s per step of 32
+    weak["step_breakdown_s"] = {"step": 0.4, "data_wait": 0.032, "compute": 0.256, "exposed_comm": 0.048, "imbalance": 0.024,
+                                "persistent_imbalance": 0.016, "jitter": 0.008, "other": 0.04}
+    _write_study(tmp_path, [base, weak])
+    row = {r["name"]: r for r in analysis.analyse(tmp_path)["rows"]}["weak-1x2"]
+    # per sample on a device: comm 0.048 / 32 = 0.0015, imbalance 0.0005, jitter 0.00025, against t = 0.0125
+    assert row["loss_breakdown"] == pytest.approx({"data": 0.0, "exposed_comm": 0.12, "imbalance": 0.04, "jitter": 0.02,
+                                                   "compute": None, "rest": 0.02})
+
+
 def _ddp_timed(split: dict, persistent: float, jitter: float, slowdown: float | None = None) -> dict:
     """A split as the probe's merge writes it from DDP's timers: imbalance in its two parts, the slowed backward."""
     return {**split, "imbalance": persistent + jitter, "persistent_imbalance": persistent, "jitter": jitter,
@@ -638,7 +654,7 @@ def test_a_part_within_the_noise_reads_about_zero_and_never_negative(tmp_path):
     analysis.analyse_rows(results["rows"])
     assert row["noise"] == pytest.approx(0.2)
     assert row["part_noise"] == {"data": pytest.approx(0.2), "exposed_comm": analysis.NOISE_FLOOR,
-                                 "imbalance": analysis.NOISE_FLOOR, "jitter": pytest.approx(0.2),  # no jitter timed
+                                 "imbalance": analysis.NOISE_FLOOR, "jitter": analysis.NOISE_FLOOR,  # one device: none
                                  "compute": pytest.approx(0.2), "rest": pytest.approx(0.2)}
     cells = breakdown_cells(row)
     assert cells[0] == "~0% (±20%)" and cells[4] == "~0% (±20%)"  # data and compute: differences against the baseline
@@ -861,6 +877,12 @@ def test_runs_that_trained_different_amounts_of_work_are_said_not_comparable_in_
     notes = [n for n in analysis.analyse(tmp_path)["notes"] if "amounts of work" in n]
     assert notes == ["The runs of weak scaling trained different amounts of work (weak-1x1: 1000 samples, weak-1x2: 2000 samples): "
                      "compare their throughput, not their times to result (the script stops after a number of steps, not epochs?)"]
+    # the same 2 epochs, 24 samples more on 2 ranks of 8: padded shares (Accelerate's even batches), not fixed steps
+    padded = [{**_summary(1, "strong", 100.0, 10.0, batch=16), "samples": 200}, {**_summary(2, "strong", 150.0, 10.0, batch=16), "samples": 224}]
+    _write_study(tmp_path / "padded", padded)
+    [note] = [n for n in analysis.analyse(tmp_path / "padded")["notes"] if "amounts of work" in n]
+    assert note.endswith("(each ran the same epochs: its loader pads every rank's share to the same length, repeating a few samples "
+                         "(DistributedSampler, Accelerate's even batches), more of them on more devices)")
 
 
 def test_a_node_without_a_gpu_driver_has_no_gpus_and_torch_is_not_asked(monkeypatch):

@@ -157,6 +157,19 @@ def _parts_per_sample(row: dict[str, Any]) -> dict[str, float | None]:
     return {part: None if per_step.get(key) is None else per_step[key] / samples for part, key in names.items()}
 
 
+ALONE_PARTS = ("exposed_comm", "imbalance", "jitter")
+"""The parts one device has none of (no peer to talk to or to wait for): a one-device baseline that did not time
+them (no DDP model on one process: Accelerate, Lightning and the Trainer wrap none) has them at 0."""
+
+
+def _baseline_parts(base: dict[str, Any]) -> dict[str, float | None]:
+    """`_parts_per_sample` of a baseline, with `ALONE_PARTS` at 0 where it ran on one device and did not time them."""
+    parts = _parts_per_sample(base)
+    if base.get("world_size") == 1:
+        parts.update({part: 0.0 for part in ALONE_PARTS if parts[part] is None})
+    return parts
+
+
 def breakdown(row: dict[str, Any], base: dict[str, Any]) -> dict[str, float | None]:
     """Lost efficiency split into `PARTS`, each a fraction of ideal throughput (see the module docstring).
 
@@ -167,7 +180,7 @@ def breakdown(row: dict[str, Any], base: dict[str, Any]) -> dict[str, float | No
         return {part: 0.0 for part in PARTS}
     t = row["world_size"] / row["samples_per_s"]  # seconds per sample on one device
     t0 = base["world_size"] / base["samples_per_s"]
-    mine, theirs = _parts_per_sample(row), _parts_per_sample(base)
+    mine, theirs = _parts_per_sample(row), _baseline_parts(base)
     shares: dict[str, float | None] = {}
     for part in PARTS[:-1]:
         a, b = mine[part], theirs[part]
@@ -188,7 +201,7 @@ def part_noises(row: dict[str, Any], base: dict[str, Any]) -> dict[str, float]:
     run's own time per sample: the spread of the repeated runs' throughput does not make it zero by chance, so its
     floor is NOISE_FLOOR. A part that is a difference against the baseline (data, compute, and so the rest) has the
     comparison's `noise` for floor."""
-    across, theirs, ranged = noise(row, base), _parts_per_sample(base), part_ranges(row, base)
+    across, theirs, ranged = noise(row, base), _baseline_parts(base), part_ranges(row, base)
     return {part: max(NOISE_FLOOR if part != "rest" and theirs.get(part) == 0 else across, ranged.get(part, 0.0))
             for part in PARTS}
 

@@ -133,10 +133,17 @@ def _same_work(rows: list[dict[str, Any]]) -> list[str]:
         if len(counted) < 2 or max(r["samples"] for r in counted) <= (1 + WORK_TOLERANCE) * min(r["samples"] for r in counted):
             continue
         label = f"{scaling} scaling" + (f" ({variant})" if variant else "")
+        epochs = {r.get("epochs") for r in counted}
+        # a loader that pads each rank's share repeats fewer than a batch per rank and epoch
+        padding = max(r.get("world_size") or 1 for r in counted) * max(r.get("per_device_batch") or 1 for r in counted)
+        padded = len(epochs) == 1 and None not in epochs and \
+            max(r["samples"] for r in counted) - min(r["samples"] for r in counted) <= padding * next(iter(epochs))
+        why = ("each ran the same epochs: its loader pads every rank's share to the same length, repeating a few samples "
+               "(DistributedSampler, Accelerate's even batches), more of them on more devices"
+               if padded else "the script stops after a number of steps, not epochs?")
         notes.append(f"The runs of {label} trained different amounts of work ("
                      + ", ".join(f"{r['name']}: {r['samples']} samples" for r in counted)
-                     + "): compare their throughput, not their times to result (the script stops after a number of steps, "
-                       "not epochs?)")
+                     + f"): compare their throughput, not their times to result ({why})")
     return notes
 
 

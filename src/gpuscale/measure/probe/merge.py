@@ -295,8 +295,9 @@ def _probe_part(problems: list[str], split: dict[str, Any], accounts: list[dict[
                 by_rank: dict[int, dict[str, Any]]) -> dict[str, Any]:
     """The summary's "probe": whether the run is complete and why not, what was not measured, each rank's account."""
     no_loader = any(a["samples_from"] in ("model inputs", "study batch") for a in accounts)
+    alone = len(accounts) == 1  # one rank: no communication, no imbalance to miss
     not_measured = [text for key, text in NOT_MEASURED.items()
-                    if (key != "exposed_comm" or split["status"] != "measured") and (key != "data_wait" or no_loader)]
+                    if (key != "exposed_comm" or (split["status"] != "measured" and not alone)) and (key != "data_wait" or no_loader)]
     return {"complete": not problems, "why": "; ".join(problems) or None, "not_measured": not_measured,
             "synchronised": synchronised(list(by_rank.values())),
             "libraries": sorted({name for r in by_rank.values() for name in r.get("libraries") or []}),
