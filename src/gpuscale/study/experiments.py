@@ -136,8 +136,9 @@ def _same_work(rows: list[dict[str, Any]]) -> list[str]:
         epochs = {r.get("epochs") for r in counted}
         # a loader that pads each rank's share repeats fewer than a batch per rank and epoch
         padding = max(r.get("world_size") or 1 for r in counted) * max(r.get("per_device_batch") or 1 for r in counted)
-        padded = len(epochs) == 1 and None not in epochs and \
-            max(r["samples"] for r in counted) - min(r["samples"] for r in counted) <= padding * next(iter(epochs))
+        [epoch_count] = epochs if len(epochs) == 1 else [None]
+        padded = epoch_count is not None and \
+            max(r["samples"] for r in counted) - min(r["samples"] for r in counted) <= padding * epoch_count
         why = ("each ran the same epochs: its loader pads every rank's share to the same length, repeating a few samples "
                "(DistributedSampler, Accelerate's even batches), more of them on more devices"
                if padded else "the script stops after a number of steps, not epochs?")
