@@ -124,22 +124,56 @@ def check_save(script: Script) -> Iterator[Hit]:
         yield Hit(call, what)
 
 
+NOT_MODELS = ("optim", "Optimizer", "SGD", "Adam", "DataLoader", "loader", "scheduler", "Scheduler", "lr_")
+"""Words in what an argument of `Accelerator.prepare` was made by (or named) that say it is no model."""
+
+
 def _ddp_names(script: Script) -> dict[ast.AST, dict[str, int]]:
-    """Scope -> the names (or attribute chains) assigned the DDP wrapper there, with the line of the first wrap."""
+    """Scope -> the names (or attribute chains) assigned the DDP wrapper there, with the line of the first wrap. An
+    attribute of ``self`` belongs to its class (the DDP tutorial wraps in ``__init__`` and saves in another method),
+    any line; a model `Accelerator.prepare` returns is the DDP wrapper on several processes too."""
     found: dict[ast.AST, dict[str, int]] = {}
     for node in script.nodes:
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and script.is_ddp(node.value):
-            names = found.setdefault(script.scope(node), {})
-            for target in node.targets:
-                if (name := dotted(target)) is not None:
-                    names[name] = min(names.get(name, node.lineno), node.lineno)
+        if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)):
+            continue
+        targets = list(node.targets) if script.is_ddp(node.value) else _prepared_models(script, node)
+        for target in targets:
+            if (name := dotted(target)) is None:
+                continue
+            owner = _class_of(script, node) if name.startswith("self.") else None
+            names = found.setdefault(owner or script.scope(node), {})
+            names[name] = 0 if owner else min(names.get(name, node.lineno), node.lineno)
     return found
 
 
+def _prepared_models(script: Script, node: ast.Assign) -> list[ast.AST]:
+    """The targets of ``model, optimizer, loader = accelerator.prepare(model, optimizer, loader)`` that receive a
+    model: every one whose argument is neither made nor named as an optimizer, a loader or a scheduler."""
+    call = node.value
+    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "prepare"
+            and script.imports("accelerate")):
+        return []
+    targets = node.targets[0].elts if isinstance(node.targets[0], ast.Tuple) else [node.targets[0]]
+    if len(targets) != len(call.args):
+        return []
+    return [target for target, arg in zip(targets, call.args, strict=True) if not _names_no_model(script, arg)]
+
+
+def _names_no_model(script: Script, arg: ast.AST) -> bool:
+    made = [ast.unparse(value) for value in script.assignments(dotted(arg) or "")]
+    return any(word in text for text in [ast.unparse(arg), *made] for word in NOT_MODELS)
+
+
+def _class_of(script: Script, node: ast.AST) -> ast.ClassDef | None:
+    return next((a for a in script.ancestors(node) if isinstance(a, ast.ClassDef)), None)
+
+
 def _wrapper(script: Script, wrapped: dict[ast.AST, dict[str, int]], expr: ast.AST, node: ast.AST) -> str | None:
-    """The name of `expr` when it holds the DDP wrapper at `node`: assigned one earlier in the same function."""
+    """The name of `expr` when it holds the DDP wrapper at `node`: assigned one earlier in the same function, or an
+    attribute of ``self`` its class assigned one."""
     name = dotted(expr)
-    line = wrapped.get(script.scope(node), {}).get(name or "")
+    owner = _class_of(script, node) if name and name.startswith("self.") else None
+    line = wrapped.get(owner or script.scope(node), {}).get(name or "")
     return name if line is not None and line < getattr(node, "lineno", 0) else None
 
 
