@@ -199,9 +199,14 @@ def is_eval_loader(script: Script, call: ast.Call) -> bool:
 
 
 def check_set_epoch(script: Script) -> Iterator[Hit]:
-    """GS102: a shuffling DistributedSampler in a script that never calls `set_epoch`."""
-    if script.mentions("set_epoch"):
+    """GS102: a shuffling DistributedSampler in a script that never calls `set_epoch`, or calls it only with a
+    constant (``sampler.set_epoch(0)``, in the epoch loop or once before it): the same seed, the same shuffle."""
+    calls = [c for c in script.calls if isinstance(c.func, ast.Attribute) and c.func.attr == "set_epoch"]
+    constant = bool(calls) and all(c.args and isinstance(c.args[0], ast.Constant) for c in calls) and \
+        any(_epoch_loop(script, script.scope(c)) for c in calls)
+    if script.mentions("set_epoch") and not constant:
         return
+    why = "set_epoch() is only called with a constant" if constant else "set_epoch() is never called"
     for call in script.calls:
         if not last_name(call.func).endswith("DistributedSampler"):
             continue
@@ -209,7 +214,14 @@ def check_set_epoch(script: Script) -> Iterator[Hit]:
         if isinstance(shuffle, ast.Constant) and shuffle.value is False:
             continue
         if not is_eval_loader(script, call):
-            yield Hit(call, "DistributedSampler shuffles, but set_epoch() is never called")
+            yield Hit(call, f"DistributedSampler shuffles, but {why}")
+
+
+def _epoch_loop(script: Script, scope: ast.AST) -> bool:
+    """Whether `scope` has a loop around another loop (epochs around batches): a single pass needs no new epoch."""
+    loops = (ast.For, ast.While, ast.AsyncFor)
+    return any(isinstance(node, loops) and any(isinstance(inner, loops) for stmt in node.body for inner in ast.walk(stmt))
+               for node in script.scope_nodes(scope))
 
 
 def _same_value(script: Script, a: ast.AST, b: ast.AST) -> bool:
