@@ -596,6 +596,17 @@ def test_inputs_that_once_slipped_through_are_refused_in_one_line(argv, cli_dir)
     assert_clean_exit(argv, code, out, err)
 
 
+@pytest.mark.parametrize("argv, said", [
+    (["slurm", "script", "--profile", "local", "--", "."], "script '.' is a folder; give the path of the Python file"),
+    (["slurm", "script", "--profile", "local", "-o", "/proc/x", "--", "train.py"],
+     "cannot write /proc/x: No such file or directory; give -o a file in a folder you can write"),  # not its temporary file
+])
+def test_a_path_that_cannot_be_used_is_named_as_given(argv, said, cli_dir):
+    code, out, err = run_cli(argv, cli_dir)
+    assert code == 2 and said in err, err
+    assert_clean_exit(argv, code, out, err)
+
+
 def test_set_takes_each_value_as_its_key_s_type(cli_dir):
     """--set mem_per_gpu=5 is the SLURM size "5" (it was the number 5, and a TypeError); description=1 stays text."""
     code, out, err = run_cli(["slurm", "script", "--profile", "local", "--set", "mem_per_gpu=5", "--set", "description=1",

@@ -33,3 +33,11 @@ def test_job_info_states():
     assert info.finished and info.succeeded
     assert not jobs.JobInfo(job_id="1", name="n", state="RUNNING", exit_code=None, reason=None, nodes=None, stdout_path=None).finished
     assert not jobs.JobInfo(job_id="1", name="n", state="COMPLETED", exit_code=2, reason=None, nodes=None, stdout_path=None).succeeded
+
+
+def test_squeue_says_none_for_no_reason_and_a_job_line_leaves_it_out(monkeypatch):
+    """squeue's %r is the literal "None" for a running job: no reason, not a reason named None."""
+    monkeypatch.setattr(jobs, "_run", lambda cmd: "7|gpuscale|RUNNING|None|n1\n8|gpuscale|PENDING|Resources|\n")
+    running, pending = jobs.list_jobs()
+    assert (running.state, running.reason, running.nodes) == ("RUNNING", None, "n1")
+    assert (pending.state, pending.reason, pending.nodes) == ("PENDING", "Resources", None)

@@ -168,7 +168,10 @@ def run_script(args: argparse.Namespace) -> int:
     if args.write:
         # An --env value that looks like a token is written into the script: then only its owner may read it.
         secret = any(is_secret_name(name) for name, _ in job.env)
-        atomic_write(args.write, lambda f: f.write(text.encode()), mode=0o700 if secret else 0o755)
+        try:
+            atomic_write(args.write, lambda f: f.write(text.encode()), mode=0o700 if secret else 0o755)
+        except OSError as exc:  # its words name the temporary file beside the target: say the target
+            raise ValueError(f"cannot write {args.write}: {exc.strerror or exc}; give -o a file in a folder you can write") from None
         print(f"wrote {args.write}" + (" (mode 0700: it holds a secret from --env)" if secret else ""), file=sys.stderr)
     else:
         sys.stdout.write(text)

@@ -39,6 +39,8 @@ def cluster_job(options: ClusterOptions, command: list[str], *, nodes: int, gpus
                 probe_dir: str | None = None) -> tuple[Any, JobSpec]:
     """Profile and JobSpec for `command` (script and its arguments) on the options' cluster."""
     script, *script_args = command
+    if check_paths and os.path.isdir(script):
+        raise ValueError(f"script {script!r} is a folder; give the path of the Python file the job runs")
     if check_paths and not os.path.isfile(script):
         raise ValueError(f"script {script!r} does not exist; give a path that the job can read")
     profile = load_cluster_profile(options)

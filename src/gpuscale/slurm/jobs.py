@@ -137,8 +137,7 @@ def _job_info_squeue(job_id: str, cause: SlurmError) -> JobInfo:
     line = out.strip().splitlines()
     if not line:
         raise SlurmError(f"{unknown} ({cause})")
-    jid, name, state, reason, nodes = (line[0].split("|") + [""] * 5)[:5]
-    return JobInfo(job_id=jid, name=name, state=state, exit_code=None, reason=reason or None, nodes=nodes or None, stdout_path=None)
+    return _squeue_row(line[0])
 
 
 def wait(job_id: str, *, poll_s: float = 1.0, timeout_s: float | None = None,
@@ -177,9 +176,15 @@ def list_jobs(user: str | None = None) -> list[JobInfo]:
     cmd = ["squeue", "-h", "-o", "%i|%j|%T|%r|%N"] + (["-u", user] if user else ["--me"])
     infos = []
     for line in _run(cmd).strip().splitlines():
-        jid, name, state, reason, nodes = (line.split("|") + [""] * 5)[:5]
-        infos.append(JobInfo(job_id=jid, name=name, state=state, exit_code=None, reason=reason or None, nodes=nodes or None, stdout_path=None))
+        infos.append(_squeue_row(line))
     return infos
+
+
+def _squeue_row(line: str) -> JobInfo:
+    """One row of squeue's "%i|%j|%T|%r|%N": squeue writes the reason "None" where there is none."""
+    jid, name, state, reason, nodes = (line.split("|") + [""] * 5)[:5]
+    return JobInfo(job_id=jid, name=name, state=state, exit_code=None, reason=None if reason in ("", "None") else reason,
+                   nodes=nodes or None, stdout_path=None)
 
 
 def follow(path: str | Path, finished: Callable[[], bool], poll_s: float = 0.5) -> Iterator[str]:
