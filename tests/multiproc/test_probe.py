@@ -65,7 +65,9 @@ def test_probe_and_meter_agree_on_the_same_run(tmp_path):
                               str(SCRIPTS / "meter_twin.py"), "--out", str(tmp_path / "meter")), timeout=240)
     assert_ok(result)
     meter = json.loads((tmp_path / "meter" / "summary.json").read_text())
-    assert not (tmp_path / "probe_out" / "summary.json").exists()  # left to the Meter
+    assert not (tmp_path / "probe_out" / "summary.json").exists()  # left to the Meter, and the user told so
+    assert (f"gpuscale run: nothing written to {tmp_path / 'probe_out'}: the script measures itself with gpuscale.Meter"
+            in result.stderr), result.stderr
     records = read_records(tmp_path / "probe_out" / "probe")
     assert [r["rank"] for r in records] == [0, 1] and all(r["meter"] for r in records)
     probe, _ = merge_records(records, world_size=2, scaling="weak")

@@ -40,7 +40,7 @@ from gpuscale.detect.env import check_master_addr, check_one_launcher_per_node, 
 from gpuscale.detect.launchtime import LAUNCH_TIME, launch_time, process_start_time
 from gpuscale.detect.topology import allowed_cores, check_cpu_processes
 from gpuscale.launch.agent import SIGNALS_OPTION, Outcome, launch
-from gpuscale.measure.probe import RECORDS, collect, describe, probe_enabled, probe_environ, site_environ, summary_name
+from gpuscale.measure.probe import RECORDS, collect, describe, measured_by_meter, probe_enabled, probe_environ, site_environ, summary_name
 from gpuscale.runtime.init import OMP_FROM_LAUNCHER
 from gpuscale.runtime.pinning import RANK_CORES, node_gpu_count, rank_cores_text
 from gpuscale.runtime.placement import plan_for_workers
@@ -341,6 +341,9 @@ def _report_probe(args: argparse.Namespace, records: Any, world_size: int, code:
             return
         failure = f"gpuscale run ended with exit code {code}" if code else None
         summary = collect(path, args.summary, world_size=world_size, failure=failure)
+        if summary is None and args.summary is not None and measured_by_meter(path):
+            print(f"gpuscale run: nothing written to {args.summary}: the script measures itself with gpuscale.Meter, "
+                  "whose summary is in the Meter's out_dir", file=sys.stderr, flush=True)
         if summary is not None and summary.get("kept"):  # no step taken, and a trained run's summary stays
             print(f"gpuscale run: {summary['kept']}", file=sys.stderr, flush=True)
             return

@@ -28,7 +28,7 @@ from gpuscale.base.files import write_or_keep
 from gpuscale.measure.probe.merge import merge_records
 
 __all__ = ["SITE_DIR", "RECORDS", "SUMMARY", "INCOMPLETE_SUMMARY", "probe_enabled", "site_environ", "probe_environ", "read_records",
-           "summary_name", "collect", "describe"]
+           "summary_name", "collect", "measured_by_meter", "describe"]
 
 SITE_DIR = str(Path(__file__).resolve().parent / "site")
 """The folder holding the probe's sitecustomize.py: first on a worker's PYTHONPATH, it loads the probe."""
@@ -107,6 +107,11 @@ def collect(records_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str]
         else:
             return {**outcome.summary, "kept": outcome.line}
     return summary
+
+
+def measured_by_meter(records_dir: str | os.PathLike[str]) -> bool:
+    """Whether the script measured itself with a gpuscale.Meter (its summary is where the Meter writes it)."""
+    return any(r.get("meter") for r in read_records(records_dir))
 
 
 def _slow_rank(summary: dict[str, Any]) -> str:

@@ -202,8 +202,8 @@ def _counting_problems(accounts: list[dict[str, Any]], totals: _Totals) -> list[
         kind = next((a["unknown_batch"] for a in accounts if a["unknown_batch"]), None)
         return [f"the probe cannot count the samples of a batch of type {kind}" if kind
                 else "no training batch came from a torch DataLoader and no DistributedDataParallel model trained on "
-                     "one, so the probe cannot count samples; give the study the batch (--global-batch or "
-                     "--per-device-batch, with the script's batch option as {per_device_batch})"]
+                     "one, so the probe cannot count samples (a study of the script can: give `gpuscale study` the "
+                     "batch with --global-batch or --per-device-batch, the script's batch option as {per_device_batch})"]
     return []
 
 
