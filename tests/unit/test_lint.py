@@ -626,3 +626,13 @@ def test_a_library_trainer_makes_a_script_one_of_several_processes_and_its_own_r
     assert [(f.rule, f.line) for f in lint_source(lightning.format(sync=", sync_dist=True", devices=""))] == [("GS103", 9)]
     skipped: list[str] = []
     assert lint_source(lightning.format(sync="", devices="devices=1"), "one.py", skipped=skipped) == [] and skipped == ["one.py"]
+
+
+@pytest.mark.parametrize("library, guard", [("from accelerate import Accelerator", "accelerator.is_main_process"),
+                                            ("import lightning as L", "trainer.is_global_zero"),
+                                            ("import torch.distributed as dist", "rt.is_main")])
+def test_a_fix_guards_with_the_main_process_test_of_the_scripts_own_library(library, guard):
+    source = (f"{library}\nimport torch\nimport torch.distributed as dist\n"
+              "dist.init_process_group('gloo')\nprint('loss', 1.0)\n")
+    [finding] = lint_source(source, rules=select_rules(["GS103"]))
+    assert f"`if {guard}:`" in finding.fix

@@ -12,6 +12,7 @@ import io
 import re
 import tokenize
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from gpuscale.base.files import has_python_shebang
@@ -65,13 +66,28 @@ def lint_source(text: str, path: str = "<string>", rules: Sequence[Rule] = RULES
         return []
     silenced = suppressions(text)
     findings = set()
+    main_test = _main_process_test(script)
     for rule in rules:
         for hit in rule.check(script):
             finding = rule.finding(path, hit)
+            if main_test:
+                finding = replace(finding, fix=finding.fix.replace("rt.is_main", main_test))
             ids = set().union(*(silenced.get(line, set()) for line in _lines(script, hit.node, finding.line)))
             if ALL not in ids and finding.rule not in ids:
                 findings.add(finding)
     return sorted(findings, key=lambda f: (f.line, f.col, f.rule, f.title))
+
+
+def _main_process_test(script: Script) -> str | None:
+    """How the script's own library tells the main process, for the fixes (gpuscale's `rt.is_main` otherwise):
+    Lightning's `trainer.is_global_zero`, Accelerate's `accelerator.is_main_process`."""
+    if script.uses_gpuscale_init:
+        return None
+    if script.imports("lightning") or script.imports("pytorch_lightning"):
+        return "trainer.is_global_zero"
+    if script.imports("accelerate"):
+        return "accelerator.is_main_process"
+    return None
 
 
 def _lines(script: Script, node: ast.AST, line: int) -> range:
