@@ -569,6 +569,12 @@ def test_a_script_that_ignores_the_batch_template_is_told_with_the_batch_it_trai
     assert "weak-1x2 (32, not 64)" in ignored and "strong-1x1 (32, not 64)" in ignored and "strong-1x2" not in ignored
     assert same == ["weak-1x1 and strong-1x1 ran the same experiment (the same batches on the same devices): their difference is noise",
                     "weak-1x2 and strong-1x2 ran the same experiment (the same batches on the same devices): their difference is noise"]
+    # the answer does not judge a scaling its runs did not do: no speed-up, no recommendation
+    assert results["answer"][0] == ("Weak scaling to 2 processes: not measured, the script ignored the batch the study planned in "
+                                    "weak-1x1, weak-1x2 (below), so these runs are no weak scaling; pass the batch template to the "
+                                    "option the script reads and run the study again.")
+    assert results["answer"][1].startswith("Strong scaling to 2 processes: not measured, the script ignored the batch the study "
+                                           "planned in strong-1x1 (below)")
 
 
 def test_only_the_runs_that_trained_another_batch_are_named(tmp_path):

@@ -90,6 +90,11 @@ def _sentence(results: dict[str, Any], rows: list[dict[str, Any]], base: dict[st
         return None
     top = max(compared, key=lambda r: (r["world_size"], r["samples_per_s"]))
     label = f"{top['scaling'].capitalize()} scaling" + (f" ({top['variant']})" if top.get("variant") else "")
+    ignored = [r["name"] for r in (base, *compared) if r.get("batch_ignored")]
+    if ignored:  # the runs trained batches of the script's choosing: whatever they show, it is not this scaling
+        return (f"{label} to {_units(results, top['world_size'])}: not measured, the script ignored the batch the study "
+                f"planned in {', '.join(ignored)} (below), so these runs are no {top['scaling']} scaling; pass the batch "
+                "template to the option the script reads and run the study again.")
     text = f"{label} to {_units(results, top['world_size'])}: {_gain(results, top, base)} ({_pct(top['efficiency'])} of ideal)"
     if top.get("cost_ratio") is not None:
         text += f" for {top['cost_ratio']:.2f}x the device-hours per sample"

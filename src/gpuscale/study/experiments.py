@@ -60,7 +60,8 @@ def check_experiments(rows: list[dict[str, Any]], study: dict[str, Any], cells: 
             # nlp_example accumulates above a pass size it chose), and still train exactly the batch planned
             trained = (row.get("per_device_batch") or 0) * (row.get("grad_accum_steps") or 1)
             planned = plan.per_device_batch * plan.grad_accum_steps if plan else None
-            if planned and trained and row.get("samples_from") != "study batch" and trained != planned:
+            row["batch_ignored"] = bool(planned and trained and row.get("samples_from") != "study batch" and trained != planned)
+            if row["batch_ignored"]:
                 ignored.append(f"{row['name']} ({_per_step(row)}, not {planned})")
         if row["world_size"] > 1 and row["synchronised"] is False:
             notes.append(f"{row['name']}: its {row['world_size']} ranks trained independent copies of the model (no rank joined a "
