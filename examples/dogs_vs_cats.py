@@ -264,8 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     try:
         train(args)
-    except ValueError as exc:  # bad input: one line, not a traceback
-        gpuscale.print0(f"dogs_vs_cats: error: {exc}")
+    except ValueError as exc:  # bad input: one line, not a traceback (on several ranks gpuscale.init() said it)
+        if not gpuscale.already_reported(exc):
+            gpuscale.print0(f"dogs_vs_cats: error: {exc}")
         return 2
     gpuscale.print0(f"done in {time.perf_counter() - start:.1f} s in all (set-up, data, training, evaluation)")
     return 0

@@ -211,8 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         train(args)
-    except ValueError as exc:  # bad input: one line, not a traceback
-        gpuscale.print0(f"vit: error: {exc}")
+    except ValueError as exc:  # bad input: one line, not a traceback (on several ranks gpuscale.init() said it)
+        if not gpuscale.already_reported(exc):
+            gpuscale.print0(f"vit: error: {exc}")
         return 2
     return 0
 

@@ -38,7 +38,7 @@ _HOMES = {
     "get_logger": "detect.log", "print0": "detect.log", "progress": "detect.log",
     "ScaledLR": "train.lr", "scale_lr": "train.lr",
     "Average": "measure.metrics", "Meter": "measure.metrics", "all_reduce_max": "measure.metrics", "all_reduce_sum": "measure.metrics",
-    "Runtime": "runtime.init", "current": "runtime.init", "init": "runtime.init",
+    "Runtime": "runtime.init", "current": "runtime.init", "init": "runtime.init", "already_reported": "runtime.failures",
     "Precision": "base.precision", "resolve_precision": "base.precision",
     "EXIT_STOPPED": "base.exits",
     "StopSignal": "train.preempt",
@@ -55,6 +55,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, imported e
     from gpuscale.integrations.epochs import EpochLoop
     from gpuscale.measure.metrics import Average, Meter, all_reduce_max, all_reduce_sum
     from gpuscale.runtime.data import BatchPlan, ShardedLoader, make_loader, plan_batch
+    from gpuscale.runtime.failures import already_reported
     from gpuscale.runtime.init import Runtime, current, init
     from gpuscale.strategy import full_state_dict, no_sync, unwrap, wrap
     from gpuscale.train.checkpoint import Checkpointer, ResumeState
@@ -122,6 +123,7 @@ __all__ = [
     "EXIT_STOPPED",
     "add_arguments",
     "all_reduce_max",
+    "already_reported",
     "all_reduce_sum",
     "current",
     "detect_env",

@@ -24,7 +24,7 @@ from gpuscale.slurm.stopping import requeue_block, stop_handling, task_exit_note
 
 
 def _run(tmp_path: Path, notes: dict[str, str], srun_code: int, symptoms: tuple[int, ...] = (), stopped: bool = False,
-         max_requeues: int = 0, cut: bool = False) -> tuple[int, list[str]]:
+         max_requeues: int = 0, cut: bool = False, repeats: dict[int, int] | None = None) -> tuple[int, list[str]]:
     """Run the stop handling around a step that writes `notes` (task -> line; `cut`: without the line's end, as a task
     killed while writing it leaves it) and exits `srun_code`."""
     plant = []
@@ -32,6 +32,10 @@ def _run(tmp_path: Path, notes: dict[str, str], srun_code: int, symptoms: tuple[
         plant.append(f'printf %s {shlex.quote(line if cut else line + chr(10))} > "$GPUSCALE_EXIT_DIR/task-{task}"')
     for rank in symptoms:
         note = json.dumps({"rank": rank, "time": 1.0, "symptom": True, "message": "Connection closed by peer"}, indent=1)
+        plant.append(f'echo {shlex.quote(note)} > "$GPUSCALE_FAILURE_DIR/rank-{rank}.json"')
+    for rank, printed in (repeats or {}).items():  # as gpuscale.runtime.failures.note_failure writes it
+        note = json.dumps({"rank": rank, "time": 1.0, "symptom": False, "message": "bad --data", "repeat_of": printed},
+                          indent=2, sort_keys=True)
         plant.append(f'echo {shlex.quote(note)} > "$GPUSCALE_FAILURE_DIR/rank-{rank}.json"')
     if stopped:
         plant.append('touch "$GPUSCALE_STOP_MARKER.stopped"')
@@ -232,3 +236,11 @@ def test_no_shell_runs_a_command_substitution_while_a_trap_of_its_own_is_set(scr
     trapped = task[task.index("trap : USR1 TERM"):task.index("trap '' USR1 TERM")]
     assert "$(" not in trapped and "`" not in trapped
     assert _substitutions("""x=$(date) y=$((1 + 2)) z='$(a '"'"'b'"'"' c)'""") == ["$(date)"]  # the finder finds
+
+
+def test_every_rank_refusing_the_same_input_names_the_one_that_printed_it(tmp_path):
+    """2 nodes refuse the same --data: rank 1 (n2) printed it, rank 0 (n1) noted a repeat of rank 1's and ended first.
+    The last line names rank 1, whose error is the one in the log."""
+    code, lines = _run(tmp_path, {"0": "100.1 2 0 n1", "1": "100.3 2 1 n2"}, srun_code=2, repeats={0: 1})
+    assert code == 2
+    assert lines == ["gpuscale: rank 1 on n2 failed first, with exit code 2 (srun: 2); the job ends with 2"]

@@ -35,6 +35,7 @@ from gpuscale.base.files import atomic_write_json
 from gpuscale.detect.env import DistEnv
 
 __all__ = ["FAILURE_DIR", "EXIT_DIR", "PEER_SYMPTOMS", "PEER_REFUSED", "report_failure", "report_refusal", "is_peer_symptom",
+           "already_reported",
            "note_failure", "quiet_excepthook", "one_line_for_a_lost_peer", "one_usage_message_per_job", "lost_peer_report",
            "LOST_PEER_PAUSE_S"]
 
@@ -270,6 +271,19 @@ def _claim(what: str, rank: int) -> int | None:
     finally:
         with contextlib.suppress(OSError):
             mine.unlink()
+
+
+def already_reported(exc: BaseException) -> bool:
+    """Whether gpuscale already told `exc` (``gpuscale.init()``'s failure report, on a run of several ranks: this rank's
+    line, or a peer's for the same error). A script that catches a bad-input error to say it in its own words says it
+    only where this is False (one process, or an error raised outside ``gpuscale.init()``), so it is said once:
+
+        except ValueError as exc:
+            if not gpuscale.already_reported(exc):
+                gpuscale.print0(f"train.py: error: {exc}")
+            return 2
+    """
+    return bool(getattr(exc, _REPORTED, False))
 
 
 def _mark_reported(exc: BaseException) -> None:

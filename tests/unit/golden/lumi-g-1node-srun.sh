@@ -78,8 +78,10 @@ first_failure() {
         read -r when code rank host < "$note" || true
         # A note cut short or garbled (its task killed while writing it) says nothing sure: leave it out.
         [[ "$when" =~ ^[0-9]+([.][0-9]+)?$ && "$code" =~ ^[0-9]+$ && "$rank" =~ ^([0-9]+|-)$ && -n "$host" ]] || continue
+        # 0: a failure of its own; 1: the same error another rank printed (that one is named); 2: a victim
         victim=0
-        if [ "$code" -eq 143 ] || grep -qs '"symptom": true' "$exit_dir/rank-$rank.json"; then victim=1; fi
+        if [ "$code" -eq 143 ] || grep -qs '"symptom": true' "$exit_dir/rank-$rank.json"; then victim=2;
+        elif grep -qs '"repeat_of": [0-9]' "$exit_dir/rank-$rank.json"; then victim=1; fi
         echo "$victim $when $code $rank ${host:-?}"
     done | sort -k1,1n -k2,2n | head -n 1
 }
@@ -149,7 +151,7 @@ if [ "$status" -ne 0 ] && [ -n "$exit_dir" ] && [ ! -e "$GPUSCALE_STOP_MARKER.st
 if [ -n "$first" ]; then
     read -r first_victim _ first_code first_rank first_host <<< "$first"
     who="rank $first_rank on $first_host"; [ "$first_rank" != - ] || who="torchrun on $first_host"
-    if [ "$first_victim" = 1 ] && [ "$first_code" -eq 143 ]; then
+    if [ "$first_victim" = 2 ] && [ "$first_code" -eq 143 ]; then
         echo "gpuscale: the ranks were stopped with TERM (by SLURM: the time limit, scancel or preemption, as its line above says); the job ends with $first_code" >&2
     elif [ "$first_code" -eq 75 ]; then
         echo "gpuscale: $who ended first, with exit code 75 (srun: $status), which asks for the job to run again; the job ends with 75" >&2
