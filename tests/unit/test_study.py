@@ -1022,3 +1022,19 @@ def test_a_cells_progress_line_says_where_its_time_to_result_ends_within_the_lau
 
     assert _exit_words(7.5, {"time_to_result_s": 5.5}) == ", its result at 5.5 s, then 2.0 s to exit"
     assert _exit_words(7.5, {"time_to_result_s": None}) == "" and _exit_words(7.5, {"time_to_result_s": 9.0}) == ""
+
+
+def test_a_command_line_the_script_refuses_stops_the_study_but_a_value_it_refuses_does_not():
+    """argparse's "unrecognized arguments" (or a required option missing) is the command's shape, the same in every
+    cell: the other cells are not run. A value one cell's template gave (its own check, exit 2) may pass in others."""
+    from gpuscale.study.missing import usage_problem
+
+    log = "exit code 2; last lines of out/strong-1x1/output.log:\n    usage: train.py [-h]\n    train.py: error: {}\n"
+    problem = usage_problem(log.format("unrecognized arguments: --no-such-flag"))
+    assert problem is not None and problem.stops(Cell("weak", 1, 2))
+    assert problem.message == ("the script refused the study's command line (train.py: error: unrecognized arguments: "
+                               "--no-such-flag); every cell passes it the same options: fix the command after --")
+    assert usage_problem(log.format("the following arguments are required: --data")) is not None
+    assert usage_problem(log.format("--batch-size 48 must be a power of two")) is None  # one cell's value
+    assert usage_problem(log.format("unrecognized arguments: --x").replace("exit code 2", "exit code 1")) is None
+    assert usage_problem(None) is None

@@ -1,7 +1,8 @@
 """Why a study cell's run left no summary that stands for the cell, in words that name the fix.
 
 A script that measures itself (gpuscale.Meter) owes each cell its summary in the cell's folder, of the cell's scaling
-and ranks (`self_measured_problem`: every cell would fail the same way, so the study stops); any other script is
+and ranks (`self_measured_problem`: every cell would fail the same way, so the study stops, as it does for a script
+that refuses the study's command line: `usage_problem`); any other script is
 measured by the probe, whose records may be missing (`missing_summary`); a summary may be left unusable
 (`summary_problem`, `unusable_summary`).
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,8 @@ from gpuscale.measure.probe import SUMMARY as SUMMARY_FILE
 from gpuscale.measure.probe import probe_enabled, read_records
 from gpuscale.study.matrix import Cell
 
-__all__ = ["SELF_MEASURED", "ScriptProblem", "missing_summary", "self_measured_problem", "summary_problem", "unusable_summary"]
+__all__ = ["SELF_MEASURED", "ScriptProblem", "missing_summary", "self_measured_problem", "summary_problem", "unusable_summary",
+           "usage_problem"]
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,24 @@ class ScriptProblem:
 
 SELF_MEASURED = ("a script that measures itself must accept --scaling and --out and write the cell's summary with "
                  "gpuscale.Meter.write_summary(args.out)")
+
+
+USAGE_ERRORS = ("unrecognized arguments:", "the following arguments are required:", "invalid choice:", "ambiguous option:",
+                "expected one argument")
+"""argparse's words for a command line of the wrong shape: every cell's command has the same shape."""
+
+
+def usage_problem(error: str | None) -> ScriptProblem | None:
+    """The script's argparse refused the cell's command line (exit code 2, its "PROG: error: ..." line) in a way that
+    every cell's command shares (an option it does not know, one it requires): the other cells would fail the same."""
+    if not error or not re.search(r"\bexit code 2\b", error):
+        return None
+    said = next((line.strip() for line in error.splitlines()
+                 if re.match(r"\s*\S+: error: ", line) and any(words in line for words in USAGE_ERRORS)), None)
+    if said is None:
+        return None
+    return ScriptProblem(f"the script refused the study's command line ({said}); every cell passes it the same options: "
+                         "fix the command after --")
 
 
 def self_measured_problem(cell_dir: Path, cell: Cell) -> ScriptProblem | None:

@@ -36,7 +36,7 @@ from gpuscale.measure.probe import collect, probe_enabled, probe_environ
 from gpuscale.slurm import billing, jobs
 from gpuscale.slurm.render import render_sbatch
 from gpuscale.slurm.validate import validate_job
-from gpuscale.study import otherload
+from gpuscale.study import missing, otherload
 from gpuscale.study.matrix import SCALINGS, Cell, cpu_cores_for, local_argv
 from gpuscale.study.missing import SELF_MEASURED, ScriptProblem, missing_summary, self_measured_problem, summary_problem, unusable_summary
 from gpuscale.study.numbers import three_figures
@@ -332,7 +332,7 @@ def _after_run(cell: Cell, cell_dir: Path, error: str | None, step_samples: int 
             + (f"; {SELF_MEASURED}" if uses_gpuscale else "")
     elif error and merged and merged["probe"].get("why"):
         error += f"\n    the probe: {merged['probe']['why']}"
-    return summary, error, problem
+    return summary, error, problem or missing.usage_problem(error)
 
 
 def _exit_words(seconds: float, summary: dict[str, Any]) -> str:
