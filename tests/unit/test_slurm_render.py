@@ -362,8 +362,7 @@ def _pyxis_parser():
 @pytest.mark.parametrize("mode", ["torchrun", "srun"])
 def test_pyxis_images_start_with_srun_and_parse_back(tmp_path, mode):
     """The srun line of a pyxis job, expanded by bash in a folder whose name has a space, parses with pyxis's options:
-    the image, the job's folder and the stop marker's mounted at their own paths plus the profile's binds, the job's
-    folder as the workdir."""
+    the image, the job's folder mounted at its own path plus the profile's binds, that folder as the workdir."""
     profile = profile_from_dict("site", {
         "description": "x", "gpu_vendor": "nvidia", "gpus_per_node": 4, "cpus_per_node": 32, "full_node_partition": "gpu",
         "partial_node_partition": "gpu", "partitions": {"gpu": {"whole_node": False, "max_time": "01:00:00"}},
@@ -374,15 +373,16 @@ def test_pyxis_images_start_with_srun_and_parse_back(tmp_path, mode):
     srun = next(line for line in text.splitlines() if line.startswith("srun ")).rstrip(" &")
     folder = tmp_path / "my runs"
     folder.mkdir()
-    program = "\n".join([f"IMAGE='{image}'", "stop_dir=/tmp/gpuscale-7.abc",
-                         'srun() { python3 -c "import json, sys; print(json.dumps(sys.argv[1:]))" "$@"; }', srun])
+    program = "\n".join([f"IMAGE='{image}'", 'srun() { python3 -c "import json, sys; print(json.dumps(sys.argv[1:]))" "$@"; }',
+                         srun])
     result = subprocess.run(["bash", "-c", program], cwd=folder, capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result.stderr
     args = _pyxis_parser().parse_args(json.loads(result.stdout))
     assert args.container_image == image
-    # the stop marker's folder too: enroot's /tmp is the container's own, and the batch shell looks for the marker
-    assert args.container_mounts.split(",") == [f"{folder}:{folder}", "/tmp/gpuscale-7.abc:/tmp/gpuscale-7.abc",
-                                                "/lustre/data:/data:ro"]
+    assert args.container_mounts.split(",") == [f"{folder}:{folder}", "/lustre/data:/data:ro"]
+    # the stop marker's folder is in the job's folder, mounted: enroot's /tmp is each container's own (and a folder
+    # of node 1's /tmp, mounted, would be missing on the other nodes, where pyxis could not start the container)
+    assert 'stop_dir=$(mktemp -d "${SLURM_SUBMIT_DIR:-$PWD}/.gpuscale-stop-$SLURM_JOB_ID.XXXXXX")' in text.splitlines()
     assert args.container_workdir == str(folder)
     assert args.program[:2] == ["bash", "-c"] and "train.py" in args.program[2]
     assert args.kill_on_bad_exit == 1

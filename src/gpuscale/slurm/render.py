@@ -131,7 +131,7 @@ def render_sbatch(profile: Profile, job: JobSpec) -> str:
     plan = validate_job(profile, job)
     blocks = (_header(profile, job, plan), _sbatch_options(profile, job, plan), ["", "set -euo pipefail", "", *_launch_time()],
               _software(profile, job, plan), _rendezvous(), _environment(profile, job, plan), _venv(job, plan),
-              [*stop_handling(), ""],
+              [*stop_handling(private_tmp=bool(plan.container and plan.container.pyxis)), ""],
               _launch(profile, job, plan))
     return "\n".join(line for block in blocks for line in block) + "\n"
 
@@ -400,8 +400,7 @@ def _step_command(profile: Profile, job: JobSpec, plan: JobPlan, srun: list[str]
     if image:
         inner = _in_container(image, job, inner)
     if image and image.pyxis:  # srun starts the image (pyxis): the job's folder mounted at its own path, then the binds
-        # and the stop marker's folder: enroot gives each container a /tmp of its own, which the batch shell never sees
-        mounts = ",".join(['"$PWD:$PWD"', '"$stop_dir:$stop_dir"', *(_q(bind) for bind in image.binds)])
+        mounts = ",".join(['"$PWD:$PWD"', *(_q(bind) for bind in image.binds)])
         workdir = _q(image.workdir) if image.workdir else '"$PWD"'
         return " ".join([*srun, '--container-image="$IMAGE"', f"--container-mounts={mounts}", f"--container-workdir={workdir}",
                          "bash", "-c", _q(inner)])

@@ -94,16 +94,22 @@ def _exit_notes() -> list[str]:
     ]
 
 
-def stop_handling() -> list[str]:
+def stop_handling(private_tmp: bool = False) -> list[str]:
     """The lines before the step: the marker's folder, the tasks' exit notes' folder, the traps,
-    and the wait that a trapped signal cannot cut short."""
+    and the wait that a trapped signal cannot cut short. `private_tmp`: the ranks run where /tmp is not the node's
+    (enroot gives each container its own): the marker's folder is then in the job's folder, which they see."""
     exits = _exit_notes()
+    where = ("# on it: gpuscale.StopSignal says so by creating GPUSCALE_STOP_MARKER, in a folder of this job's own in the",
+             "# job's folder (each container's /tmp is its own; this folder is mounted in them). The step runs in the",
+             "# background so this shell can react.") if private_tmp else (
+             "# on it: gpuscale.StopSignal says so by creating GPUSCALE_STOP_MARKER, in a folder of this job's own on this",
+             "# node's /tmp (the ranks here share it). The step runs in the background so this shell can react.")
+    folder = '"${SLURM_SUBMIT_DIR:-$PWD}/.gpuscale-stop-$SLURM_JOB_ID.XXXXXX"' if private_tmp else '"/tmp/gpuscale-$SLURM_JOB_ID.XXXXXX"'
     return [
         "# Stopping in time. SLURM sends USR1 before the time limit (and TERM on scancel, preemption or at the limit).",
         "# USR1's default action ends a process, so it goes on to the step only if the script stops at a checkpoint",
-        "# on it: gpuscale.StopSignal says so by creating GPUSCALE_STOP_MARKER, in a folder of this job's own on this",
-        "# node's /tmp (the ranks here share it). The step runs in the background so this shell can react.",
-        'stop_dir=$(mktemp -d "/tmp/gpuscale-$SLURM_JOB_ID.XXXXXX")',
+        *where,
+        f"stop_dir=$(mktemp -d {folder})",
         *exits,
         f'export {STOP_MARKER}="$stop_dir/stops-at-checkpoint"',
         'warned=""',
