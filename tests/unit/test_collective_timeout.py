@@ -29,8 +29,8 @@ def _timeout(call):
     return args[2] if len(args) >= 3 else kwargs.get("timeout")
 
 
-def test_every_way_a_script_names_its_timeout_gets_the_requested_one(calls):
-    assert collective_timeout.use_requested_timeout({"GPUSCALE_TIMEOUT": "12.5"}) == 12.5
+def test_torchs_default_however_a_script_passes_it_becomes_the_requested_timeout(calls, capsys):
+    assert collective_timeout.use_requested_timeout({"GPUSCALE_TIMEOUT": "12.5", "RANK": "0"}) == 12.5
     thirty_minutes = datetime.timedelta(minutes=30)
     dist.init_process_group("gloo")  # the DDP tutorial: torch's default
     dist.init_process_group(backend="gloo", timeout=thirty_minutes)  # Lightning and the Trainer: 30 minutes, by keyword
@@ -39,7 +39,17 @@ def test_every_way_a_script_names_its_timeout_gets_the_requested_one(calls):
     assert calls[2][0][3:] == (2, 0) and calls[1][1]["backend"] == "gloo"  # the rest as the script gave it
     assert collective_timeout.use_requested_timeout({"GPUSCALE_TIMEOUT": "12.5"}) == 12.5  # once: not wrapped twice
     dist.init_process_group("gloo")
-    assert len(calls) == 4
+    assert len(calls) == 4 and capsys.readouterr().err == ""
+
+
+def test_a_timeout_the_script_chose_itself_is_kept_and_rank_0_says_so(calls, capsys):
+    """HF's ddp_timeout=7200 for a long tokenisation behind a barrier: shortening it would end a job that works."""
+    collective_timeout.use_requested_timeout({"GPUSCALE_TIMEOUT": "300", "RANK": "0"})
+    two_hours = datetime.timedelta(hours=2)
+    dist.init_process_group(backend="nccl", timeout=two_hours)
+    assert _timeout(calls[0]) == two_hours
+    assert capsys.readouterr().err == ("gpuscale: the script's own collective timeout (2:00:00) is kept; GPUSCALE_TIMEOUT=300 s "
+                                       "replaces torch's default only\n")
 
 
 def test_without_a_request_nothing_changes(calls):

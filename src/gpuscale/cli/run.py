@@ -83,7 +83,7 @@ def add_parser(subparsers: Any) -> None:
                         help="bind each worker to the cores next to its GPU, or disjoint cores on CPU (default auto)")
     parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                         help="how long a collective may wait for a stuck rank before the job fails (default: GPUSCALE_TIMEOUT or 600); "
-                             "given, it is also the timeout of a process group the script starts itself (else torch's or its library's)")
+                             "given, it replaces torch's default in a process group the script starts itself")
     _option(parser, "--max-restarts", type=int, default=0, help="restart all workers up to K times after a failure (default 0)")
     parser.add_argument("--summary", default=None, metavar="DIR",
                         help="write what the probe measured (a script without gpuscale.Meter) to DIR/summary.json and DIR/timeline.json "

@@ -5,8 +5,10 @@
 gets what it passes, or torch's default: 30 minutes for gloo, 10 for NCCL; Lightning and the Trainer pass 30 minutes
 themselves. So a rank that hangs alive would hold its peers for half an hour, whatever ``gpuscale run --timeout``
 said. Where a timeout is asked for (``gpuscale run --timeout S`` or GPUSCALE_TIMEOUT), gpuscale's start-up hook has
-every process group the script starts use it (`use_requested_timeout`): the command line is the user's last word,
-over a library's default. Without the request nothing changes.
+the process group the script starts (``init_process_group``) use it where the script passes none or torch's own 30
+minutes, as Lightning and the Trainer pass it by default (`use_requested_timeout`). A timeout the script chose
+itself (``ddp_timeout=7200`` for a long tokenisation behind a barrier) is kept, and rank 0 says so. Subgroups
+(``new_group``) keep their own. Without the request nothing changes.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import datetime
 import functools
 import os
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -40,8 +43,9 @@ def requested_timeout_s(environ: Mapping[str, str] = os.environ) -> float | None
 
 
 def use_requested_timeout(environ: Mapping[str, str] = os.environ) -> float | None:
-    """Have every ``torch.distributed.init_process_group`` call of this process use the requested timeout (its own
-    ``timeout`` replaced); the seconds, or None where none is requested. Once per process."""
+    """Have ``torch.distributed.init_process_group`` calls of this process use the requested timeout where they pass
+    none or torch's default (a timeout of the script's own choosing is kept, and said); the seconds, or None where
+    none is requested. Once per process."""
     seconds = requested_timeout_s(environ)
     if seconds is None:
         return None
@@ -53,9 +57,16 @@ def use_requested_timeout(environ: Mapping[str, str] = os.environ) -> float | No
         return seconds
     timeout = datetime.timedelta(seconds=seconds)
 
+    from torch.distributed.constants import default_pg_timeout
+
     @functools.wraps(original)
     def init_process_group(*args: Any, **kwargs: Any) -> Any:
-        if len(args) >= 3:  # (backend, init_method, timeout, ...) by position
+        given = args[2] if len(args) >= 3 else kwargs.get("timeout")  # (backend, init_method, timeout, ...)
+        if given is not None and given != default_pg_timeout:
+            if environ.get("RANK", "0") == "0":
+                print(f"gpuscale: the script's own collective timeout ({given}) is kept; {TIMEOUT_ENV}={seconds:g} s "
+                      "replaces torch's default only", file=sys.stderr, flush=True)
+        elif len(args) >= 3:
             args = (*args[:2], timeout, *args[3:])
         else:
             kwargs["timeout"] = timeout

@@ -123,6 +123,9 @@ def _report_text(who: str, world_size: int, exc: BaseException) -> str:
     return f"{who} failed:\n" + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
 
 
+USAGE_PAUSE_S = 0.5
+"""How long a rank whose usage error another rank prints waits before it exits: its launcher stops the other ranks
+once one exited, and the one saying it must have said it by then."""
 LOST_PEER_PAUSE_S = 1.0
 """How long a rank that lost its peer waits before it says so: the peer's own report, or the line its launcher
 prints for a rank a signal ended, is the one its line points up to. (A launcher that stops the rank meanwhile
@@ -216,13 +219,17 @@ def one_usage_message_per_job() -> None:
     def error_once(self: argparse.ArgumentParser, message: str) -> Any:
         said = f"{self.prog}: error: {message}"
         first = _claim(f"usage {said}", int(rank))
+        if first in (None, int(rank)):  # this rank says it (again, where it parses again): argparse's own words
+            try:
+                error(self, message)  # usage and error, exit code 2
+            finally:
+                note_failure(int(rank), SystemExit(said))  # once said
         note_failure(int(rank), SystemExit(said), first)
-        if first is None:
-            error(self, message)  # usage and error, exit code 2
+        time.sleep(USAGE_PAUSE_S)  # the rank that says it is not stopped mid-line by this one's exit
         self.exit(2)
 
     def help_once(self: argparse.ArgumentParser, file: Any = None) -> None:
-        if file in (None, sys.stdout) and _claim(f"help {self.prog}", int(rank)) is not None:
+        if file in (None, sys.stdout) and _claim(f"help {self.prog}", int(rank)) not in (None, int(rank)):
             return
         print_help(self, file)
 

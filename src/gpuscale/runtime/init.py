@@ -346,7 +346,9 @@ def _start_process_group(env: DistEnv, device: torch.device, backend: str | None
 
     # torch's own init_process_group: gpuscale's start-up hook gives the launcher's timeout to a script's own calls
     # (gpuscale.runtime.collective_timeout), and init(timeout=) must win over it here
-    start_group = getattr(dist.init_process_group, "__wrapped__", dist.init_process_group)
+    start_group = dist.init_process_group
+    if getattr(start_group, "_gpuscale_timeout", None) is not None:  # only gpuscale's own wrapper is taken off
+        start_group = start_group.__wrapped__
     with watch_for_refusal(env.rank, on_refusal=victim):  # a peer that refused to start never comes: stop waiting for it
         start_group(
             backend=chosen, init_method="env://", rank=env.rank, world_size=env.world_size,
