@@ -1035,6 +1035,11 @@ def test_a_command_line_the_script_refuses_stops_the_study_but_a_value_it_refuse
     assert problem.message == ("the script refused the study's command line (train.py: error: unrecognized arguments: "
                                "--no-such-flag); every cell passes it the same options: fix the command after --")
     assert usage_problem(log.format("the following arguments are required: --data")) is not None
+    # one variant's arguments refused: the other variants' cells still run
+    swapped = Cell("strong", 1, 1, variant="swap", variant_args=("--swap-train-test",))
+    only = usage_problem(log.format("unrecognized arguments: --swap-train-test"), swapped)
+    assert only.stops(Cell("strong", 1, 2, variant="swap", variant_args=("--swap-train-test",)))
+    assert not only.stops(Cell("strong", 1, 2, variant="clean")) and "every cell of variant swap" in only.message
     assert usage_problem(log.format("--batch-size 48 must be a power of two")) is None  # one cell's value
     assert usage_problem(log.format("unrecognized arguments: --x").replace("exit code 2", "exit code 1")) is None
     assert usage_problem(None) is None

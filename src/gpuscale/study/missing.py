@@ -32,9 +32,13 @@ class ScriptProblem:
     message: str
     spares: str | None = None
     """The scaling its summaries do have (it plans that one whatever it is told): its cells may still run well."""
+    variant_args: tuple[str, ...] | None = None
+    """Where only the command of one variant is at fault (its arguments): the cells of the others may run well."""
 
     def stops(self, cell: Cell) -> bool:
         """Whether `cell` would fail the same way."""
+        if self.variant_args is not None and cell.variant_args != self.variant_args:
+            return False
         return self.spares is None or cell.scaling != self.spares
 
 
@@ -42,22 +46,24 @@ SELF_MEASURED = ("a script that measures itself must accept --scaling and --out 
                  "gpuscale.Meter.write_summary(args.out)")
 
 
-USAGE_ERRORS = ("unrecognized arguments:", "the following arguments are required:", "invalid choice:", "ambiguous option:",
-                "expected one argument")
+USAGE_ERRORS = ("unrecognized arguments:", "the following arguments are required:", "ambiguous option:", "expected one argument")
 """argparse's words for a command line of the wrong shape: every cell's command has the same shape."""
 
 
-def usage_problem(error: str | None) -> ScriptProblem | None:
+def usage_problem(error: str | None, cell: Cell | None = None) -> ScriptProblem | None:
     """The script's argparse refused the cell's command line (exit code 2, its "PROG: error: ..." line) in a way that
-    every cell's command shares (an option it does not know, one it requires): the other cells would fail the same."""
+    every cell of its variant shares (an option it does not know, one it requires): those cells would fail the same."""
     if not error or not re.search(r"\bexit code 2\b", error):
         return None
     said = next((line.strip() for line in error.splitlines()
                  if re.match(r"\s*\S+: error: ", line) and any(words in line for words in USAGE_ERRORS)), None)
     if said is None:
         return None
-    return ScriptProblem(f"the script refused the study's command line ({said}); every cell passes it the same options: "
-                         "fix the command after --")
+    variant = cell.variant_args if cell is not None and cell.variant else None
+    return ScriptProblem(f"the script refused the study's command line ({said}); every cell"
+                         + (f" of variant {cell.variant}" if variant is not None and cell is not None else "")
+                         + " passes it the same options: fix the command after --"
+                         + (" (or the variant's arguments)" if variant is not None else ""), variant_args=variant)
 
 
 def self_measured_problem(cell_dir: Path, cell: Cell) -> ScriptProblem | None:

@@ -332,7 +332,7 @@ def _after_run(cell: Cell, cell_dir: Path, error: str | None, step_samples: int 
             + (f"; {SELF_MEASURED}" if uses_gpuscale else "")
     elif error and merged and merged["probe"].get("why"):
         error += f"\n    the probe: {merged['probe']['why']}"
-    return summary, error, problem or missing.usage_problem(error)
+    return summary, error, problem or missing.usage_problem(error, cell)
 
 
 def _exit_words(seconds: float, summary: dict[str, Any]) -> str:
