@@ -636,3 +636,13 @@ def test_a_fix_guards_with_the_main_process_test_of_the_scripts_own_library(libr
               "dist.init_process_group('gloo')\nprint('loss', 1.0)\n")
     [finding] = lint_source(source, rules=select_rules(["GS103"]))
     assert f"`if {guard}:`" in finding.fix
+
+
+def test_fixes_inside_a_lightning_module_and_for_accelerates_model_are_the_librarys_own():
+    source = ("import lightning as L\nimport torch\n\nclass Model(L.LightningModule):\n"
+              "    def training_step(self, batch, index):\n        print('loss', 1.0)\n\n"
+              "L.Trainer(accelerator='cpu', devices=2, strategy='ddp').fit(Model())\n")
+    [finding] = lint_source(source, rules=select_rules(["GS103"]))
+    assert "`if self.trainer.is_global_zero:`" in finding.fix  # `trainer` alone is undefined in a module's method
+    [saved] = lint_source((CORPUS / "bad_gs106_accelerate_prepare.py").read_text(), rules=select_rules(["GS106"]))
+    assert saved.fix.startswith("save accelerator.unwrap_model(model).state_dict()")

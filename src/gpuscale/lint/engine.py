@@ -71,7 +71,9 @@ def lint_source(text: str, path: str = "<string>", rules: Sequence[Rule] = RULES
         for hit in rule.check(script):
             finding = rule.finding(path, hit)
             if main_test:
-                finding = replace(finding, fix=finding.fix.replace("rt.is_main", main_test))
+                inside_a_class = any(isinstance(a, ast.ClassDef) for a in script.ancestors(hit.node))
+                test = f"self.{main_test}" if inside_a_class and main_test.startswith("trainer.") else main_test
+                finding = replace(finding, fix=finding.fix.replace("rt.is_main", test))
             ids = set().union(*(silenced.get(line, set()) for line in _lines(script, hit.node, finding.line)))
             if ALL not in ids and finding.rule not in ids:
                 findings.add(finding)
@@ -80,7 +82,8 @@ def lint_source(text: str, path: str = "<string>", rules: Sequence[Rule] = RULES
 
 def _main_process_test(script: Script) -> str | None:
     """How the script's own library tells the main process, for the fixes (gpuscale's `rt.is_main` otherwise):
-    Lightning's `trainer.is_global_zero`, Accelerate's `accelerator.is_main_process`."""
+    Lightning's `trainer.is_global_zero` (`self.trainer...` in a LightningModule), Accelerate's
+    `accelerator.is_main_process`."""
     if script.uses_gpuscale_init:
         return None
     if script.imports("lightning") or script.imports("pytorch_lightning"):

@@ -59,10 +59,12 @@ def format_findings(findings: Iterable[Finding]) -> list[str]:
 
 @dataclass(frozen=True)
 class Hit:
-    """Where a check found its rule broken; `detail`, naming the offending code, replaces the rule's title."""
+    """Where a check found its rule broken; `detail`, naming the offending code, replaces the rule's title, and `fix`,
+    where this case has a fix of its own (a library's way), the rule's fix."""
 
     node: ast.AST
     detail: str = ""
+    fix: str = ""
 
 
 @dataclass(frozen=True)
@@ -78,4 +80,4 @@ class Rule:
     def finding(self, path: str, hit: Hit) -> Finding:
         title = hit.detail or self.title
         return Finding(path=path, line=getattr(hit.node, "lineno", 1), col=getattr(hit.node, "col_offset", 0) + 1,
-                       rule=self.id, title=title, why=self.why, fix=self.fix)
+                       rule=self.id, title=title, why=self.why, fix=hit.fix or self.fix)

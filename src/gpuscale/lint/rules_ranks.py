@@ -124,7 +124,7 @@ def check_save(script: Script) -> Iterator[Hit]:
         yield Hit(call, what)
 
 
-NOT_MODELS = ("optim", "Optimizer", "SGD", "Adam", "DataLoader", "loader", "scheduler", "Scheduler", "lr_")
+NOT_MODELS = ("optim", "Optimizer", "SGD", "Adam", "DataLoader", "loader", "schedul", "Schedul", "lr_")
 """Words in what an argument of `Accelerator.prepare` was made by (or named) that say it is no model."""
 
 
@@ -151,12 +151,18 @@ def _prepared_models(script: Script, node: ast.Assign) -> list[ast.AST]:
     model: every one whose argument is neither made nor named as an optimizer, a loader or a scheduler."""
     call = node.value
     if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "prepare"
-            and script.imports("accelerate")):
+            and _an_accelerator(script, call.func.value)):
         return []
     targets = node.targets[0].elts if isinstance(node.targets[0], ast.Tuple) else [node.targets[0]]
     if len(targets) != len(call.args):
         return []
     return [target for target, arg in zip(targets, call.args, strict=True) if not _names_no_model(script, arg)]
+
+
+def _an_accelerator(script: Script, expr: ast.AST) -> bool:
+    """Whether `expr` was made by ``Accelerator(...)`` (not torch.ao.quantization's or another library's prepare)."""
+    return any(isinstance(value, ast.Call) and script.callee(value) == "Accelerator"
+               for value in script.assignments(dotted(expr) or ""))
 
 
 def _names_no_model(script: Script, arg: ast.AST) -> bool:
@@ -169,12 +175,44 @@ def _class_of(script: Script, node: ast.AST) -> ast.ClassDef | None:
 
 
 def _wrapper(script: Script, wrapped: dict[ast.AST, dict[str, int]], expr: ast.AST, node: ast.AST) -> str | None:
-    """The name of `expr` when it holds the DDP wrapper at `node`: assigned one earlier in the same function, or an
-    attribute of ``self`` its class assigned one."""
+    """The name of `expr` when it holds the DDP wrapper at `node`: assigned one earlier in the same function, and not
+    assigned anything else since (``model = accelerator.unwrap_model(model)``), or an attribute of ``self`` its
+    class assigned one. Not in a branch on whether it is wrapped (``if isinstance(model, DDP)``, ``hasattr(model,
+    "module")``): the other branch saves the plain model's."""
     name = dotted(expr)
     owner = _class_of(script, node) if name and name.startswith("self.") else None
-    line = wrapped.get(owner or script.scope(node), {}).get(name or "")
-    return name if line is not None and line < getattr(node, "lineno", 0) else None
+    scope = owner or script.scope(node)
+    line = wrapped.get(scope, {}).get(name or "")
+    if name is None or line is None or line >= getattr(node, "lineno", 0) or _branches_on_wrapping(script, node):
+        return None
+    if owner is None and _reassigned(script, scope, name, line, getattr(node, "lineno", 0)):
+        return None
+    return name
+
+
+ACCELERATE_FIX = ("save accelerator.unwrap_model(model).state_dict() (or accelerator.get_state_dict(model)): "
+                  "on one process Accelerate hands back the plain model, which has no .module")
+
+
+def _fix_for(script: Script, wrapped: dict[ast.AST, dict[str, int]], name: str) -> str:
+    """Accelerate's way where `name` is a model `Accelerator.prepare` returned; "" for the rule's own fix."""
+    prepared = any(isinstance(node, ast.Assign) and _prepared_models(script, node)
+                   and any(dotted(t) == name for t in _prepared_models(script, node)) for node in script.nodes)
+    return ACCELERATE_FIX if prepared else ""
+
+
+def _branches_on_wrapping(script: Script, node: ast.AST) -> bool:
+    tests = [a.test for a in script.ancestors(node) if isinstance(a, (ast.If, ast.IfExp))]
+    return any(word in ast.unparse(test) for test in tests for word in ("module", "DDP", "DistributedDataParallel"))
+
+
+def _reassigned(script: Script, scope: ast.AST, name: str, after: int, before: int) -> bool:
+    """Whether `name` is assigned something other than a wrapper between the lines `after` and `before` in `scope`."""
+    for stmt in script.scope_nodes(scope):
+        if isinstance(stmt, ast.Assign) and after < stmt.lineno < before and isinstance(stmt.value, ast.Call) \
+                and not script.is_ddp(stmt.value) and any(dotted(t) == name for t in stmt.targets):
+            return True
+    return False
 
 
 def check_wrapper_state_dict(script: Script) -> Iterator[Hit]:
@@ -189,7 +227,8 @@ def check_wrapper_state_dict(script: Script) -> Iterator[Hit]:
         func = call.func
         if isinstance(func, ast.Attribute) and func.attr == "state_dict" and (name := _wrapper(script, wrapped, func.value, call)):
             if saves.flows_to_save(script, call):
-                yield Hit(call, f"{name}.state_dict() of the DDP wrapper is saved: every key starts with 'module.'")
+                yield Hit(call, f"{name}.state_dict() of the DDP wrapper is saved: every key starts with 'module.'",
+                          _fix_for(script, wrapped, name))
             continue
         for arg in [*call.args, *call.keywords]:
             name = _wrapper(script, wrapped, arg.value if isinstance(arg, ast.keyword) else arg, call)
