@@ -510,6 +510,10 @@ def test_a_rank_that_ended_cleanly_while_its_peer_waited_is_named_not_the_peer()
            "the ranks did not run the same collectives (uneven batches per rank, or one that returned early)")
     line = verdict({3: SimpleNamespace(timestamp=100, exitcode=1)}, {3: lost}, 2, "h")[1]  # the second node of 2 x 2
     assert line.startswith("gpuscale run: rank 2 on h ended (exit code 0) while rank 3 still waited")
+    # 3 ranks: rank 2 ended, rank 0 lost it, and the agent stopped rank 1 before it noted anything
+    waited = {0: SimpleNamespace(timestamp=100, exitcode=1), 1: SimpleNamespace(timestamp=100, exitcode=-15)}
+    assert verdict(waited, {0: lost}, 3, "h")[1].startswith("gpuscale run: rank 2 on h ended (exit code 0) while ranks 0, 1 still")
+    assert verdict(waited, {}, 3, "h")[1].startswith("gpuscale run: rank 0 on h failed first")  # no rank lost a peer
     # a rank that failed of its own error is the cause, whoever exited 0
     own = {"time": 100.2, "symptom": False, "message": "RuntimeError: boom"}
     assert verdict({0: SimpleNamespace(timestamp=100, exitcode=1)}, {0: own}, 2, "h")[1] == (

@@ -116,9 +116,13 @@ def verdict(failures: Mapping[int, Any], notes: Mapping[int, Mapping[str, Any]],
 
 
 def _ended_first(failures: Mapping[int, Any], notes: Mapping[int, Mapping[str, Any]], nproc: int) -> list[int]:
-    """This node's ranks that exited 0 while every rank that failed only lost its peer: those ended first. (torchrun
-    gives each node a block of `nproc` consecutive ranks, and names only the failed ones.)"""
-    if not failures or not all((notes.get(rank) or {}).get("symptom") for rank in failures):
+    """This node's ranks that exited 0 while every rank that failed only lost its peer (or, with no note, was stopped
+    by the agent once one did): those ended first. (torchrun gives each node a block of `nproc` consecutive ranks, and
+    names only the failed ones.)"""
+    def lost(rank: int) -> bool:
+        note = notes.get(rank)
+        return bool(note.get("symptom")) if note else failures[rank].exitcode == -signal.SIGTERM
+    if not any((notes.get(rank) or {}).get("symptom") for rank in failures) or not all(lost(rank) for rank in failures):
         return []
     first = min(failures) // nproc * nproc
     return sorted(set(range(first, first + nproc)) - set(failures))

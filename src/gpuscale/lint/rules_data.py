@@ -218,9 +218,18 @@ def check_set_epoch(script: Script) -> Iterator[Hit]:
 
 
 def _epoch_loop(script: Script, scope: ast.AST) -> bool:
-    """Whether `scope` has a loop around another loop (epochs around batches): a single pass needs no new epoch."""
+    """Whether `scope` has an epoch loop around another loop: a ``while``, or a ``for`` over ``range(...)`` or
+    with a target named for epochs (``for epoch in ...``). A single pass (its batches' loop around micro-batches
+    included) needs no new epoch."""
     loops = (ast.For, ast.While, ast.AsyncFor)
-    return any(isinstance(node, loops) and any(isinstance(inner, loops) for stmt in node.body for inner in ast.walk(stmt))
+
+    def epochs(node: ast.AST) -> bool:
+        if isinstance(node, ast.While):
+            return True
+        return isinstance(node, (ast.For, ast.AsyncFor)) and (
+            "epoch" in ast.unparse(node.target).lower()
+            or (isinstance(node.iter, ast.Call) and last_name(node.iter.func) in ("range", "count", "trange")))
+    return any(epochs(node) and any(isinstance(inner, loops) for stmt in node.body for inner in ast.walk(stmt))
                for node in script.scope_nodes(scope))
 
 

@@ -191,8 +191,9 @@ ACCELERATE_CPU_SET = "GPUSCALE_SET_ACCELERATE_USE_CPU"
 DEEPSPEED_CPU_DEVICES = "LOCAL_SIZE"
 """How many devices DeepSpeed's CPU accelerator counts on a node, as DeepSpeed's own launcher sets it (the node's
 process count; torchrun and srun do not). Without it every `device_count()`, which ZeRO-3 calls at every step, runs
-`numactl --hardware` in a subprocess, and each subprocess resets which warnings Python has shown: DeepSpeed's
-deprecation warnings then come at every step, two lines each, per rank (24 per rank in 10 steps on torch 2.13)."""
+`numactl --hardware` in a subprocess, and each subprocess resets which warnings Python has shown: torch's deprecation
+warnings for the collectives DeepSpeed calls then come at every step, two lines each, per rank (about 4 lines per rank
+and step on torch 2.13)."""
 
 
 def count_cpu_devices_for_deepspeed(local_world_size: int, environ: MutableMapping[str, str]) -> None:

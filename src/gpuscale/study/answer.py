@@ -91,7 +91,10 @@ def _sentence(results: dict[str, Any], rows: list[dict[str, Any]], base: dict[st
     top = max(compared, key=lambda r: (r["world_size"], r["samples_per_s"]))
     label = f"{top['scaling'].capitalize()} scaling" + (f" ({top['variant']})" if top.get("variant") else "")
     ignored = [r["name"] for r in (base, *compared) if r.get("batch_ignored")]
-    if ignored:  # the runs trained batches of the script's choosing: whatever they show, it is not this scaling
+    trained = {(r.get("per_device_batch") or 0) * (r.get("grad_accum_steps") or 1) for r in (base, *compared)}
+    if ignored and (top["scaling"] == "strong" or len(trained) > 1):
+        # the runs trained batches of the script's choosing, not this scaling's (the same batch on every device is
+        # still weak scaling, at the script's batch: the note below names it)
         return (f"{label} to {_units(results, top['world_size'])}: not measured, the script ignored the batch the study "
                 f"planned in {', '.join(ignored)} (below), so these runs are no {top['scaling']} scaling; pass the batch "
                 "template to the option the script reads and run the study again.")

@@ -140,12 +140,14 @@ def _same_work(rows: list[dict[str, Any]]) -> list[str]:
         [epoch_count] = epochs if len(epochs) == 1 else [None]
         padded = epoch_count is not None and \
             max(r["samples"] for r in counted) - min(r["samples"] for r in counted) <= padding * epoch_count
-        why = ("each ran the same epochs: its loader pads every rank's share to the same length, repeating a few samples "
-               "(DistributedSampler, Accelerate's even batches), more of them on more devices"
-               if padded else "the script stops after a number of steps, not epochs?")
-        notes.append(f"The runs of {label} trained different amounts of work ("
-                     + ", ".join(f"{r['name']}: {r['samples']} samples" for r in counted)
-                     + f"): compare their throughput, not their times to result ({why})")
+        counts = ", ".join(f"{r['name']}: {r['samples']} samples" for r in counted)
+        if padded:
+            notes.append(f"The runs of {label} trained the same epochs but slightly different numbers of samples ({counts}): "
+                         "the loader pads every rank's share to the same length, repeating a few samples (DistributedSampler, "
+                         "Accelerate's even batches), more of them on more devices; throughput counts them too")
+        else:
+            notes.append(f"The runs of {label} trained different amounts of work ({counts}): compare their throughput, not "
+                         "their times to result (the script stops after a number of steps, not epochs?)")
     return notes
 
 
