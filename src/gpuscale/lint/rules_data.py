@@ -229,7 +229,7 @@ def _epoch_loop(script: Script, scope: ast.AST) -> bool:
         return isinstance(node, (ast.For, ast.AsyncFor)) and (
             "epoch" in ast.unparse(node.target).lower()
             or (isinstance(node.iter, ast.Call) and last_name(node.iter.func) in ("range", "count", "trange")))
-    return any(epochs(node) and any(isinstance(inner, loops) for stmt in node.body for inner in ast.walk(stmt))
+    return any(epochs(node) and any(isinstance(inner, loops) for stmt in getattr(node, "body", []) for inner in ast.walk(stmt))
                for node in script.scope_nodes(scope))
 
 
