@@ -13,7 +13,7 @@ from typing import Any
 
 from gpuscale.cli.verbs import verb_parser
 from gpuscale.slurm.billing import rule_words
-from gpuscale.slurm.profiles import list_profiles, load_profile
+from gpuscale.slurm.profiles import Profile, list_profiles, load_profile
 
 EPILOG = """examples:
   gpuscale profiles
@@ -49,15 +49,7 @@ def run(args: argparse.Namespace) -> int:
           + (f" (at most {profile.node_mem} a node)" if profile.node_mem else "")
           + ("" if profile.full_node_mem is None else ", whole nodes: all their memory (--mem=0)" if profile.full_node_mem == "0"
              else f", whole nodes: --mem={profile.full_node_mem}"))
-    for name, part in profile.partitions.items():
-        role = [r for r, p in (("full nodes", profile.full_node_partition), ("partial nodes", profile.partial_node_partition)) if p == name]
-        print(f"  partition   {name}: {'whole nodes' if part.whole_node else 'shared nodes (CPU masks need --exclusive)'}, "
-              + (f"max {part.max_time}" if part.max_time else "time limit SLURM's")
-              + (f", max {part.max_nodes} nodes" if part.max_nodes else "") + (f"  [default for {' and '.join(role)}]" if role else ""))
-    if profile.other_partitions:
-        unlisted = sorted({profile.full_node_partition, profile.partial_node_partition} - set(profile.partitions))
-        print("  partition   any other named with --partition: taken as sharing nodes, its limits SLURM's"
-              + (f" (default: {', '.join(unlisted)})" if unlisted else ""))
+    _print_partitions(profile)
     for name in profile.partitions:
         rule = rule_words(profile, name)
         if rule:
@@ -93,3 +85,16 @@ def run(args: argparse.Namespace) -> int:
     if profile.forbid_cpus_per_gpu:
         print("  refuses     --cpus-per-gpu")
     return 0
+
+
+def _print_partitions(profile: Profile) -> None:
+    """The profile's partitions, each with its limits and the jobs it is the default for; others, where it takes them."""
+    for name, part in profile.partitions.items():
+        role = [r for r, p in (("full nodes", profile.full_node_partition), ("partial nodes", profile.partial_node_partition)) if p == name]
+        print(f"  partition   {name}: {'whole nodes' if part.whole_node else 'shared nodes (CPU masks need --exclusive)'}, "
+              + (f"max {part.max_time}" if part.max_time else "time limit SLURM's")
+              + (f", max {part.max_nodes} nodes" if part.max_nodes else "") + (f"  [default for {' and '.join(role)}]" if role else ""))
+    if profile.other_partitions:
+        unlisted = sorted({profile.full_node_partition, profile.partial_node_partition} - set(profile.partitions))
+        print("  partition   any other named with --partition: taken as sharing nodes, its limits SLURM's"
+              + (f" (default: {', '.join(unlisted)})" if unlisted else ""))

@@ -23,10 +23,10 @@ import json
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from gpuscale.slurm.values import ENV_NAME, check_keys
+from gpuscale.slurm.values import ENV_NAME, check_keys, shell_word
 
 __all__ = ["PYXIS", "Container", "ContainerImage", "ContainerSetup", "resolve", "container_from_dict", "images_from_dict",
-           "check_containers"]
+           "check_containers", "activate_script", "in_container"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -182,3 +182,17 @@ def images_from_dict(tables: Any, where: str) -> dict[str, ContainerImage]:
             raise ValueError(f"{table}: env must be a table of NAME = \"value\" strings")
         images[pattern] = ContainerImage(**values)
     return images
+
+
+def activate_script(venv: str) -> str:
+    """The shell word that names a virtual environment's activate script."""
+    return shell_word(venv.rstrip("/") + "/bin/activate")
+
+
+def in_container(image: ContainerSetup, venv: str | None, inner: str) -> str:
+    """A task's command inside the container: the image's own activation, then the virtual environment's (made in
+    the image, on its Python), then `inner`; nothing runs if one of them fails."""
+    steps = [image.activate] if image.activate else []
+    if venv:
+        steps.append(f"source -- {activate_script(venv)}")
+    return " && ".join([*steps, f"{{ {inner}; }}"]) if steps else inner

@@ -24,17 +24,16 @@ start-up hook first on PYTHONPATH; the stop handling and requeue around it are `
 
 from __future__ import annotations
 
-import shlex
-
 from gpuscale._version import __version__
 from gpuscale.detect.env import SRUN_TASK_MARKER
 from gpuscale.detect.launchtime import LAUNCH_TIME
-from gpuscale.slurm.containers import ContainerSetup
+from gpuscale.slurm.containers import activate_script, in_container
 from gpuscale.slurm.jobspec import CPU_BINDS, MODES, JobSpec
 from gpuscale.slurm.profiles import Profile
 from gpuscale.slurm.stopping import requeue_block, stop_handling, task_exit_note
 from gpuscale.slurm.times import format_time
 from gpuscale.slurm.validate import JobPlan, validate_job
+from gpuscale.slurm.values import shell_word as _q
 
 __all__ = ["JobSpec", "render_sbatch", "validate_job", "MODES", "CPU_BINDS", "TORCHRUN_SIGNALS", "SIGNALS_FROM_TORCH"]
 
@@ -50,18 +49,6 @@ _TORCH_AT_LEAST = ('import sys, importlib.metadata as m; v = m.version("torch").
                    f"(int(v[0]), int(v[1])) >= {SIGNALS_FROM_TORCH} and print(*sys.argv[1:])")
 """Prints its arguments where the job's own Python has torch SIGNALS_FROM_TORCH or newer, read from the installed
 package's metadata (milliseconds: torch is not imported); nothing for an older torch or none."""
-
-
-_RESERVED = frozenset("! case coproc do done elif else esac fi for function if in select then time until while { } [[ ]]".split())
-
-
-def _q(value: str) -> str:
-    """Shell-quote `value`. A word shlex leaves bare is quoted anyway when it is a reserved word (`fi`) or starts
-    with '=' (NAME==x): bash takes both as plain words there, but a reader (and shellcheck) should not have to."""
-    quoted = shlex.quote(value)
-    if quoted == value and (value in _RESERVED or value.startswith("=")):
-        return f"'{value}'"  # bare for shlex: holds no quote
-    return quoted
 
 
 AGENT_MODULE = "gpuscale.agent"
@@ -280,31 +267,18 @@ def _environment(profile: Profile, job: JobSpec, plan: JobPlan) -> list[str]:
 
 def _venv(job: JobSpec, plan: JobPlan) -> list[str]:
     """Activating the Python environment the script needs, if one was named: here on the host; in a container, where
-    the environment was made (inside it), in every task's command (`_in_container`)."""
+    the environment was made (inside it), in every task's command (`gpuscale.slurm.containers.in_container`)."""
     if not job.venv:
         return []
     if plan.container:
-        return [f"# The Python environment the script needs ({job.venv}) is activated inside the container, in each task,",
+        return ["# The Python environment the script needs (--venv) is activated inside the container, in each task,",
                 "# after the image's own set-up: it was made there, on the image's Python.", ""]
     return [
         "# The Python environment the script needs.",
         "# shellcheck source=/dev/null",
-        f"source -- {_activate_script(job.venv)}",
+        f"source -- {activate_script(job.venv)}",
         "",
     ]
-
-
-def _activate_script(venv: str) -> str:
-    return _q(venv.rstrip("/") + "/bin/activate")
-
-
-def _in_container(image: ContainerSetup, job: JobSpec, inner: str) -> str:
-    """A task's command inside the container: the image's own activation, then the --venv's, then `inner`; nothing
-    runs if one of them fails."""
-    steps = [image.activate] if image.activate else []
-    if job.venv:
-        steps.append(f"source -- {_activate_script(job.venv)}")
-    return " && ".join([*steps, f"{{ {inner}; }}"]) if steps else inner
 
 
 def _launch(profile: Profile, job: JobSpec, plan: JobPlan) -> list[str]:
@@ -398,7 +372,7 @@ def _step_command(profile: Profile, job: JobSpec, plan: JobPlan, srun: list[str]
     inner = _python_command(profile, job, plan, program)
     image = plan.container
     if image:
-        inner = _in_container(image, job, inner)
+        inner = in_container(image, job.venv, inner)
     if image and image.pyxis:  # srun starts the image (pyxis): the job's folder mounted at its own path, then the binds
         mounts = ",".join(['"$PWD:$PWD"', *(_q(bind) for bind in image.binds)])
         workdir = _q(image.workdir) if image.workdir else '"$PWD"'

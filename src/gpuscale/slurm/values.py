@@ -9,8 +9,9 @@ let ``"NAME\\n"`` through and onto the next line of the script.
 from __future__ import annotations
 
 import re
+import shlex
 
-__all__ = ["ENV_NAME", "SBATCH_SAFE", "MEMORY", "memory_gb", "check_keys"]
+__all__ = ["ENV_NAME", "SBATCH_SAFE", "MEMORY", "memory_gb", "check_keys", "shell_word"]
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 """An environment variable's name."""
@@ -35,3 +36,15 @@ def check_keys(found: dict, valid: set[str], where: str) -> None:
     unknown = sorted(set(found) - valid)
     if unknown:
         raise ValueError(f"{where}: unknown key {unknown[0]!r}; valid keys are: {', '.join(sorted(valid))}")
+
+
+_RESERVED = frozenset("! case coproc do done elif else esac fi for function if in select then time until while { } [[ ]]".split())
+
+
+def shell_word(value: str) -> str:
+    """Shell-quote `value`. A word shlex leaves bare is quoted anyway when it is a reserved word (`fi`) or starts
+    with '=' (NAME==x): bash takes both as plain words there, but a reader (and shellcheck) should not have to."""
+    quoted = shlex.quote(value)
+    if quoted == value and (value in _RESERVED or value.startswith("=")):
+        return f"'{value}'"  # bare for shlex: holds no quote
+    return quoted
