@@ -194,10 +194,10 @@ ACCELERATE_FIX = ("save accelerator.unwrap_model(model).state_dict() (or acceler
                   "on one process Accelerate hands back the plain model, which has no .module")
 
 
-def _fix_for(script: Script, wrapped: dict[ast.AST, dict[str, int]], name: str) -> str:
+def _fix_for(script: Script, name: str) -> str:
     """Accelerate's way where `name` is a model `Accelerator.prepare` returned; "" for the rule's own fix."""
-    prepared = any(isinstance(node, ast.Assign) and _prepared_models(script, node)
-                   and any(dotted(t) == name for t in _prepared_models(script, node)) for node in script.nodes)
+    prepared = any(dotted(target) == name for node in script.nodes if isinstance(node, ast.Assign)
+                   for target in _prepared_models(script, node))
     return ACCELERATE_FIX if prepared else ""
 
 
@@ -228,7 +228,7 @@ def check_wrapper_state_dict(script: Script) -> Iterator[Hit]:
         if isinstance(func, ast.Attribute) and func.attr == "state_dict" and (name := _wrapper(script, wrapped, func.value, call)):
             if saves.flows_to_save(script, call):
                 yield Hit(call, f"{name}.state_dict() of the DDP wrapper is saved: every key starts with 'module.'",
-                          _fix_for(script, wrapped, name))
+                          _fix_for(script, name))
             continue
         for arg in [*call.args, *call.keywords]:
             name = _wrapper(script, wrapped, arg.value if isinstance(arg, ast.keyword) else arg, call)
